@@ -1,0 +1,185 @@
+/* Host reductions, scaling and batched copy: the CPU path and the oracle for the CUDA kernels.
+ * Loops are written so that GCC -O3 vectorizes them (one dtype and op per loop, restrict where
+ * the contract allows it, no calls inside); f16/bf16 go through float32 in blocks. */
+#include <string.h>
+
+#include "hora_kernels.h"
+#include "half_inline.h"
+
+#define OP_SUM(x, y) ((x) + (y))
+#define OP_PROD(x, y) ((x) * (y))
+#define OP_MIN(x, y) ((y) < (x) ? (y) : (x))
+#define OP_MAX(x, y) ((y) > (x) ? (y) : (x))
+
+/* Integer sums wrap (two's complement, as MPI and NCCL do); signed overflow in C is undefined,
+ * so signed integer sums and products are computed in the unsigned type of the same width. */
+#define DEF_REDUCE2(name, T, UT, OP)                                                        \
+  static void name(T *dst, const T *a, const T *b, size_t n) {                             \
+    for (size_t i = 0; i < n; i++) dst[i] = (T)OP((UT)a[i], (UT)b[i]);                     \
+  }
+#define DEF_REDUCE2_ALL(sfx, T, UT)        \
+  DEF_REDUCE2(sum_##sfx, T, UT, OP_SUM)    \
+  DEF_REDUCE2(prod_##sfx, T, UT, OP_PROD)  \
+  DEF_REDUCE2(min_##sfx, T, T, OP_MIN)     \
+  DEF_REDUCE2(max_##sfx, T, T, OP_MAX)
+
+DEF_REDUCE2_ALL(u8, uint8_t, uint8_t)
+DEF_REDUCE2_ALL(i8, int8_t, uint8_t)
+DEF_REDUCE2_ALL(i32, int32_t, uint32_t)
+DEF_REDUCE2_ALL(i64, int64_t, uint64_t)
+DEF_REDUCE2_ALL(f32, float, float)
+DEF_REDUCE2_ALL(f64, double, double)
+
+/* 16-bit floats: convert a block to float32, reduce, convert back. */
+#define HBLK 256
+#define DEF_REDUCE2_H(sfx, TO32, FROM32)                                                     \
+  static void reduce_##sfx(uint16_t *dst, const uint16_t *a, const uint16_t *b, size_t n,   \
+                           hora_op_t op) {                                                  \
+    float fa[HBLK], fb[HBLK];                                                               \
+    for (size_t base = 0; base < n; base += HBLK) {                                         \
+      size_t m = n - base < HBLK ? n - base : HBLK;                                         \
+      for (size_t i = 0; i < m; i++) {                                                      \
+        fa[i] = TO32(a[base + i]);                                                          \
+        fb[i] = TO32(b[base + i]);                                                          \
+      }                                                                                     \
+      switch (op) {                                                                         \
+        case HORA_SUM: case HORA_AVERAGE: sum_f32(fa, fa, fb, m); break;                    \
+        case HORA_PRODUCT: prod_f32(fa, fa, fb, m); break;                                  \
+        case HORA_MIN: min_f32(fa, fa, fb, m); break;                                       \
+        case HORA_MAX: max_f32(fa, fa, fb, m); break;                                       \
+      }                                                                                     \
+      for (size_t i = 0; i < m; i++) dst[base + i] = FROM32(fa[i]);                         \
+    }                                                                                       \
+  }
+DEF_REDUCE2_H(f16, h16_to_f32, f32_to_h16)
+DEF_REDUCE2_H(bf16, bf16_to_f32, f32_to_bf16)
+
+static int valid(hora_dtype_t dt, hora_op_t op) {
+  return (unsigned)dt < HORA_DTYPE_COUNT && (unsigned)op < HORA_OP_COUNT;
+}
+
+#define DISPATCH_OP(sfx, T)                                                     \
+  switch (op) {                                                                 \
+    case HORA_SUM: case HORA_AVERAGE: sum_##sfx((T *)dst, a, b, count); break;  \
+    case HORA_PRODUCT: prod_##sfx((T *)dst, a, b, count); break;                \
+    case HORA_MIN: min_##sfx((T *)dst, a, b, count); break;                     \
+    case HORA_MAX: max_##sfx((T *)dst, a, b, count); break;                     \
+  }                                                                             \
+  break;
+
+hora_result_t hora__reduce_host(void *dst, const void *a, const void *b, size_t count,
+                                hora_dtype_t dtype, hora_op_t op, void *stream) {
+  (void)stream;
+  if (!valid(dtype, op)) return HORA_ERR_INVALID_ARGUMENT;
+  if (count == 0) return HORA_SUCCESS;
+  if (!dst || !a || !b) return HORA_ERR_INVALID_ARGUMENT;
+  switch (dtype) {
+    case HORA_UINT8: DISPATCH_OP(u8, uint8_t)
+    case HORA_INT8: DISPATCH_OP(i8, int8_t)
+    case HORA_INT32: DISPATCH_OP(i32, int32_t)
+    case HORA_INT64: DISPATCH_OP(i64, int64_t)
+    case HORA_FLOAT32: DISPATCH_OP(f32, float)
+    case HORA_FLOAT64: DISPATCH_OP(f64, double)
+    case HORA_FLOAT16: reduce_f16(dst, a, b, count, op); break;
+    case HORA_BFLOAT16: reduce_bf16(dst, a, b, count, op); break;
+  }
+  return HORA_SUCCESS;
+}
+
+/* Multi-source reduction, in cache-sized blocks so that dst stays in L1/L2 while each source
+ * streams through once. */
+hora_result_t hora__reduce_n_host(void *dst, const void *const *srcs, int nsrc, size_t count,
+                                  hora_dtype_t dtype, hora_op_t op, void *stream) {
+  if (!valid(dtype, op) || nsrc < 1) return HORA_ERR_INVALID_ARGUMENT;
+  if (count == 0) return HORA_SUCCESS;
+  if (!dst || !srcs) return HORA_ERR_INVALID_ARGUMENT;
+  for (int s = 0; s < nsrc; s++)
+    if (!srcs[s]) return HORA_ERR_INVALID_ARGUMENT;
+  size_t es = (dtype == HORA_UINT8 || dtype == HORA_INT8) ? 1
+              : (dtype == HORA_FLOAT16 || dtype == HORA_BFLOAT16) ? 2
+              : (dtype == HORA_INT64 || dtype == HORA_FLOAT64) ? 8 : 4;
+  const size_t blk = 16384 / es; /* 16 KiB of dst per block */
+  for (size_t base = 0; base < count; base += blk) {
+    size_t m = count - base < blk ? count - base : blk;
+    char *d = (char *)dst + base * es;
+    const char *s0 = (const char *)srcs[0] + base * es;
+    if (nsrc == 1) {
+      if (d != s0) memcpy(d, s0, m * es);
+      continue;
+    }
+    hora_result_t rc = hora__reduce_host(d, s0, (const char *)srcs[1] + base * es, m, dtype, op, stream);
+    if (rc) return rc;
+    for (int s = 2; s < nsrc; s++) {
+      rc = hora__reduce_host(d, d, (const char *)srcs[s] + base * es, m, dtype, op, stream);
+      if (rc) return rc;
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+#define DEF_SCALE_INT(sfx, T)                                                   \
+  static void scale_##sfx(T *dst, const T *src, size_t n, double f) {          \
+    for (size_t i = 0; i < n; i++) dst[i] = (T)((double)src[i] * f);           \
+  }
+DEF_SCALE_INT(u8, uint8_t)
+DEF_SCALE_INT(i8, int8_t)
+DEF_SCALE_INT(i32, int32_t)
+DEF_SCALE_INT(i64, int64_t)
+static void scale_f32(float *dst, const float *src, size_t n, double f) {
+  float ff = (float)f;
+  for (size_t i = 0; i < n; i++) dst[i] = src[i] * ff;
+}
+static void scale_f64(double *dst, const double *src, size_t n, double f) {
+  for (size_t i = 0; i < n; i++) dst[i] = src[i] * f;
+}
+
+hora_result_t hora__scale_host(void *dst, const void *src, size_t count, hora_dtype_t dtype,
+                               double factor, void *stream) {
+  (void)stream;
+  if ((unsigned)dtype >= HORA_DTYPE_COUNT) return HORA_ERR_INVALID_ARGUMENT;
+  if (count == 0) return HORA_SUCCESS;
+  if (!dst || !src) return HORA_ERR_INVALID_ARGUMENT;
+  if (factor == 1.0) {
+    if (dst != src) {
+      size_t es = (dtype == HORA_UINT8 || dtype == HORA_INT8) ? 1
+                  : (dtype == HORA_FLOAT16 || dtype == HORA_BFLOAT16) ? 2
+                  : (dtype == HORA_INT64 || dtype == HORA_FLOAT64) ? 8 : 4;
+      memmove(dst, src, count * es);
+    }
+    return HORA_SUCCESS;
+  }
+  switch (dtype) {
+    case HORA_UINT8: scale_u8(dst, src, count, factor); break;
+    case HORA_INT8: scale_i8(dst, src, count, factor); break;
+    case HORA_INT32: scale_i32(dst, src, count, factor); break;
+    case HORA_INT64: scale_i64(dst, src, count, factor); break;
+    case HORA_FLOAT32: scale_f32(dst, src, count, factor); break;
+    case HORA_FLOAT64: scale_f64(dst, src, count, factor); break;
+    case HORA_FLOAT16: {
+      const uint16_t *s = src;
+      uint16_t *d = dst;
+      float ff = (float)factor;
+      for (size_t i = 0; i < count; i++) d[i] = f32_to_h16(h16_to_f32(s[i]) * ff);
+      break;
+    }
+    case HORA_BFLOAT16: {
+      const uint16_t *s = src;
+      uint16_t *d = dst;
+      float ff = (float)factor;
+      for (size_t i = 0; i < count; i++) d[i] = f32_to_bf16(bf16_to_f32(s[i]) * ff);
+      break;
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__batched_copy_host(const hora_copy_desc_t *descs, size_t n, void *stream) {
+  (void)stream;
+  if (n && !descs) return HORA_ERR_INVALID_ARGUMENT;
+  for (size_t i = 0; i < n; i++) {
+    if (descs[i].bytes == 0) continue;
+    if (!descs[i].dst || !descs[i].src) return HORA_ERR_INVALID_ARGUMENT;
+    memcpy(descs[i].dst, descs[i].src, descs[i].bytes);
+  }
+  return HORA_SUCCESS;
+}

@@ -1,0 +1,73 @@
+/* hora kernels: elementwise reductions, scaling, casts and the fusion buffer's batched copy.
+ *
+ * Every kernel has a host reference (kernels/host, suffix _host) and, in CUDA builds, a CUDA
+ * version (kernels/cuda, suffix _cuda) with the same C signature. The host versions are the CPU
+ * path and the test oracle for the CUDA ones. `stream` is a cudaStream_t for _cuda (NULL: the
+ * default stream) and ignored by _host. CUDA versions enqueue on the stream and never
+ * synchronize; they check cudaGetLastError() after each launch and return HORA_ERR_CUDA.
+ *
+ * Counts are in elements (size_t). f16 and bf16 are reduced through float32 arithmetic and
+ * rounded to nearest even. HORA_AVERAGE reduces as HORA_SUM: the caller divides (scale).
+ * Errors (all kernels): HORA_ERR_INVALID_ARGUMENT for an unknown dtype/op or a NULL pointer
+ * with count > 0. Internal API: not installed, not exported. */
+#ifndef HORA_KERNELS_H
+#define HORA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hora.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  void *dst;
+  const void *src;
+  size_t bytes;
+} hora_copy_desc_t;
+
+/* dst[i] = a[i] OP b[i], i < count. dst may equal a or b (in place); no other overlap. */
+hora_result_t hora__reduce_host(void *dst, const void *a, const void *b, size_t count,
+                                hora_dtype_t dtype, hora_op_t op, void *stream);
+/* dst[i] = OP over s of srcs[s][i], nsrc >= 1 sources read in one pass (the shared-memory
+ * allreduce reads every local rank's buffer this way). dst may equal srcs[0]. */
+hora_result_t hora__reduce_n_host(void *dst, const void *const *srcs, int nsrc, size_t count,
+                                  hora_dtype_t dtype, hora_op_t op, void *stream);
+/* dst[i] = src[i] * factor (floating dtypes; integer dtypes: truncated toward zero of the double
+ * product; factor 1.0 is a copy or no-op). dst may equal src. */
+hora_result_t hora__scale_host(void *dst, const void *src, size_t count, hora_dtype_t dtype,
+                               double factor, void *stream);
+/* Casts for compression: float32 <-> float16 / bfloat16 (round to nearest even). */
+hora_result_t hora__cast_f32_to_f16_host(void *dst, const float *src, size_t count, void *stream);
+hora_result_t hora__cast_f16_to_f32_host(float *dst, const void *src, size_t count, void *stream);
+hora_result_t hora__cast_f32_to_bf16_host(void *dst, const float *src, size_t count, void *stream);
+hora_result_t hora__cast_bf16_to_f32_host(float *dst, const void *src, size_t count, void *stream);
+/* Copies n (dst, src, bytes) regions; regions must not overlap each other. */
+hora_result_t hora__batched_copy_host(const hora_copy_desc_t *descs, size_t n, void *stream);
+
+/* Scalar conversions used by the host kernels and tests. */
+float hora__f16_to_f32(uint16_t h);
+uint16_t hora__f32_to_f16(float f);
+float hora__bf16_to_f32(uint16_t h);
+uint16_t hora__f32_to_bf16(float f);
+
+/* CUDA versions (declared always; defined only when HORA_HAVE_CUDA). */
+hora_result_t hora__reduce_cuda(void *dst, const void *a, const void *b, size_t count,
+                                hora_dtype_t dtype, hora_op_t op, void *stream);
+hora_result_t hora__reduce_n_cuda(void *dst, const void *const *srcs, int nsrc, size_t count,
+                                  hora_dtype_t dtype, hora_op_t op, void *stream);
+hora_result_t hora__scale_cuda(void *dst, const void *src, size_t count, hora_dtype_t dtype,
+                               double factor, void *stream);
+hora_result_t hora__cast_f32_to_f16_cuda(void *dst, const float *src, size_t count, void *stream);
+hora_result_t hora__cast_f16_to_f32_cuda(float *dst, const void *src, size_t count, void *stream);
+hora_result_t hora__cast_f32_to_bf16_cuda(void *dst, const float *src, size_t count, void *stream);
+hora_result_t hora__cast_bf16_to_f32_cuda(float *dst, const void *src, size_t count, void *stream);
+hora_result_t hora__batched_copy_cuda(const hora_copy_desc_t *descs, size_t n, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,314 @@
+/* hora_init / hora_finalize and the layout (rank, local, cross). */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/ctx.h"
+
+/* Live contexts, looked up by address so that a stale pointer is reported instead of being
+ * dereferenced. A handful of contexts at most live at once. */
+#define MAX_LIVE 64
+static hora_ctx_t *live[MAX_LIVE];
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int live_add(hora_ctx_t *c) {
+  pthread_mutex_lock(&live_lock);
+  for (int i = 0; i < MAX_LIVE; i++)
+    if (!live[i]) {
+      live[i] = c;
+      pthread_mutex_unlock(&live_lock);
+      return 1;
+    }
+  pthread_mutex_unlock(&live_lock);
+  return 0;
+}
+
+static void live_remove(hora_ctx_t *c) {
+  pthread_mutex_lock(&live_lock);
+  for (int i = 0; i < MAX_LIVE; i++)
+    if (live[i] == c) live[i] = NULL;
+  pthread_mutex_unlock(&live_lock);
+}
+
+hora_result_t hora__ctx_check(hora_ctx_t *ctx, const char *fn) {
+  if (ctx) {
+    pthread_mutex_lock(&live_lock);
+    for (int i = 0; i < MAX_LIVE; i++)
+      if (live[i] == ctx) {
+        pthread_mutex_unlock(&live_lock);
+        return HORA_SUCCESS;
+      }
+    pthread_mutex_unlock(&live_lock);
+  }
+  return HORA_ERR(HORA_ERR_NOT_INITIALIZED,
+                  "%s: the context is %s: call hora_init first (and not after hora_finalize)", fn,
+                  ctx ? "not a live hora context" : "NULL");
+}
+
+hora_result_t hora__ctx_add_finalizer(hora_ctx_t *ctx, hora_finalizer_fn fn, void *arg) {
+  struct hora_finalizer *f = calloc(1, sizeof *f);
+  if (!f) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory registering a finalizer");
+  f->fn = fn;
+  f->arg = arg;
+  pthread_mutex_lock(&ctx->lock);
+  f->next = ctx->finalizers;
+  ctx->finalizers = f;
+  pthread_mutex_unlock(&ctx->lock);
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__mpi_error(int mpi_rc, const char *what, const char *file, int line) {
+  char msg[MPI_MAX_ERROR_STRING] = "";
+  int len = 0;
+  MPI_Error_string(mpi_rc, msg, &len);
+  return hora__error(HORA_ERR_MPI, file, line, "%s failed: %s", what, msg);
+}
+
+hora_result_t hora__mpi_bytes_type(size_t bytes, MPI_Datatype *type, int *owned) {
+  if (bytes <= (size_t)INT_MAX) {
+    /* Exactly `bytes` bytes as one element. */
+    if (bytes == 0) {
+      *type = MPI_BYTE;
+      *owned = 0;
+      return HORA_SUCCESS;
+    }
+    HORA_MPI_CHECK(MPI_Type_contiguous((int)bytes, MPI_BYTE, type));
+    HORA_MPI_CHECK(MPI_Type_commit(type));
+    *owned = 1;
+    return HORA_SUCCESS;
+  }
+  const size_t block = (size_t)1 << 30;
+  size_t nblocks = bytes / block, rem = bytes % block;
+  MPI_Datatype blk;
+  HORA_MPI_CHECK(MPI_Type_contiguous((int)block, MPI_BYTE, &blk));
+  int lens[2] = {(int)nblocks, (int)rem};
+  MPI_Aint disps[2] = {0, (MPI_Aint)(nblocks * block)};
+  MPI_Datatype types[2] = {blk, MPI_BYTE};
+  int rc = MPI_Type_create_struct(rem ? 2 : 1, lens, disps, types, type);
+  MPI_Type_free(&blk);
+  if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Type_create_struct", __FILE__, __LINE__);
+  HORA_MPI_CHECK(MPI_Type_commit(type));
+  *owned = 1;
+  return HORA_SUCCESS;
+}
+
+/* Node index of this rank: launch's HORA_CROSS_RANK, else SLURM_NODEID inside an srun step, else
+ * -1 (then only shared memory decides). Fake multi-node Slurm setups put several nodes on one
+ * host, so the hostname is never used. */
+static int env_node_id(const hora_params_t *p) {
+  if (p->env_cross_rank >= 0) return (int)p->env_cross_rank;
+  const char *step = getenv("SLURM_STEP_ID"), *nid = getenv("SLURM_NODEID");
+  if (step && nid && *nid) {
+    char *end;
+    long v = strtol(nid, &end, 10);
+    if (!*end && v >= 0 && v < INT_MAX) return (int)v;
+  }
+  return -1;
+}
+
+static hora_result_t build_layout(hora_ctx_t *c, const hora_params_t *p) {
+  MPI_Comm shared = MPI_COMM_NULL;
+  HORA_MPI_CHECK(MPI_Comm_split_type(c->world, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &shared));
+  int nid = env_node_id(p);
+  /* Within one shared-memory domain, split further by the node id Slurm/launch gave us. */
+  int rc = MPI_Comm_split(shared, nid < 0 ? 0 : nid, c->rank, &c->local);
+  MPI_Comm_free(&shared);
+  if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Comm_split(local)", __FILE__, __LINE__);
+  MPI_Comm_rank(c->local, &c->local_rank);
+  MPI_Comm_size(c->local, &c->local_size);
+
+  /* Node index: leaders (local rank 0) are numbered in rank order; the index is broadcast
+   * within the node. */
+  int leader = c->local_rank == 0, before = 0, nodes = 0;
+  HORA_MPI_CHECK(MPI_Exscan(&leader, &before, 1, MPI_INT, MPI_SUM, c->world));
+  if (c->rank == 0) before = 0; /* MPI_Exscan leaves rank 0's output undefined */
+  HORA_MPI_CHECK(MPI_Allreduce(&leader, &nodes, 1, MPI_INT, MPI_SUM, c->world));
+  c->cross_rank = before;
+  HORA_MPI_CHECK(MPI_Bcast(&c->cross_rank, 1, MPI_INT, 0, c->local));
+  c->cross_size = nodes;
+  HORA_MPI_CHECK(MPI_Comm_split(c->world, c->local_rank, c->cross_rank, &c->cross));
+  int mn, mx;
+  HORA_MPI_CHECK(MPI_Allreduce(&c->local_size, &mn, 1, MPI_INT, MPI_MIN, c->world));
+  HORA_MPI_CHECK(MPI_Allreduce(&c->local_size, &mx, 1, MPI_INT, MPI_MAX, c->world));
+  c->uniform_local_size = (mn == mx);
+  return HORA_SUCCESS;
+}
+
+/* The check that makes Horovod #2588's silent failure loud: N tasks started, but each one is
+ * its own MPI world. `mpirun_started` is true when Open MPI's mpirun launched us (its own
+ * world is authoritative even inside a Slurm step of its daemons). */
+static hora_result_t check_world(hora_ctx_t *c, const hora_params_t *p, int mpirun_started) {
+  if (p->env_size >= 0 && p->env_size != c->size) {
+    return HORA_ERR(HORA_ERR_LAYOUT,
+                    "launch started %lld ranks (HORA_SIZE) but MPI sees %d process%s: MPI did not "
+                    "join the ranks into one world. Under srun use `srun --mpi=pmix` (Debian's "
+                    "Open MPI supports only PMIx under srun); outside Slurm use `launch -np N`",
+                    (long long)p->env_size, c->size, c->size == 1 ? "" : "es");
+  }
+  if (p->env_rank >= 0 && p->env_rank != c->rank) {
+    return HORA_ERR(HORA_ERR_LAYOUT,
+                    "launch assigned rank %lld (HORA_RANK) but MPI says this process is rank %d: "
+                    "the launcher and MPI disagree on the layout",
+                    (long long)p->env_rank, c->rank);
+  }
+  const char *step = getenv("SLURM_STEP_ID"), *nt = getenv("SLURM_NTASKS");
+  if (!mpirun_started && p->env_size < 0 && step && nt && *nt) {
+    char *end;
+    long n = strtol(nt, &end, 10);
+    if (!*end && n > 0 && n != c->size) {
+      return HORA_ERR(HORA_ERR_LAYOUT,
+                      "srun started %ld tasks but MPI sees %d process%s: run srun with --mpi=pmix "
+                      "(or set MpiDefault=pmix in slurm.conf); without PMI every task is its own "
+                      "single-rank world and would train alone",
+                      n, c->size, c->size == 1 ? "" : "es");
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+static void ctx_free_comms(hora_ctx_t *c) {
+  if (c->cross != MPI_COMM_NULL) MPI_Comm_free(&c->cross);
+  if (c->local != MPI_COMM_NULL) MPI_Comm_free(&c->local);
+  if (c->world != MPI_COMM_NULL) MPI_Comm_free(&c->world);
+}
+
+static void log_nondefault_params(void) {
+  for (size_t i = 0; i < hora__param_count; i++) {
+    const char *v = getenv(hora__param_info[i].env);
+    if (v && *v && strcmp(v, hora__param_info[i].def) != 0)
+      HORA_INFO(INIT, "%s=%s (default %s)", hora__param_info[i].env, v, hora__param_info[i].def);
+  }
+}
+
+HORA_EXPORT hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t **out) {
+  hora_result_t rc = HORA_SUCCESS;
+  hora__error_clear();
+  if (!out) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_init: ctx (output pointer) is NULL");
+  if (opts && opts->size < offsetof(hora_init_opts_t, mpi_comm) + sizeof(void *))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
+                    "hora_init_ex: opts->size=%zu is too small: set it to sizeof(hora_init_opts_t)",
+                    opts->size);
+  HORA_CHECK(hora__log_configure());
+  HORA_CHECK(hora__params_reload());
+  const hora_params_t *p = hora__params();
+
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (finalized)
+    return HORA_ERR(HORA_ERR_MPI, "hora_init: MPI is already finalized in this process");
+  int mpirun_started = getenv("OMPI_COMM_WORLD_SIZE") != NULL;
+  int mpi_owned = 0;
+  if (!inited) {
+    int provided = 0;
+    int mrc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+    if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Init_thread", __FILE__, __LINE__);
+    mpi_owned = 1;
+    if (provided < MPI_THREAD_MULTIPLE) {
+      MPI_Finalize();
+      return HORA_ERR(HORA_ERR_MPI,
+                      "hora_init: MPI provides thread level %d, hora needs MPI_THREAD_MULTIPLE "
+                      "(its engine and checkpoint threads call MPI)", provided);
+    }
+  } else {
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_MULTIPLE)
+      return HORA_ERR(HORA_ERR_MPI,
+                      "hora_init: the program initialized MPI with thread level %d; hora needs "
+                      "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...)", provided);
+  }
+
+  hora_ctx_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: out of memory");
+    goto fail_mpi;
+  }
+  c->world = c->local = c->cross = MPI_COMM_NULL;
+  c->device = -1;
+  c->mpi_owned = mpi_owned;
+  pthread_mutex_init(&c->lock, NULL);
+  MPI_Comm base = (opts && opts->mpi_comm) ? (MPI_Comm)opts->mpi_comm : MPI_COMM_WORLD;
+  int mrc = MPI_Comm_dup(base, &c->world);
+  if (mrc != MPI_SUCCESS) {
+    rc = hora__mpi_error(mrc, "MPI_Comm_dup", __FILE__, __LINE__);
+    goto fail_ctx;
+  }
+  /* Errors come back as codes so hora can report them instead of MPI aborting the job. */
+  MPI_Comm_set_errhandler(c->world, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(c->world, &c->rank);
+  MPI_Comm_size(c->world, &c->size);
+  hora__log_set_rank(c->rank);
+  if (!(opts && opts->mpi_comm)) HORA_CHECK_GOTO(check_world(c, p, mpirun_started), rc, fail_ctx);
+  HORA_CHECK_GOTO(build_layout(c, p), rc, fail_ctx);
+  if (p->device >= 0) c->device = (int)p->device;
+  if (!live_add(c)) {
+    rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: more than %d live contexts", MAX_LIVE);
+    goto fail_ctx;
+  }
+  if (c->rank == 0) {
+    HORA_INFO(INIT, "hora %s: %d ranks on %d node%s (local size %d)", HORA_VERSION_STRING,
+              c->size, c->cross_size, c->cross_size == 1 ? "" : "s", c->local_size);
+    log_nondefault_params();
+  }
+  *out = c;
+  return HORA_SUCCESS;
+
+fail_ctx:
+  ctx_free_comms(c);
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+fail_mpi:
+  if (mpi_owned) MPI_Finalize();
+  return rc;
+}
+
+HORA_EXPORT hora_result_t hora_init(hora_ctx_t **ctx) { return hora_init_ex(NULL, ctx); }
+
+HORA_EXPORT hora_result_t hora_finalize(hora_ctx_t *ctx) {
+  if (!ctx) return HORA_SUCCESS;
+  HORA_CHECK(hora__ctx_check(ctx, "hora_finalize"));
+  hora_result_t first = HORA_SUCCESS;
+  /* Run module finalizers, newest first, while the context is still live for them. */
+  for (;;) {
+    pthread_mutex_lock(&ctx->lock);
+    struct hora_finalizer *f = ctx->finalizers;
+    if (f) ctx->finalizers = f->next;
+    pthread_mutex_unlock(&ctx->lock);
+    if (!f) break;
+    hora_result_t rc = f->fn(ctx, f->arg);
+    if (rc != HORA_SUCCESS && first == HORA_SUCCESS) first = rc;
+    free(f);
+  }
+  live_remove(ctx);
+  int owned = ctx->mpi_owned;
+  ctx_free_comms(ctx);
+  pthread_mutex_destroy(&ctx->lock);
+  free(ctx);
+  if (owned) MPI_Finalize();
+  return first;
+}
+
+#define LAYOUT_GETTER(fn, field)                                                  \
+  HORA_EXPORT hora_result_t fn(hora_ctx_t *ctx, int *out) {                       \
+    HORA_CHECK(hora__ctx_check(ctx, #fn));                                        \
+    if (!out) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, #fn ": output is NULL"); \
+    *out = ctx->field;                                                            \
+    return HORA_SUCCESS;                                                          \
+  }
+LAYOUT_GETTER(hora_rank, rank)
+LAYOUT_GETTER(hora_size, size)
+LAYOUT_GETTER(hora_local_rank, local_rank)
+LAYOUT_GETTER(hora_local_size, local_size)
+LAYOUT_GETTER(hora_cross_rank, cross_rank)
+LAYOUT_GETTER(hora_cross_size, cross_size)
+
+HORA_EXPORT hora_result_t hora_device_index(hora_ctx_t *ctx, int *device) {
+  HORA_CHECK(hora__ctx_check(ctx, "hora_device_index"));
+  if (!device) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_device_index: device is NULL");
+  if (ctx->device < 0)
+    return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "hora_device_index: this rank uses no GPU");
+  *device = ctx->device;
+  return HORA_SUCCESS;
+}

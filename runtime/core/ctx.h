@@ -1,0 +1,63 @@
+/* The context: what hora_init builds and every module hangs its state from.
+ * Modules register a finalizer (run in reverse order of registration by hora_finalize) instead
+ * of core calling into them, so that dependencies point one way. */
+#ifndef HORA_CORE_CTX_H
+#define HORA_CORE_CTX_H
+
+#include <mpi.h>
+#include <pthread.h>
+
+#include "core/internal.h"
+
+typedef hora_result_t (*hora_finalizer_fn)(hora_ctx_t *ctx, void *arg);
+
+struct hora_finalizer {
+  hora_finalizer_fn fn;
+  void *arg;
+  struct hora_finalizer *next;
+};
+
+struct hora_ctx {
+  MPI_Comm world; /* dup of the caller's world; all hora traffic uses this or comms made from it */
+  MPI_Comm local; /* ranks on this node (shared memory and same Slurm node id) */
+  MPI_Comm cross; /* ranks with the same local rank, one per node, ordered by node index */
+  int rank, size;
+  int local_rank, local_size;
+  int cross_rank, cross_size; /* node index and node count */
+  int uniform_local_size;     /* 1 if every node has the same local_size */
+  int device;                 /* CUDA ordinal, or -1 */
+  int mpi_owned;              /* hora called MPI_Init and must call MPI_Finalize */
+  pthread_mutex_t lock;       /* guards the finalizer list and module slots */
+  struct hora_finalizer *finalizers;
+
+  /* Module slots: each module owns its pointer and frees it in its finalizer. */
+  void *algo;   /* runtime/algo: shared-memory windows, scratch buffers */
+  void *engine; /* runtime/engine: background thread and queues */
+  void *gpu;    /* runtime/comm: CUDA streams, NCCL communicator, pinned buffers */
+  void *ckpt;   /* runtime/ckpt: open checkpointers (for flush at finalize) */
+  void *trace;  /* runtime/trace: GPU monitor */
+  void *signal; /* runtime/ckpt: preemption signal state */
+};
+
+/* Validate that ctx is a live context (it is looked up by address, never dereferenced when it is
+ * not live). HORA_ERR_NOT_INITIALIZED with a message naming `fn` otherwise. */
+hora_result_t hora__ctx_check(hora_ctx_t *ctx, const char *fn);
+
+/* Register fn(ctx, arg) to run in hora_finalize (last registered runs first). */
+hora_result_t hora__ctx_add_finalizer(hora_ctx_t *ctx, hora_finalizer_fn fn, void *arg);
+
+/* Map an MPI error code to HORA_ERR_MPI with MPI's error string and the call's name. */
+hora_result_t hora__mpi_error(int mpi_rc, const char *what, const char *file, int line);
+#define HORA_MPI_CHECK(call)                                                      \
+  do {                                                                            \
+    int hora_mpi_rc_ = (call);                                                    \
+    if (hora_mpi_rc_ != MPI_SUCCESS)                                              \
+      return hora__mpi_error(hora_mpi_rc_, #call, __FILE__, __LINE__);            \
+  } while (0)
+
+/* An MPI datatype describing exactly `bytes` contiguous bytes as ONE element, also when bytes
+ * exceeds INT_MAX (a struct of a contiguous type of 1 GiB blocks and a remainder: the BigMPI
+ * technique). *owned says whether the caller must MPI_Type_free it. */
+hora_result_t hora__mpi_bytes_type(size_t bytes, MPI_Datatype *type, int *owned);
+
+#endif

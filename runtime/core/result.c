@@ -1,0 +1,60 @@
+/* Result names and messages, generated from result.def. */
+#include "core/internal.h"
+
+#define X(name, value, msg) _Static_assert((int)name == (value), #name " differs from result.def");
+#include "core/result.def"
+#undef X
+
+HORA_EXPORT const char *hora_result_name(hora_result_t result) {
+  switch ((int)result) {
+#define X(name, value, msg) \
+  case value:               \
+    return #name;
+#include "core/result.def"
+#undef X
+  }
+  return "HORA_UNKNOWN_RESULT";
+}
+
+HORA_EXPORT const char *hora_strerror(hora_result_t result) {
+  switch ((int)result) {
+#define X(name, value, msg) \
+  case value:               \
+    return msg;
+#include "core/result.def"
+#undef X
+  }
+  return "unknown result code";
+}
+
+HORA_EXPORT hora_result_t hora_dtype_size(hora_dtype_t dtype, size_t *size_bytes) {
+  if (!size_bytes) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_dtype_size: size_bytes is NULL");
+  size_t s = hora__dtype_size(dtype);
+  if (s == 0) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_dtype_size: unknown dtype %d", (int)dtype);
+  *size_bytes = s;
+  return HORA_SUCCESS;
+}
+
+size_t hora__dtype_size(hora_dtype_t dtype) {
+  switch (dtype) {
+    case HORA_UINT8:
+    case HORA_INT8: return 1;
+    case HORA_FLOAT16:
+    case HORA_BFLOAT16: return 2;
+    case HORA_INT32:
+    case HORA_FLOAT32: return 4;
+    case HORA_INT64:
+    case HORA_FLOAT64: return 8;
+  }
+  return 0;
+}
+
+const char *hora__dtype_name(hora_dtype_t dtype) {
+  static const char *const names[] = {"u8", "i8", "i32", "i64", "f16", "bf16", "f32", "f64"};
+  return ((unsigned)dtype < HORA_DTYPE_COUNT) ? names[dtype] : "unknown";
+}
+
+const char *hora__op_name(hora_op_t op) {
+  static const char *const names[] = {"sum", "avg", "min", "max", "prod"};
+  return ((unsigned)op < HORA_OP_COUNT) ? names[op] : "unknown";
+}
