@@ -1,0 +1,19 @@
+/* CRC32C (Castagnoli, polynomial 0x1EDC6F41, reflected 0x82F63B78), as used by TFRecord framing,
+ * hora checkpoints and iSCSI (RFC 3720 B.4 gives the check vectors).
+ * Debian 12 ships no C CRC32C library, so this is ours: SSE4.2 crc32 instructions when the CPU
+ * has them (checked at run time), else a slicing-by-8 table fallback. */
+#ifndef HORA_CORE_CRC32C_H
+#define HORA_CORE_CRC32C_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* Extend `crc` (0 to start) over len bytes of buf; returns the new CRC (pre/post inverted as
+ * the standard defines, so crc32c(0, "123456789", 9) == 0xE3069283). */
+uint32_t hora__crc32c(uint32_t crc, const void *buf, size_t len);
+/* The same with the portable table implementation only (for tests). */
+uint32_t hora__crc32c_sw(uint32_t crc, const void *buf, size_t len);
+/* TFRecord's masked CRC: ((crc >> 15) | (crc << 17)) + 0xa282ead8. */
+static inline uint32_t hora__crc32c_mask(uint32_t crc) {
+  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+#endif
