@@ -1,6 +1,10 @@
-/* Host allreduce algorithms behind one entry point. Every algorithm reduces `buf` (count elements
- * of dtype, already prescaled) IN PLACE across the context's world with a SUM/MIN/MAX/PRODUCT op
- * (HORA_AVERAGE arrives as HORA_SUM; the caller divides). Collective; same count on every rank. */
+/* Host allreduce algorithms behind one entry point. Every algorithm reduces `count` elements of
+ * dtype (already prescaled) across the context's world with a SUM/MIN/MAX/PRODUCT op (HORA_AVERAGE
+ * arrives as HORA_SUM; the caller divides). Collective; every rank passes the same count, dtype,
+ * op and algorithm (the algorithm is chosen from the count, the layout and the parameters, which
+ * are the same everywhere when the environment is). Out of place (src != dst) or in place
+ * (src == dst); no other overlap. Not thread-safe for one context: blocking collectives of a
+ * context are serialized by the caller (see hora.h). */
 #ifndef HORA_ALGO_H
 #define HORA_ALGO_H
 
@@ -13,19 +17,71 @@ typedef enum {
   HORA_ALGO_HIER = 3, /* algo/hier.c: intra-node reduce-scatter, inter-node ring, allgather */
   HORA_ALGO_MPI = 4   /* algo/mpi.c: MPI_Allreduce with a user op (the baseline) */
 } hora_algo_t;
+#define HORA_ALGO_COUNT 5
 
 /* Parse "auto|ring|shm|hier|mpi". HORA_ERR_INVALID_ARGUMENT for anything else. */
 hora_result_t hora__algo_parse(const char *name, hora_algo_t *out);
 const char *hora__algo_name(hora_algo_t algo);
 
+/* The algorithm that `algo` resolves to for `count` elements of `dtype` on this context's layout:
+ * HORA_ALGO_AUTO picks by size and layout (dispatch.c); an algorithm that cannot run on the layout
+ * (shm across nodes, hier with uneven nodes) falls back to one that can. Never returns AUTO. */
+hora_algo_t hora__algo_resolve(hora_ctx_t *ctx, size_t count, hora_dtype_t dtype, hora_algo_t algo);
+
 /* In-place host allreduce with an explicit algorithm (HORA_ALGO_AUTO picks). */
 hora_result_t hora__allreduce_host(hora_ctx_t *ctx, void *buf, size_t count, hora_dtype_t dtype,
                                    hora_op_t op, hora_algo_t algo);
+/* Out-of-place form: dst = OP over ranks of src (src == dst is in place). */
+hora_result_t hora__allreduce_host_oop(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                       hora_dtype_t dtype, hora_op_t op, hora_algo_t algo);
 
+/* ---- the algorithms (same contract as above; size of the group > 1, count > 0) ---- */
+
+/* algo/mpi.c: MPI_Allreduce in INT_MAX-element pieces over `comm`, in place on buf. */
 hora_result_t hora__allreduce_mpi(hora_ctx_t *ctx, MPI_Comm comm, void *buf, size_t count,
                                   hora_dtype_t dtype, hora_op_t op);
-
 /* MPI datatype and user op for a hora dtype/op (created once, freed at finalize of MPI). */
 hora_result_t hora__mpi_dtype_op(hora_dtype_t dtype, hora_op_t op, MPI_Datatype *type, MPI_Op *mop);
+
+/* algo/ring.c: ring allreduce among the ranks of `comm` (ctx->world, or ctx->cross for hier). */
+hora_result_t hora__ring_allreduce(hora_ctx_t *ctx, MPI_Comm comm, const void *src, void *dst,
+                                   size_t count, hora_dtype_t dtype, hora_op_t op);
+/* algo/ring.c: ring reduce-scatter over ctx->world: src holds size blocks of `count` elements;
+ * dst (count elements) receives the reduction of block `rank`. dst may be src's block `rank`
+ * (in place); no other overlap. */
+hora_result_t hora__ring_reducescatter(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                       hora_dtype_t dtype, hora_op_t op);
+
+/* algo/shm.c: shared-memory allreduce; needs ctx->cross_size == 1 (local == world). */
+hora_result_t hora__shm_allreduce(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                  hora_dtype_t dtype, hora_op_t op);
+/* algo/shm.c, the engine shared with hier.c: like hora__shm_allreduce over ctx->local, calling
+ * hook(arg, slice, n) on this rank's reduced slice (n elements of private memory, reduced over the
+ * node) before the node copies it; hier.c allreduces the slice across nodes there. */
+typedef hora_result_t (*hora_shm_hook_fn)(void *arg, void *slice, size_t n);
+hora_result_t hora__shm_run(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
+                            hora_dtype_t dtype, hora_op_t op, hora_shm_hook_fn hook, void *arg);
+/* algo/hier.c: needs ctx->uniform_local_size. */
+hora_result_t hora__hier_allreduce(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                   hora_dtype_t dtype, hora_op_t op);
+
+/* ---- per-context state of this module (ctx->algo) ---- */
+struct hora_shm;
+typedef struct hora_algo_state {
+  void *scratch; /* ring receive slots, grown on demand, freed at finalize */
+  size_t scratch_bytes;
+  struct hora_shm *shm; /* shm.c's window, created on first use */
+} hora_algo_state_t;
+
+/* The context's algo state, created (and its finalizer registered) on first use. */
+hora_result_t hora__algo_state(hora_ctx_t *ctx, hora_algo_state_t **out);
+/* A scratch buffer of at least `bytes` bytes owned by the state (valid until the next call). */
+hora_result_t hora__algo_scratch(hora_ctx_t *ctx, size_t bytes, void **out);
+/* shm.c: free the window (collective over ctx->local; called by the state's finalizer). */
+hora_result_t hora__shm_free(hora_ctx_t *ctx, struct hora_shm *shm);
+
+/* Segment/chunk sizes in elements of `es` bytes, from the parameters, at least one element and at
+ * most 1 GiB so that one MPI message count fits an int. */
+size_t hora__ring_segment_elems(size_t es);
 
 #endif

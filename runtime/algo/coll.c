@@ -104,8 +104,13 @@ hora_result_t hora__allreduce_host_full(hora_ctx_t *ctx, const void *sendbuf, vo
                                         size_t count, hora_dtype_t dtype, hora_op_t op,
                                         double prescale, double postscale, hora_algo_t algo) {
   if (count == 0) return HORA_SUCCESS;
-  HORA_CHECK(hora__scale_host(recvbuf, sendbuf, count, dtype, prescale, NULL));
-  HORA_CHECK(hora__allreduce_host(ctx, recvbuf, count, dtype, op == HORA_AVERAGE ? HORA_SUM : op, algo));
+  if (prescale == 1.0) {
+    /* The algorithms read sendbuf and write recvbuf directly: no extra copy. */
+    HORA_CHECK(hora__allreduce_host_oop(ctx, sendbuf, recvbuf, count, dtype, op, algo));
+  } else {
+    HORA_CHECK(hora__scale_host(recvbuf, sendbuf, count, dtype, prescale, NULL));
+    HORA_CHECK(hora__allreduce_host(ctx, recvbuf, count, dtype, op, algo));
+  }
   return hora__scale_and_average(ctx, recvbuf, count, dtype, op, postscale);
 }
 
@@ -311,6 +316,10 @@ HORA_EXPORT hora_result_t hora_reducescatter(hora_ctx_t *ctx, const void *sendbu
   size_t total = recvcount * (size_t)ctx->size;
   HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, total, dtype, NULL));
   HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, recvcount, dtype, NULL));
+  if (recvcount && (const char *)recvbuf != (const char *)sendbuf + (size_t)ctx->rank * recvcount * es &&
+      overlaps_partially(sendbuf, total * es, recvbuf, recvcount * es))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
+                    "%s: recvbuf overlaps sendbuf but is not this rank's block (the in-place form)", fn);
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.reducescatter) return device_unsupported(fn);
     return hora__gpu_hooks.reducescatter(ctx, sendbuf, recvbuf, recvcount, dtype, op);
@@ -318,22 +327,14 @@ HORA_EXPORT hora_result_t hora_reducescatter(hora_ctx_t *ctx, const void *sendbu
   return hora__reducescatter_host(ctx, sendbuf, recvbuf, recvcount, dtype, op);
 }
 
-/* Default host reduce-scatter: allreduce a copy, keep this rank's block. algo/ring.c may
- * provide a bandwidth-optimal one through hora__reducescatter_ring. */
+/* Host reduce-scatter: the reduce-scatter phase of the ring (algo/ring.c), which moves
+ * (n-1)/n of the buffer per rank instead of the 2(n-1)/n of a full allreduce. */
 hora_result_t hora__reducescatter_host(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                        size_t recvcount, hora_dtype_t dtype, hora_op_t op) {
   if (recvcount == 0) return HORA_SUCCESS;
-  size_t es = hora__dtype_size(dtype), total = recvcount * (size_t)ctx->size;
-  void *tmp = malloc(total * es);
-  if (!tmp) return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_reducescatter: out of memory (%zu bytes)", total * es);
-  memcpy(tmp, sendbuf, total * es);
-  hora_result_t rc = hora__allreduce_host(ctx, tmp, total, dtype, op == HORA_AVERAGE ? HORA_SUM : op, HORA_ALGO_AUTO);
-  if (rc == HORA_SUCCESS) {
-    memcpy(recvbuf, (char *)tmp + (size_t)ctx->rank * recvcount * es, recvcount * es);
-    rc = hora__scale_and_average(ctx, recvbuf, recvcount, dtype, op, 1.0);
-  }
-  free(tmp);
-  return rc;
+  HORA_CHECK(hora__ring_reducescatter(ctx, sendbuf, recvbuf, recvcount, dtype,
+                                      op == HORA_AVERAGE ? HORA_SUM : op));
+  return hora__scale_and_average(ctx, recvbuf, recvcount, dtype, op, 1.0);
 }
 
 /* ---- alltoall / alltoallv ---- */

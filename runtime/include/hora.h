@@ -188,7 +188,9 @@ hora_result_t hora_allgatherv(hora_ctx_t *ctx, const void *sendbuf, size_t sendc
                               hora_device_t device);
 
 /* reducescatter: sendbuf holds size*recvcount elements; rank r receives in recvbuf (recvcount
- * elements) the reduction over ranks of block r. HORA_AVERAGE divides by the world size. */
+ * elements) the reduction over ranks of block r. HORA_AVERAGE divides by the world size. In place
+ * when recvbuf == sendbuf + rank*recvcount (elements); any other overlap is
+ * HORA_ERR_INVALID_ARGUMENT. Algorithm: the reduce-scatter half of hora's ring. */
 hora_result_t hora_reducescatter(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                  size_t recvcount, hora_dtype_t dtype, hora_op_t op,
                                  hora_device_t device);

@@ -1,0 +1,288 @@
+/* Intra-node allreduce over an MPI-3 shared-memory window (one node: ctx->local == world).
+ *
+ * Every local rank owns two slots of HORA_SHM_CHUNK_BYTES in one window allocated once per
+ * context (MPI_Win_allocate_shared over ctx->local; every rank maps every peer's slots). The
+ * buffer is processed in pieces of one slot; a piece is cut into L slices (L local ranks,
+ * 64-byte aligned), and local rank l is responsible for slice l:
+ *
+ *   piece k          slice 0          slice 1          (L = 2, ranks A and B)
+ *   copy in     A.slot: [ -- ][ A1 ]     B.slot: [ B0 ][ -- ]     each rank copies the slices
+ *                                                                 OTHERS reduce (not its own)
+ *   barrier
+ *   reduce      A: dst0 = A.src0 + B.slot0     B: dst1 = A.slot1 + B.src1   (one pass over L
+ *               A.slot0 = dst0                 B.slot1 = dst1                sources, L2-sized)
+ *   barrier (of piece k+1)
+ *   copy out    A: dst1 = B.slot1              B: dst0 = A.slot0
+ *
+ * The two slots alternate between pieces, so the copy-out of piece k runs after the barrier that
+ * also ends the copy-in of piece k+1: one barrier per piece plus one at the end. (Hazards: a slot
+ * is rewritten two pieces later, and every rank has passed the barrier in between only after it
+ * finished reading it.) Every slice is reduced by exactly one rank, so all ranks get the same bits.
+ *
+ * Cost model (N bytes, L ranks, memory bandwidth M per core): per rank, copy-in (L-1)/L * N,
+ * reduce reads N and writes 2N/L, copy-out (L-1)/L * N: about 3N bytes moved per rank, with no
+ * extra copy through MPI's buffers (a ring over MPI's shared-memory transport copies every byte
+ * twice per step, and MPI_Allreduce on one node does similar). Pieces stay L2-resident between
+ * copy-in, reduce and copy-out, which is what makes small chunks (about 1 MiB) fast. Latency: one
+ * barrier per piece (sub-microsecond while spinning, some microseconds once asleep).
+ *
+ * Waiting: the barrier lives in the window (a generation counter). A waiter spins briefly only
+ * when the node has at least one core per local rank, then sleeps on a futex on the counter
+ * (shared mapping, so it works across processes): with more ranks than cores (4 ranks on 2
+ * cores) busy-waiting would steal the core the last rank needs, so waiters go straight to sleep.
+ * MPI_Barrier was measured too (docs/benchmarks.md) and is slower: Open MPI polls its queues.
+ * Memory ordering: the counter updates are sequentially consistent atomics, which order the
+ * plain loads and stores of the slots on both sides (the window is in MPI's unified model). */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "algo/algo.h"
+#include "hora_kernels.h"
+
+#define HDR_BYTES 4096 /* window header before each rank's slots; rank 0's holds the barrier */
+#define SLICE_ALIGN 64
+
+typedef struct {
+  _Atomic uint32_t arrived; /* ranks that entered the current generation */
+  _Atomic uint32_t gen;     /* barrier generation (futex word) */
+  _Atomic uint32_t sleepers;
+} shm_ctl_t;
+
+struct hora_shm {
+  MPI_Win win;
+  int L, l;          /* local size and rank */
+  size_t slot_bytes; /* one slot; each rank has two */
+  char **slot;       /* slot[j] = rank j's first slot (its second follows) */
+  shm_ctl_t *ctl;
+  unsigned spin;     /* spin iterations before sleeping (0 when oversubscribed) */
+  uint64_t round;    /* pieces done so far (same on every local rank): selects the slot */
+};
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static void futex_wait(_Atomic uint32_t *addr, uint32_t val) {
+  /* A timeout bounds the wait if a wake-up were ever lost; the caller re-checks the value. */
+  struct timespec ts = {0, 100 * 1000 * 1000};
+  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *addr) {
+  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Sense-free generation barrier over the local ranks. */
+static void shm_barrier(struct hora_shm *s) {
+  shm_ctl_t *c = s->ctl;
+  uint32_t g = atomic_load(&c->gen);
+  if (atomic_fetch_add(&c->arrived, 1) == (uint32_t)s->L - 1) {
+    atomic_store(&c->arrived, 0); /* before the release below: the next generation starts clean */
+    atomic_fetch_add(&c->gen, 1);
+    if (atomic_load(&c->sleepers)) futex_wake_all(&c->gen);
+    return;
+  }
+  for (unsigned i = 0; i < s->spin; i++) {
+    if (atomic_load_explicit(&c->gen, memory_order_acquire) != g) return;
+    cpu_relax();
+  }
+  atomic_fetch_add(&c->sleepers, 1);
+  while (atomic_load(&c->gen) == g) futex_wait(&c->gen, g);
+  atomic_fetch_sub(&c->sleepers, 1);
+}
+
+static int cpus_available(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+/* Create the window (collective over ctx->local). */
+static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
+  struct hora_shm *s = calloc(1, sizeof *s);
+  if (!s) return HORA_ERR(HORA_ERR_NO_MEMORY, "shm allreduce: out of memory");
+  s->win = MPI_WIN_NULL;
+  s->L = ctx->local_size;
+  s->l = ctx->local_rank;
+  uint64_t chunk = hora__params()->shm_chunk_bytes;
+  if (chunk > ((uint64_t)1 << 30)) chunk = (uint64_t)1 << 30;
+  s->slot_bytes = round_up((size_t)chunk, SLICE_ALIGN);
+  s->slot = calloc((size_t)s->L, sizeof *s->slot);
+  hora_result_t rc = HORA_SUCCESS;
+  if (!s->slot) {
+    rc = HORA_ERR(HORA_ERR_NO_MEMORY, "shm allreduce: out of memory");
+    goto fail;
+  }
+  MPI_Info info;
+  MPI_Info_create(&info);
+  MPI_Info_set(info, "alloc_shared_noncontig", "true"); /* each rank's part on its own pages */
+  char *mine = NULL;
+  int mrc = MPI_Win_allocate_shared((MPI_Aint)(HDR_BYTES + 2 * s->slot_bytes), 1, info, ctx->local,
+                                    &mine, &s->win);
+  MPI_Info_free(&info);
+  if (mrc != MPI_SUCCESS) {
+    s->win = MPI_WIN_NULL;
+    rc = hora__mpi_error(mrc, "MPI_Win_allocate_shared", __FILE__, __LINE__);
+    goto fail;
+  }
+  for (int j = 0; j < s->L; j++) {
+    MPI_Aint sz;
+    int du;
+    char *base;
+    mrc = MPI_Win_shared_query(s->win, j, &sz, &du, &base);
+    if (mrc != MPI_SUCCESS) {
+      rc = hora__mpi_error(mrc, "MPI_Win_shared_query", __FILE__, __LINE__);
+      goto fail;
+    }
+    s->slot[j] = base + HDR_BYTES;
+    if (j == 0) s->ctl = (shm_ctl_t *)base;
+  }
+  if (s->l == 0) {
+    atomic_init(&s->ctl->arrived, 0);
+    atomic_init(&s->ctl->gen, 0);
+    atomic_init(&s->ctl->sleepers, 0);
+  }
+  /* Passive-target epoch for the window's lifetime (the unified model then lets loads and
+   * stores plus our atomics synchronize), and everyone sees the initialized header. */
+  mrc = MPI_Win_lock_all(MPI_MODE_NOCHECK, s->win);
+  if (mrc == MPI_SUCCESS) mrc = MPI_Win_sync(s->win);
+  if (mrc == MPI_SUCCESS) mrc = MPI_Barrier(ctx->local);
+  if (mrc != MPI_SUCCESS) {
+    rc = hora__mpi_error(mrc, "MPI_Win_lock_all/MPI_Barrier", __FILE__, __LINE__);
+    goto fail;
+  }
+  s->spin = s->L <= cpus_available() ? 20000 : 0;
+  HORA_INFO(SHM, "shared window: %d local ranks, 2 slots of %zu bytes each, %s", s->L, s->slot_bytes,
+            s->spin ? "spin then sleep" : "sleep at once (more ranks than cores)");
+  *out = s;
+  return HORA_SUCCESS;
+fail:
+  if (s->win != MPI_WIN_NULL) MPI_Win_free(&s->win);
+  free(s->slot);
+  free(s);
+  return rc;
+}
+
+hora_result_t hora__shm_free(hora_ctx_t *ctx, struct hora_shm *s) {
+  (void)ctx;
+  if (!s) return HORA_SUCCESS;
+  int mrc = MPI_Win_unlock_all(s->win);
+  if (mrc == MPI_SUCCESS) mrc = MPI_Win_free(&s->win);
+  free(s->slot);
+  free(s);
+  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Win_free", __FILE__, __LINE__);
+  return HORA_SUCCESS;
+}
+
+static hora_result_t get_shm(hora_ctx_t *ctx, struct hora_shm **out) {
+  hora_algo_state_t *st;
+  HORA_CHECK(hora__algo_state(ctx, &st));
+  if (!st->shm) HORA_CHECK(shm_create(ctx, &st->shm));
+  *out = st->shm;
+  return HORA_SUCCESS;
+}
+
+/* Slice geometry of a piece of `pe` elements. */
+typedef struct {
+  size_t base, pe, sl; /* piece's first element, its length, slice length (elements) */
+} piece_t;
+
+static size_t slice_len(const piece_t *p, int j) {
+  size_t start = (size_t)j * p->sl;
+  if (start >= p->pe) return 0;
+  return p->pe - start < p->sl ? p->pe - start : p->sl;
+}
+
+static char *slot_of(const struct hora_shm *s, int j, uint64_t round) {
+  return s->slot[j] + (round & 1) * s->slot_bytes;
+}
+
+/* Copy the slices that the other ranks reduce into this rank's slot. */
+static void copy_in(struct hora_shm *s, const piece_t *p, const char *src, size_t es, uint64_t round) {
+  char *slot = slot_of(s, s->l, round);
+  size_t own0 = (size_t)s->l * p->sl, own1 = own0 + slice_len(p, s->l);
+  if (own0 > p->pe) own0 = own1 = p->pe;
+  if (own0) memcpy(slot, src + p->base * es, own0 * es);
+  if (own1 < p->pe) memcpy(slot + own1 * es, src + (p->base + own1) * es, (p->pe - own1) * es);
+}
+
+/* Reduce this rank's slice from its own buffer and the peers' slots into dst, then publish it. */
+static hora_result_t reduce_own(struct hora_shm *s, const piece_t *p, const char *src, char *dst,
+                                size_t es, hora_dtype_t dtype, hora_op_t op, uint64_t round,
+                                const void **srcs, hora_shm_hook_fn hook, void *arg) {
+  size_t n = slice_len(p, s->l), off = (size_t)s->l * p->sl;
+  if (n == 0) return HORA_SUCCESS;
+  srcs[0] = src + (p->base + off) * es;
+  for (int j = 0, k = 1; j < s->L; j++)
+    if (j != s->l) srcs[k++] = slot_of(s, j, round) + off * es;
+  char *d = dst + (p->base + off) * es;
+  hora_result_t rc = hora__reduce_n_host(d, srcs, s->L, n, dtype, op, NULL);
+  if (rc != HORA_SUCCESS) return HORA_ERR(HORA_ERR_INTERNAL, "shm: host reduce failed (%s)", hora_result_name(rc));
+  if (hook) HORA_CHECK(hook(arg, d, n));
+  memcpy(slot_of(s, s->l, round) + off * es, d, n * es);
+  return HORA_SUCCESS;
+}
+
+/* Copy the other ranks' reduced slices out of their slots. */
+static void copy_out(struct hora_shm *s, const piece_t *p, char *dst, size_t es, uint64_t round) {
+  for (int j = 0; j < s->L; j++) {
+    size_t n = slice_len(p, j), off = (size_t)j * p->sl;
+    if (j != s->l && n) memcpy(dst + (p->base + off) * es, slot_of(s, j, round) + off * es, n * es);
+  }
+}
+
+hora_result_t hora__shm_run(hora_ctx_t *ctx, const void *src_, void *dst_, size_t count,
+                            hora_dtype_t dtype, hora_op_t op, hora_shm_hook_fn hook, void *arg) {
+  if (count == 0) return HORA_SUCCESS;
+  struct hora_shm *s;
+  HORA_CHECK(get_shm(ctx, &s));
+  const char *src = src_;
+  char *dst = dst_;
+  size_t es = hora__dtype_size(dtype), cap = s->slot_bytes / es;
+  const void *srcs_stack[16];
+  const void **srcs = s->L <= 16 ? srcs_stack : malloc((size_t)s->L * sizeof *srcs);
+  if (!srcs) return HORA_ERR(HORA_ERR_NO_MEMORY, "shm allreduce: out of memory");
+  size_t align = SLICE_ALIGN / es;
+  hora_result_t rc = HORA_SUCCESS;
+  piece_t prev = {0, 0, 0};
+  int have_prev = 0;
+  /* An error in the reduce or the hook is remembered and the barriers still run, so that the
+   * other local ranks are not left waiting; every rank then returns it or its own. */
+  for (size_t base = 0; base < count; base += cap) {
+    piece_t p = {base, count - base < cap ? count - base : cap, 0};
+    p.sl = round_up((p.pe + (size_t)s->L - 1) / (size_t)s->L, align);
+    copy_in(s, &p, src, es, s->round);
+    shm_barrier(s);
+    if (have_prev) copy_out(s, &prev, dst, es, s->round - 1);
+    if (rc == HORA_SUCCESS) rc = reduce_own(s, &p, src, dst, es, dtype, op, s->round, srcs, hook, arg);
+    prev = p;
+    have_prev = 1;
+    s->round++;
+  }
+  shm_barrier(s);
+  copy_out(s, &prev, dst, es, s->round - 1);
+  if (srcs != srcs_stack) free(srcs);
+  return rc;
+}
+
+hora_result_t hora__shm_allreduce(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                  hora_dtype_t dtype, hora_op_t op) {
+  if (ctx->cross_size != 1)
+    return HORA_ERR(HORA_ERR_INTERNAL, "shm allreduce called with %d nodes", ctx->cross_size);
+  return hora__shm_run(ctx, src, dst, count, dtype, op, NULL, NULL);
+}
