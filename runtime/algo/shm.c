@@ -49,6 +49,9 @@
 
 #define HDR_BYTES 4096 /* window header before each rank's slots; rank 0's holds the barrier */
 #define SLICE_ALIGN 64
+#ifndef SPIN_NS
+#define SPIN_NS 20000 /* spin budget of a barrier wait when every local rank has a core */
+#endif
 
 typedef struct {
   _Atomic uint32_t arrived; /* ranks that entered the current generation */
@@ -62,7 +65,7 @@ struct hora_shm {
   size_t slot_bytes; /* one slot; each rank has two */
   char **slot;       /* slot[j] = rank j's first slot (its second follows) */
   shm_ctl_t *ctl;
-  unsigned spin;     /* spin iterations before sleeping (0 when oversubscribed) */
+  int spin;         /* spin before sleeping (0 when oversubscribed) */
   uint64_t round;    /* pieces done so far (same on every local rank): selects the slot */
 };
 
@@ -94,9 +97,15 @@ static void shm_barrier(struct hora_shm *s) {
     if (atomic_load(&c->sleepers)) futex_wake_all(&c->gen);
     return;
   }
-  for (unsigned i = 0; i < s->spin; i++) {
-    if (atomic_load_explicit(&c->gen, memory_order_acquire) != g) return;
-    cpu_relax();
+  if (s->spin) {
+    /* Spin for at most SPIN_NS: a peer that is running arrives within microseconds; one that
+     * was descheduled takes a time slice, and sleeping is then cheaper for everybody. */
+    double until = hora__now_s() + SPIN_NS * 1e-9;
+    for (unsigned i = 1;; i++) {
+      if (atomic_load_explicit(&c->gen, memory_order_acquire) != g) return;
+      cpu_relax();
+      if ((i & 63) == 0 && hora__now_s() > until) break;
+    }
   }
   atomic_fetch_add(&c->sleepers, 1);
   while (atomic_load(&c->gen) == g) futex_wait(&c->gen, g);
@@ -166,7 +175,7 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
     rc = hora__mpi_error(mrc, "MPI_Win_lock_all/MPI_Barrier", __FILE__, __LINE__);
     goto fail;
   }
-  s->spin = s->L <= cpus_available() ? 20000 : 0;
+  s->spin = s->L <= cpus_available();
   HORA_INFO(SHM, "shared window: %d local ranks, 2 slots of %zu bytes each, %s", s->L, s->slot_bytes,
             s->spin ? "spin then sleep" : "sleep at once (more ranks than cores)");
   *out = s;

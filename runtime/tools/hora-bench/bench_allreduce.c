@@ -1,0 +1,292 @@
+/* hora-bench allreduce: host allreduce bandwidth of hora's algorithms against MPI_Allreduce on the
+ * same buffers in the same run, in the style of nccl-tests (algbw = bytes / time, busbw = algbw *
+ * 2(n-1)/n, GB = 1e9 bytes). Run it under mpirun; rank 0 prints. See docs/benchmarks.md. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include "algo/coll.h"
+#include "bench.h"
+#include "hora_kernels.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: mpirun -np N hora-bench allreduce [options]\n"
+          "  --min-bytes B    smallest message (default 4; K/M/G suffixes)\n"
+          "  --max-bytes B    largest message (default 256M); sizes double from min to max\n"
+          "  --algo LIST      comma-separated of ring,shm,hier,auto,mpi (default all of them;\n"
+          "                   mpi is MPI_Allreduce itself, the baseline)\n"
+          "  --dtype T        u8,i8,i32,i64,f16,bf16,f32,f64 (default f32)\n"
+          "  --op O           sum,avg,min,max,prod (default sum)\n"
+          "  --iters N        timed iterations per size and algorithm (default: about 0.2 s worth,\n"
+          "                   5 .. 1000)\n"
+          "  --warmup N       untimed iterations first (default 3)\n"
+          "  --repeat R       measure every (size, algorithm) R times, interleaved, and report the\n"
+          "                   median (default 1)\n"
+          "  --json FILE      also write one JSON object per line per (size, algorithm)\n");
+}
+
+static const char *const dnames[] = {"u8", "i8", "i32", "i64", "f16", "bf16", "f32", "f64"};
+static const char *const tnames[] = {"uint8", "int8", "int32", "int64", "half", "bfloat16", "float", "double"};
+static const char *const onames[] = {"sum", "avg", "min", "max", "prod"};
+
+#define MAX_ALGOS 8
+typedef struct {
+  const char *name;
+  int is_mpi;
+  hora_algo_t algo;
+} algo_sel_t;
+
+/* Small integer inputs: every reduction is exact, so #wrong counts real errors. */
+static double input(int r, size_t i) { return (double)((i * 13 + (size_t)r * 7) % 11); }
+
+static void store(void *buf, hora_dtype_t d, size_t i, double v) {
+  switch (d) {
+    case HORA_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case HORA_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case HORA_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case HORA_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case HORA_FLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_f16((float)v); break;
+    case HORA_BFLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_bf16((float)v); break;
+    case HORA_FLOAT32: ((float *)buf)[i] = (float)v; break;
+    case HORA_FLOAT64: ((double *)buf)[i] = v; break;
+  }
+}
+static double load(const void *buf, hora_dtype_t d, size_t i) {
+  switch (d) {
+    case HORA_UINT8: return ((const uint8_t *)buf)[i];
+    case HORA_INT8: return ((const int8_t *)buf)[i];
+    case HORA_INT32: return ((const int32_t *)buf)[i];
+    case HORA_INT64: return (double)((const int64_t *)buf)[i];
+    case HORA_FLOAT16: return hora__f16_to_f32(((const uint16_t *)buf)[i]);
+    case HORA_BFLOAT16: return hora__bf16_to_f32(((const uint16_t *)buf)[i]);
+    case HORA_FLOAT32: return ((const float *)buf)[i];
+    case HORA_FLOAT64: return ((const double *)buf)[i];
+  }
+  return NAN;
+}
+
+static double expect(hora_dtype_t d, hora_op_t op, int n, size_t i) {
+  double acc = input(0, i);
+  for (int r = 1; r < n; r++) {
+    double v = input(r, i);
+    if (op == HORA_SUM || op == HORA_AVERAGE) acc += v;
+    else if (op == HORA_PRODUCT) acc *= v;
+    else if (op == HORA_MIN) acc = v < acc ? v : acc;
+    else acc = v > acc ? v : acc;
+  }
+  if (op == HORA_AVERAGE) acc = d >= HORA_FLOAT16 ? acc / n : trunc(acc / n);
+  char tmp[8];
+  store(tmp, d, 0, acc);
+  return load(tmp, d, 0);
+}
+
+/* MPI's own datatype/op where it has one (the real baseline); hora's user op otherwise. */
+static int mpi_native(hora_dtype_t d, hora_op_t op, MPI_Datatype *t, MPI_Op *o) {
+  MPI_Datatype types[8] = {MPI_UINT8_T, MPI_INT8_T, MPI_INT32_T, MPI_INT64_T, MPI_DATATYPE_NULL,
+                           MPI_DATATYPE_NULL, MPI_FLOAT, MPI_DOUBLE};
+  MPI_Op ops[5] = {MPI_SUM, MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
+  if (types[d] == MPI_DATATYPE_NULL) return 0;
+  *t = types[d];
+  *o = ops[op];
+  return 1;
+}
+
+static hora_result_t run_once(hora_ctx_t *ctx, const algo_sel_t *a, const void *send, void *recv,
+                              size_t count, hora_dtype_t d, hora_op_t op) {
+  if (!a->is_mpi) return hora__allreduce_host_full(ctx, send, recv, count, d, op, 1.0, 1.0, a->algo);
+  MPI_Datatype t;
+  MPI_Op o;
+  if (mpi_native(d, op, &t, &o) && count <= (size_t)INT32_MAX) {
+    if (MPI_Allreduce(send, recv, (int)count, t, o, ctx->world) != MPI_SUCCESS) return HORA_ERR_MPI;
+    if (op == HORA_AVERAGE) return hora__scale_and_average(ctx, recv, count, d, op, 1.0);
+    return HORA_SUCCESS;
+  }
+  memcpy(recv, send, count * hora__dtype_size(d));
+  HORA_CHECK(hora__allreduce_mpi(ctx, ctx->world, recv, count, d, op == HORA_AVERAGE ? HORA_SUM : op));
+  return op == HORA_AVERAGE ? hora__scale_and_average(ctx, recv, count, d, op, 1.0) : HORA_SUCCESS;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+int hora_bench_allreduce(int argc, char **argv) {
+  int64_t minb = 4, maxb = 256ll << 20;
+  const char *algos = "ring,shm,hier,auto,mpi", *json = NULL, *dname = "f32", *oname = "sum";
+  int iters = 0, warmup = 3, repeat = 1;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      usage(stdout);
+      return 0;
+    }
+    if (!v) {
+      fprintf(stderr, "hora-bench allreduce: %s needs a value\n", a);
+      usage(stderr);
+      return 2;
+    }
+    i++;
+    if (!strcmp(a, "--min-bytes")) minb = bench_parse_size(v);
+    else if (!strcmp(a, "--max-bytes")) maxb = bench_parse_size(v);
+    else if (!strcmp(a, "--algo")) algos = v;
+    else if (!strcmp(a, "--dtype")) dname = v;
+    else if (!strcmp(a, "--op")) oname = v;
+    else if (!strcmp(a, "--iters")) iters = atoi(v);
+    else if (!strcmp(a, "--warmup")) warmup = atoi(v);
+    else if (!strcmp(a, "--repeat")) repeat = atoi(v);
+    else if (!strcmp(a, "--json")) json = v;
+    else {
+      fprintf(stderr, "hora-bench allreduce: unknown option %s\n", a);
+      usage(stderr);
+      return 2;
+    }
+  }
+  int d = -1, op = -1;
+  for (int k = 0; k < 8; k++)
+    if (!strcmp(dname, dnames[k])) d = k;
+  for (int k = 0; k < 5; k++)
+    if (!strcmp(oname, onames[k])) op = k;
+  if (minb <= 0 || maxb < minb || d < 0 || op < 0 || iters < 0 || warmup < 0 || repeat < 1) {
+    fprintf(stderr, "hora-bench allreduce: bad --min-bytes/--max-bytes/--dtype/--op/--iters/--warmup/--repeat\n");
+    return 2;
+  }
+  algo_sel_t sel[MAX_ALGOS];
+  int nsel = 0;
+  char list[256];
+  snprintf(list, sizeof list, "%s", algos);
+  for (char *save = NULL, *a = strtok_r(list, ",", &save); a; a = strtok_r(NULL, ",", &save)) {
+    if (nsel == MAX_ALGOS) break;
+    algo_sel_t s = {strdup(a), 0, HORA_ALGO_AUTO};
+    if (!strcmp(a, "mpi")) s.is_mpi = 1;
+    else if (hora__algo_parse(a, &s.algo) != HORA_SUCCESS || s.algo == HORA_ALGO_MPI) {
+      fprintf(stderr, "hora-bench allreduce: unknown algorithm '%s' (ring,shm,hier,auto,mpi)\n", a);
+      return 2;
+    }
+    sel[nsel++] = s;
+  }
+
+  hora_ctx_t *ctx;
+  hora_result_t hr = hora_init(&ctx);
+  if (hr != HORA_SUCCESS) {
+    fprintf(stderr, "hora-bench allreduce: hora_init: %s\n", hora_last_error());
+    return 1;
+  }
+  int rank = ctx->rank, n = ctx->size;
+  hora_dtype_t dt = (hora_dtype_t)d;
+  size_t es = hora__dtype_size(dt), maxcount = (size_t)maxb / es;
+  char *send = NULL, *recv = NULL;
+  if (posix_memalign((void **)&send, 64, maxcount * es + 64) || posix_memalign((void **)&recv, 64, maxcount * es + 64)) {
+    fprintf(stderr, "hora-bench allreduce: out of memory\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  for (size_t i = 0; i < maxcount; i++) store(send, dt, i, input(rank, i));
+  memset(recv, 0, maxcount * es);
+  FILE *jf = NULL;
+  if (json && rank == 0 && !(jf = fopen(json, "w"))) {
+    fprintf(stderr, "hora-bench allreduce: cannot write %s\n", json);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  if (rank == 0) {
+    printf("# hora-bench allreduce: %d ranks on %d node(s), local size %d, dtype %s, op %s, "
+           "segment %llu B, shm chunk %llu B\n", n, ctx->cross_size, ctx->local_size, dnames[d],
+           onames[op], (unsigned long long)hora__params()->ring_segment_bytes,
+           (unsigned long long)hora__params()->shm_chunk_bytes);
+    printf("# busbw = algbw * 2(n-1)/n, GB = 1e9 B; time = max over ranks of the mean over iters%s\n",
+           repeat > 1 ? ", median of the repeats" : "");
+    printf("%12s %12s %9s %6s %6s %11s %9s %9s %7s\n", "size(B)", "count", "type", "redop", "algo",
+           "time(us)", "algbw", "busbw", "#wrong");
+  }
+  double bw_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
+  /* Summary: auto vs mpi per size. */
+  double sum_bytes[64], sum_auto[64], sum_mpi[64];
+  const char *sum_pick[64];
+  int nsum = 0;
+  double *samples = malloc((size_t)repeat * MAX_ALGOS * sizeof *samples);
+  long wrong_total = 0;
+
+  for (size_t bytes = (size_t)minb; bytes <= (size_t)maxb; bytes *= 2) {
+    size_t count = bytes / es;
+    if (count == 0) continue;
+    for (int rep = 0; rep < repeat; rep++)
+      for (int k = 0; k < nsel; k++) {
+        for (int w = 0; w < warmup; w++) run_once(ctx, &sel[k], send, recv, count, dt, (hora_op_t)op);
+        int it = iters;
+        if (it == 0) {
+          MPI_Barrier(ctx->world);
+          double t0 = bench_now_s();
+          run_once(ctx, &sel[k], send, recv, count, dt, (hora_op_t)op);
+          double one = bench_now_s() - t0, mx;
+          MPI_Allreduce(&one, &mx, 1, MPI_DOUBLE, MPI_MAX, ctx->world);
+          it = (int)(0.2 / (mx > 1e-7 ? mx : 1e-7));
+          it = it < 5 ? 5 : it > 1000 ? 1000 : it;
+        }
+        MPI_Barrier(ctx->world);
+        double t0 = bench_now_s();
+        hr = HORA_SUCCESS;
+        for (int j = 0; j < it && hr == HORA_SUCCESS; j++)
+          hr = run_once(ctx, &sel[k], send, recv, count, dt, (hora_op_t)op);
+        double per = (bench_now_s() - t0) / it, mx;
+        MPI_Allreduce(&per, &mx, 1, MPI_DOUBLE, MPI_MAX, ctx->world);
+        samples[k * repeat + rep] = mx;
+        if (hr != HORA_SUCCESS) {
+          fprintf(stderr, "rank %d: %s failed: %s\n", rank, sel[k].name, hora_last_error());
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+      }
+    /* The check runs on the output of the last timed call of each algorithm; re-run once per
+     * algorithm so each one's own output is checked. */
+    for (int k = 0; k < nsel; k++) {
+      memset(recv, 0, count * es);
+      run_once(ctx, &sel[k], send, recv, count, dt, (hora_op_t)op);
+      long bad = 0, all = 0;
+      for (size_t i = 0; i < count; i++) bad += load(recv, dt, i) != expect(dt, (hora_op_t)op, n, i);
+      MPI_Allreduce(&bad, &all, 1, MPI_LONG, MPI_SUM, ctx->world);
+      wrong_total += all;
+      qsort(samples + k * repeat, (size_t)repeat, sizeof *samples, cmp_double);
+      double t = samples[k * repeat + repeat / 2];
+      double algbw = (double)bytes / t / 1e9, busbw = algbw * bw_factor;
+      if (rank == 0) {
+        printf("%12zu %12zu %9s %6s %6s %11.2f %9.3f %9.3f %7ld\n", bytes, count, tnames[d], onames[op],
+               sel[k].name, t * 1e6, algbw, busbw, all);
+        if (jf)
+          fprintf(jf,
+                  "{\"bytes\":%zu,\"count\":%zu,\"dtype\":\"%s\",\"op\":\"%s\",\"algo\":\"%s\",\"time_us\":%.3f,"
+                  "\"algbw_gbs\":%.4f,\"busbw_gbs\":%.4f,\"wrong\":%ld}\n",
+                  bytes, count, dnames[d], onames[op], sel[k].name, t * 1e6, algbw, busbw, all);
+      }
+      if (nsum < 64) {
+        if (!strcmp(sel[k].name, "auto")) sum_auto[nsum] = busbw;
+        if (sel[k].is_mpi) sum_mpi[nsum] = busbw;
+      }
+    }
+    if (nsum < 64) {
+      sum_bytes[nsum] = (double)bytes;
+      sum_pick[nsum] = hora__algo_name(hora__algo_resolve(ctx, count, dt, HORA_ALGO_AUTO));
+      nsum++;
+    }
+    if (rank == 0) fflush(stdout);
+  }
+  int have_auto = 0, have_mpi = 0;
+  for (int k = 0; k < nsel; k++) {
+    have_auto |= !strcmp(sel[k].name, "auto");
+    have_mpi |= sel[k].is_mpi;
+  }
+  if (rank == 0 && have_auto && have_mpi) {
+    printf("\n# hora(auto) / MPI_Allreduce busbw per size (auto picks the algorithm named)\n");
+    printf("%12s %10s %10s %7s %6s\n", "size(B)", "auto", "mpi", "ratio", "pick");
+    for (int s = 0; s < nsum; s++)
+      printf("%12.0f %10.3f %10.3f %7.2f %6s\n", sum_bytes[s], sum_auto[s], sum_mpi[s],
+             sum_mpi[s] > 0 ? sum_auto[s] / sum_mpi[s] : 0.0, sum_pick[s]);
+  }
+  if (rank == 0) printf("# #wrong total: %ld\n", wrong_total);
+  if (jf) fclose(jf);
+  free(samples);
+  free(send);
+  free(recv);
+  hora_finalize(ctx);
+  return wrong_total ? 1 : 0;
+}
