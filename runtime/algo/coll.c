@@ -42,6 +42,13 @@ static int overlaps_partially(const void *a, size_t abytes, const void *b, size_
   return pa < pb + bbytes && pb < pa + abytes;
 }
 
+/* Any overlap, the identical buffer included (for the collectives that have no in-place form). */
+static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes) {
+  if (!abytes || !bbytes) return 0;
+  uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+  return pa < pb + bbytes && pb < pa + abytes;
+}
+
 static hora_result_t device_unsupported(const char *fn) {
   return HORA_ERR(HORA_ERR_NOT_SUPPORTED,
                   "%s: device buffers (HORA_DEVICE_CUDA) need a CUDA build of hora and a GPU", fn);
@@ -349,7 +356,7 @@ HORA_EXPORT hora_result_t hora_alltoall(hora_ctx_t *ctx, const void *sendbuf, vo
   size_t total = count * (size_t)ctx->size;
   HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, total, dtype, NULL));
   HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, total, dtype, NULL));
-  if (total && overlaps_partially(sendbuf, total * es, recvbuf, total * es + 1))
+  if (overlaps(sendbuf, total * es, recvbuf, total * es))
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sendbuf and recvbuf overlap (alltoall is not in place)", fn);
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.alltoall) return device_unsupported(fn);
@@ -384,7 +391,7 @@ HORA_EXPORT hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf,
   }
   if (local == HORA_SUCCESS) local = hora__check_buf(fn, "sendbuf", sendbuf, stot, dtype, NULL);
   if (local == HORA_SUCCESS) local = hora__check_buf(fn, "recvbuf", recvbuf, rtot, dtype, NULL);
-  if (local == HORA_SUCCESS && stot && rtot && overlaps_partially(sendbuf, stot * es, recvbuf, rtot * es + 1))
+  if (local == HORA_SUCCESS && overlaps(sendbuf, stot * es, recvbuf, rtot * es))
     local = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sendbuf and recvbuf overlap (alltoallv is not in place)", fn);
   if (local == HORA_SUCCESS && device == HORA_DEVICE_CUDA && !hora__gpu_hooks.alltoallv)
     local = device_unsupported(fn);
