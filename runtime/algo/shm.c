@@ -14,6 +14,8 @@
  *   barrier (of piece k+1)
  *   copy out    A: dst1 = B.slot1              B: dst0 = A.slot0
  *
+ * Slice j always occupies region j of a slot (offset j * chunk/L), whatever the piece's length, so
+ * a short last piece or the next call never writes into a region a peer may still be reading.
  * The two slots alternate between pieces, so the copy-out of piece k runs after the barrier that
  * also ends the copy-in of piece k+1: one barrier per piece plus one at the end. (Hazards: a slot
  * is rewritten two pieces later, and every rank has passed the barrier in between only after it
@@ -63,6 +65,7 @@ struct hora_shm {
   MPI_Win win;
   int L, l;          /* local size and rank */
   size_t slot_bytes; /* one slot; each rank has two */
+  size_t region;     /* bytes of slice j's region, at j*region in every slot */
   char **slot;       /* slot[j] = rank j's first slot (its second follows) */
   shm_ctl_t *ctl;
   int spin;         /* spin before sleeping (0 when oversubscribed) */
@@ -130,7 +133,11 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
   s->l = ctx->local_rank;
   uint64_t chunk = hora__params()->shm_chunk_bytes;
   if (chunk > ((uint64_t)1 << 30)) chunk = (uint64_t)1 << 30;
-  s->slot_bytes = round_up((size_t)chunk, SLICE_ALIGN);
+  /* Slice j of a piece always lives at j*region in a slot, whatever the piece's length, so that
+   * pieces of different lengths (the last one, the next call's) never overlap a region that a
+   * peer may still be reading. */
+  s->region = round_up(((size_t)chunk + (size_t)s->L - 1) / (size_t)s->L, SLICE_ALIGN);
+  s->slot_bytes = s->region * (size_t)s->L;
   s->slot = calloc((size_t)s->L, sizeof *s->slot);
   hora_result_t rc = HORA_SUCCESS;
   if (!s->slot) {
@@ -221,13 +228,13 @@ static char *slot_of(const struct hora_shm *s, int j, uint64_t round) {
   return s->slot[j] + (round & 1) * s->slot_bytes;
 }
 
-/* Copy the slices that the other ranks reduce into this rank's slot. */
+/* Copy the slices that the other ranks reduce into their regions of this rank's slot. */
 static void copy_in(struct hora_shm *s, const piece_t *p, const char *src, size_t es, uint64_t round) {
   char *slot = slot_of(s, s->l, round);
-  size_t own0 = (size_t)s->l * p->sl, own1 = own0 + slice_len(p, s->l);
-  if (own0 > p->pe) own0 = own1 = p->pe;
-  if (own0) memcpy(slot, src + p->base * es, own0 * es);
-  if (own1 < p->pe) memcpy(slot + own1 * es, src + (p->base + own1) * es, (p->pe - own1) * es);
+  for (int j = 0; j < s->L; j++) {
+    size_t n = slice_len(p, j);
+    if (j != s->l && n) memcpy(slot + (size_t)j * s->region, src + (p->base + (size_t)j * p->sl) * es, n * es);
+  }
 }
 
 /* Reduce this rank's slice from its own buffer and the peers' slots into dst, then publish it. */
@@ -238,12 +245,12 @@ static hora_result_t reduce_own(struct hora_shm *s, const piece_t *p, const char
   if (n == 0) return HORA_SUCCESS;
   srcs[0] = src + (p->base + off) * es;
   for (int j = 0, k = 1; j < s->L; j++)
-    if (j != s->l) srcs[k++] = slot_of(s, j, round) + off * es;
+    if (j != s->l) srcs[k++] = slot_of(s, j, round) + (size_t)s->l * s->region;
   char *d = dst + (p->base + off) * es;
   hora_result_t rc = hora__reduce_n_host(d, srcs, s->L, n, dtype, op, NULL);
   if (rc != HORA_SUCCESS) return HORA_ERR(HORA_ERR_INTERNAL, "shm: host reduce failed (%s)", hora_result_name(rc));
   if (hook) HORA_CHECK(hook(arg, d, n));
-  memcpy(slot_of(s, s->l, round) + off * es, d, n * es);
+  memcpy(slot_of(s, s->l, round) + (size_t)s->l * s->region, d, n * es);
   return HORA_SUCCESS;
 }
 
@@ -251,7 +258,7 @@ static hora_result_t reduce_own(struct hora_shm *s, const piece_t *p, const char
 static void copy_out(struct hora_shm *s, const piece_t *p, char *dst, size_t es, uint64_t round) {
   for (int j = 0; j < s->L; j++) {
     size_t n = slice_len(p, j), off = (size_t)j * p->sl;
-    if (j != s->l && n) memcpy(dst + (p->base + off) * es, slot_of(s, j, round) + off * es, n * es);
+    if (j != s->l && n) memcpy(dst + (p->base + off) * es, slot_of(s, j, round) + (size_t)j * s->region, n * es);
   }
 }
 
@@ -262,7 +269,9 @@ hora_result_t hora__shm_run(hora_ctx_t *ctx, const void *src_, void *dst_, size_
   HORA_CHECK(get_shm(ctx, &s));
   const char *src = src_;
   char *dst = dst_;
-  size_t es = hora__dtype_size(dtype), cap = s->slot_bytes / es;
+  /* A piece is at most L regions' worth of elements; a slice (64-byte aligned length) then
+   * always fits its region. */
+  size_t es = hora__dtype_size(dtype), cap = (size_t)s->L * (s->region / es);
   const void *srcs_stack[16];
   const void **srcs = s->L <= 16 ? srcs_stack : malloc((size_t)s->L * sizeof *srcs);
   if (!srcs) return HORA_ERR(HORA_ERR_NO_MEMORY, "shm allreduce: out of memory");
