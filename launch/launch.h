@@ -118,10 +118,15 @@ typedef struct {
   const char *output_dir;
   int tag_output;
   int forward_from_parent; /* forward signals that come from our parent too */
+  int watch;               /* allocation mode: stdout passes through, stderr is relayed as is
+                              and scanned for the ranks' failure lines */
+  int first_failure;       /* out (watch): status in the first "launch: rank R ... exited with
+                              status S" or "killed by signal K" line (128+K), -1 when none */
+  int signaled;            /* out: the signal that killed the program, 0 when it exited */
 } launch_run_t;
 /* Runs prog (already bound, environment set), forwards SIGTERM/SIGUSR1/SIGUSR2/SIGINT/SIGHUP,
  * tags or redirects its output, and returns its exit status (128+signal when killed). */
-int launch_run(const launch_run_t *r, char **prog);
+int launch_run(launch_run_t *r, char **prog);
 /* Execs prog (argv) after checking it exists and is executable; returns -1 with a message
  * when it cannot. */
 int launch_check_program(const char *prog);

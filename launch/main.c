@@ -357,16 +357,23 @@ static int rank_mode(launch_opts_t *o, int slurm_step) {
   t = NULL;
   launch_run_t r = {.rank = l.rank, .output_dir = o->output_dir, .tag_output = o->tag_output,
                     .forward_from_parent = !slurm_step};
+  fflush(NULL);
   rc = launch_run(&r, o->prog);
   if (rc != 0) {
-    fprintf(stderr, "launch: rank %d (node %s): %s exited with status %d\n", l.rank, host, o->prog[0], rc);
+    if (r.signaled)
+      fprintf(stderr, "launch: rank %d (node %s): %s killed by signal %d (%s)\n", l.rank, host, o->prog[0],
+              r.signaled, strsignal(r.signaled));
+    else
+      fprintf(stderr, "launch: rank %d (node %s): %s exited with status %d\n", l.rank, host, o->prog[0], rc);
     /* End the other ranks now rather than when their next collective times out. srun
      * --kill-on-bad-exit does the same; without it, cancel the step. */
     const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
     if (slurm_step && l.size > 1 && job && step) {
       char id[64];
       snprintf(id, sizeof id, "%s.%s", job, step);
-      char *cmd[] = {"scancel", "--quiet", id, NULL};
+      /* SIGTERM (not scancel's default SIGKILL) so that this launch survives to report the
+       * program's status; slurmstepd sends it to every process of the step. */
+      char *cmd[] = {"scancel", "--quiet", "--signal=TERM", id, NULL};
       run_quiet(cmd, 5);
     }
   }
@@ -527,10 +534,13 @@ static int allocation_mode(launch_opts_t *o) {
     fprintf(stderr, "\n");
   }
   fflush(NULL);
-  execvp("srun", v);
-  launch_error("cannot execute srun: %m");
+  /* srun exits with the highest status of all tasks (143 for the ones it terminated after the
+   * first failure); the first failing rank's own status is in its launch's failure line. */
+  launch_run_t r = {.rank = -1, .watch = 1, .forward_from_parent = 0};
+  rc = launch_run(&r, v);
   free(v);
-  return LAUNCH_EXIT_SETUP;
+  if (rc != 0 && r.first_failure > 0) rc = r.first_failure;
+  return rc;
 }
 
 static int local_mode(launch_opts_t *o) {

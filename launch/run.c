@@ -71,6 +71,7 @@ int launch_check_program(const char *prog) {
 typedef struct {
   int fd;
   int out_fd; /* where complete lines go */
+  int *watch; /* when set: first failure status seen in the lines */
   char buf[8192];
   size_t len;
 } stream_t;
@@ -85,6 +86,19 @@ static void write_all(int fd, const char *p, size_t n) {
     p += w;
     n -= (size_t)w;
   }
+}
+
+/* The line every failing rank's launch prints (see main.c): "launch: rank R (node N): P exited
+ * with status S". */
+static void scan_failure(const char *line, size_t n, int *status) {
+  char buf[1024];
+  if (n >= sizeof buf) n = sizeof buf - 1;
+  memcpy(buf, line, n);
+  buf[n] = 0;
+  const char *a = strstr(buf, "launch: rank "), *b = a ? strstr(a, " exited with status ") : NULL;
+  const char *k = a ? strstr(a, " killed by signal ") : NULL;
+  if (b) *status = atoi(b + strlen(" exited with status "));
+  else if (k) *status = 128 + atoi(k + strlen(" killed by signal "));
 }
 
 /* Emits buffered complete lines (all of it when `flush`), each prefixed when `tag`. */
@@ -102,6 +116,7 @@ static void emit(stream_t *s, const char *prefix, int flush) {
     }
     if (prefix) write_all(s->out_fd, prefix, strlen(prefix));
     write_all(s->out_fd, s->buf + start, end - start);
+    if (s->watch && *s->watch < 0) scan_failure(s->buf + start, end - start, s->watch);
     if (!nl) write_all(s->out_fd, "\n", 1);
     start = end;
     if (start == s->len) break;
@@ -123,8 +138,10 @@ static int pump(stream_t *s, const char *prefix) {
   return 1;
 }
 
-int launch_run(const launch_run_t *r, char **prog) {
-  int capture = r->tag_output || r->output_dir;
+int launch_run(launch_run_t *r, char **prog) {
+  int capture = r->tag_output || r->output_dir || r->watch;
+  r->first_failure = -1;
+  r->signaled = 0;
   int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1}, file_fd = -1;
   if (r->output_dir) {
     if (mkdir(r->output_dir, 0777) != 0 && errno != EEXIST) {
@@ -170,7 +187,7 @@ int launch_run(const launch_run_t *r, char **prog) {
     for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++) sigaction(forwarded[i], &dfl, NULL);
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (capture) {
-      dup2(out_pipe[1], 1);
+      if (!r->watch) dup2(out_pipe[1], 1);
       dup2(err_pipe[1], 2);
     }
     execvp(prog[0], prog);
@@ -182,7 +199,7 @@ int launch_run(const launch_run_t *r, char **prog) {
 
   char prefix[32];
   snprintf(prefix, sizeof prefix, "[%d] ", r->rank);
-  const char *pfx = r->output_dir ? NULL : (r->tag_output ? prefix : NULL);
+  const char *pfx = r->output_dir || r->watch ? NULL : (r->tag_output ? prefix : NULL);
   stream_t st[2];
   int open_streams = 0;
   if (capture) {
@@ -191,6 +208,12 @@ int launch_run(const launch_run_t *r, char **prog) {
     st[0] = (stream_t){.fd = out_pipe[0], .out_fd = file_fd >= 0 ? file_fd : 1};
     st[1] = (stream_t){.fd = err_pipe[0], .out_fd = file_fd >= 0 ? file_fd : 2};
     open_streams = 2;
+    if (r->watch) {
+      close(st[0].fd); /* stdout was not redirected */
+      st[0].fd = -1;
+      open_streams = 1;
+      st[1].watch = &r->first_failure;
+    }
   }
   int status = 0, exited = 0;
   double drain_polls = 0;
@@ -229,7 +252,7 @@ int launch_run(const launch_run_t *r, char **prog) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
-    fprintf(stderr, "launch: rank %d: program killed by signal %d (%s)\n", r->rank, sig, strsignal(sig));
+    r->signaled = sig;
     return 128 + sig;
   }
   return 1;
