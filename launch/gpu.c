@@ -68,6 +68,7 @@ static int nvml_bus_id(const char *key, char *out, size_t outlen) {
 void launch_gpus_free(launch_gpus_t *g) {
   launch_strv_free(g->ids, g->n);
   launch_strv_free(g->cvd, g->ncvd);
+  launch_strv_free(g->full, g->nfull);
   memset(g, 0, sizeof(*g));
 }
 
@@ -89,6 +90,7 @@ static int node_gpu_count(const launch_opts_t *o, launch_topo_t *t) {
 
 int launch_gpus_detect(const launch_opts_t *o, launch_topo_t *t, launch_gpus_t *g) {
   memset(g, 0, sizeof(*g));
+  g->self_local = -1;
   const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
   if (cvd && strcmp(cvd, "NoDevFiles") == 0) cvd = "";
   if (cvd) {
@@ -136,6 +138,16 @@ int launch_gpus_detect(const launch_opts_t *o, launch_topo_t *t, launch_gpus_t *
   if (!o->gpus && on_node > 0 && g->n > 0 && (int)g->n < on_node &&
       (strcmp(g->source, "SLURM_STEP_GPUS") == 0 || strcmp(g->source, "CUDA_VISIBLE_DEVICES") == 0))
     g->per_task = 1;
+  if (g->per_task) {
+    const char *jg = getenv("SLURM_JOB_GPUS");
+    char buf[32];
+    snprintf(buf, sizeof buf, "0-%d", on_node - 1);
+    if (!jg || launch_gpu_list_parse(jg, &g->full, &g->nfull, NULL, 0) != 0 || (int)g->nfull != on_node) {
+      launch_strv_free(g->full, g->nfull);
+      g->full = NULL;
+      if (parse_list("SLURM_GPUS_ON_NODE", buf, &g->full, &g->nfull) != 0) return -1;
+    }
+  }
   return 0;
 }
 
@@ -173,6 +185,21 @@ int launch_gpu_choose(const launch_opts_t *o, const launch_gpus_t *g, launch_top
     return -1;
   }
   size_t first;
+  if (g->per_task && g->self_local >= 0 && local_rank != g->self_local && g->nfull > 0) {
+    /* Another task's GPUs: not visible from here; assume Slurm's order (local rank i holds the
+     * i-th GPU of the node), which is only used to split the cores fairly. */
+    int k;
+    const char *id = g->full[((size_t)local_rank * (size_t)gpr) % g->nfull];
+    snprintf(c->ids, sizeof c->ids, "%s", id);
+    c->count = gpr;
+    c->ordinal = -1;
+    if (!o->topology && nvml_load()) {
+      if (nvml_bus_id(id, c->bus_id, sizeof c->bus_id) != 0) c->bus_id[0] = 0;
+    } else if (t && launch_parse_uint(id, 1 << 16, &k) == 0 && k < launch_topo_gpu_count(t)) {
+      launch_topo_gpu_bus_id(t, k, c->bus_id, sizeof c->bus_id);
+    }
+    return 0;
+  }
   if (g->per_task) {
     if ((int)g->n < gpr) {
       launch_error("--gpus-per-rank %d but Slurm gave this task only %zu GPU(s) (%s)", gpr, g->n, g->source);

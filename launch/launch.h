@@ -77,6 +77,10 @@ typedef struct {
   size_t n;
   const char *source; /* the variable (or option) it came from */
   int per_task;    /* Slurm bound GPUs per task: this task's list is its own */
+  char **full;     /* per_task: the node's whole list (SLURM_JOB_GPUS, else 0..SLURM_GPUS_ON_NODE-1),
+                      used to plan the other local ranks */
+  size_t nfull;
+  int self_local;  /* local rank of this process (per_task planning), -1 when planning a node */
   char **cvd;      /* CUDA_VISIBLE_DEVICES entries (NULL when unset) */
   size_t ncvd;
   int cvd_set;

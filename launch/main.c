@@ -306,6 +306,7 @@ static int rank_mode(launch_opts_t *o, int slurm_step) {
   }
   if (launch_topo_load(o, &t) != 0) goto done;
   if (launch_gpus_detect(o, t, &g) != 0) goto done;
+  g.self_local = l.local_rank;
   if (plan_node(o, t, &g, l.local_size, &p) != 0) goto done;
   const launch_gpu_choice_t *c = &p.gpu[l.local_rank];
   const char *cpus = p.cpus[l.local_rank];
