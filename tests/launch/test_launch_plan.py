@@ -33,6 +33,9 @@ def step_env(rank, size, local_rank, node, nodelist, tpn, extra=None, pmi=True):
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0",
            "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(size), "SLURM_LOCALID": str(local_rank),
            "SLURM_NODEID": str(node), "SLURM_STEP_NODELIST": nodelist, "SLURM_STEP_TASKS_PER_NODE": tpn}
+    for k in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):  # sanitizer builds
+        if k in os.environ:
+            env[k] = os.environ[k]
     if pmi:
         env["PMIX_RANK"] = str(rank)
     env.update(extra or {})
@@ -40,6 +43,9 @@ def step_env(rank, size, local_rank, node, nodelist, tpn, extra=None, pmi=True):
 
 
 def run(args, env, timeout=30):
+    for k in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):
+        if k in os.environ:
+            env.setdefault(k, os.environ[k])
     p = subprocess.run([LAUNCH] + args, env=env, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout, p.stderr
 
