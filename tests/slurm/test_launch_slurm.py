@@ -119,8 +119,37 @@ def case_step():
 srun --mpi=pmix {L} -- {P}
 echo "== per-task"
 srun --mpi=pmix --gpus-per-task=1 {L} --dry-run
+echo "== failure"
+t0=$(date +%s)
+PROBE_FAIL_RANK=2 srun --mpi=pmix {L} -- {P}
+echo "== fail rc=$? seconds=$(( $(date +%s) - t0 ))"
+cat > sigprobe.sh <<'EOS'
+#!/bin/sh
+n=0
+trap 'n=$((n+1))' USR1
+echo ready
+i=0
+while [ $n = 0 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+sleep 1
+echo usr1 count=$n
+EOS
+chmod +x sigprobe.sh
+srun --mpi=pmix {L} -- ./sigprobe.sh > signals.out 2>&1 &
+for i in $(seq 300); do [ "$(grep -c ready signals.out)" = 4 ] && break; sleep 0.1; done
+scancel -s USR1 $SLURM_JOB_ID
+wait
+echo "== signals"
+cat signals.out
 """, ["-N2", "--ntasks-per-node=2", "--gres=gpu:4"])
     check(rc == 0, f"job exit status {rc}")
+    # Plain srun (no --kill-on-bad-exit): the failing rank's launch ends the step.
+    m = re.search(r"== fail rc=(\d+) seconds=(\d+)", text)
+    check(m is not None and m.group(1) != "0" and int(m.group(2)) < 30, f"step failure: {m and m.groups()}")
+    check("launch: rank 2 (node n2)" in text and "exited with status 7" in text, "no message naming rank 2")
+    # scancel -s USR1 reaches every program exactly once (launch does not send it again).
+    counts = re.findall(r"^\[(\d)\] usr1 count=(\d+)$", text.partition("== signals")[2], re.M)
+    check(sorted(counts) == [(str(r), "1") for r in range(4)], f"USR1 deliveries: {counts}")
+    text = text.partition("== failure")[0]
     head, _, tail = text.partition("== per-task")
     check_layout(probes(head))
     # --gpus-per-task: Slurm hands each task its own GPU; launch takes it (CUDA ordinal 0).
