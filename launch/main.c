@@ -506,7 +506,7 @@ static int allocation_mode(launch_opts_t *o) {
     return rc;
   }
   if (!o->prog || launch_check_program(o->prog[0]) != 0) {
-    if (!o->prog) launch_error("no program given");
+    if (!o->prog) launch_error("no program given: usage is launch [options] [--] program [args] (launch --help)");
     launch_layout_free(&l);
     return LAUNCH_EXIT_SETUP;
   }
@@ -588,7 +588,7 @@ static int local_mode(launch_opts_t *o) {
     return rc;
   }
   if (!o->prog || launch_check_program(o->prog[0]) != 0) {
-    if (!o->prog) launch_error("no program given");
+    if (!o->prog) launch_error("no program given: usage is launch [options] [--] program [args] (launch --help)");
     launch_layout_free(&l);
     return LAUNCH_EXIT_SETUP;
   }
