@@ -1,0 +1,137 @@
+/* launch: start a hora program with the right layout, GPU and CPU binding (docs/launch.md).
+ *
+ * Modules:
+ *   parse.c   text formats (hostlist, tasks-per-node, GPU lists, -H)
+ *   layout.c  where this rank sits: from an srun step's SLURM_* variables, from mpirun's
+ *             OMPI_COMM_WORLD_* variables, or planned (dry run / allocation / local mode)
+ *   gpu.c     the node's GPU list, this rank's GPU, PCI bus ids (NVML through dlopen, else hwloc)
+ *   place.c   the CPU set of every local rank (hwloc), and binding
+ *   run.c     fork/exec of the program, output tagging, signal forwarding, exit status
+ *   main.c    options and the three modes (step, allocation, local)
+ *
+ * Errors: every function that can fail returns -1 after printing one "launch: error: ..." line
+ * (launch_error) that names the bad input and what to do; main then exits with status 2 (usage
+ * and set-up errors) before the program is started. */
+#ifndef LAUNCH_H
+#define LAUNCH_H
+#include <stddef.h>
+
+#include "parse.h"
+
+#define LAUNCH_EXIT_SETUP 2 /* launch itself failed before the program started */
+
+typedef enum { LAUNCH_BIND_AUTO = 0, LAUNCH_BIND_NONE, LAUNCH_BIND_CORES, LAUNCH_BIND_GPU } launch_bind_t;
+
+typedef struct {
+  int np;                 /* -np N; 0: not given */
+  const char *hosts;      /* -H host:slots,... (local mode) */
+  int gpus_per_rank;      /* --gpus-per-rank; -1: not given (1 when the node has GPUs) */
+  int allow_gpu_sharing;  /* --allow-gpu-sharing */
+  launch_bind_t bind;     /* --bind */
+  const char *topology;   /* --topology FILE.xml | synthetic:DESC */
+  const char *gpus;       /* --gpus LIST: the node's GPU list, overriding Slurm/CUDA variables */
+  int dry_run;            /* --dry-run */
+  const char *output_dir; /* --output-dir */
+  int tag_output;         /* 1 unless --no-tag-output */
+  int narrow_visible;     /* --narrow-visible-devices */
+  int allow_no_pmi;       /* --allow-no-pmi */
+  int use_mpirun;         /* --mpirun: local mode even inside a Slurm allocation */
+  int verbose;            /* -v */
+  int mpirun_child;       /* internal: started by launch's own mpirun */
+  const char *child_tpn;  /* internal: tasks per host of that mpirun */
+  const char *child_hosts;/* internal: host names of that mpirun */
+  char **prog;            /* the program and its arguments */
+  char **argv0;           /* launch's own argv (to re-run itself) */
+} launch_opts_t;
+
+/* Where every rank of the job sits. Ranks are placed block-wise over nodes in the planned
+ * modes; in an srun step this rank's own values come from Slurm (any distribution). */
+typedef struct {
+  int rank, size;
+  int local_rank, local_size;
+  int node, nnodes;
+  char **node_names; /* nnodes names (Slurm node names, or -H hosts) */
+  int *tpn;          /* nnodes task counts */
+  const char *hostname_env; /* this rank's node name as Slurm says it (SLURMD_NODENAME) */
+} launch_layout_t;
+
+void launch_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void launch_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void launch_info(const launch_opts_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* layout.c */
+int launch_layout_from_step(const launch_opts_t *o, launch_layout_t *l);
+int launch_layout_from_mpirun(const launch_opts_t *o, launch_layout_t *l);
+/* Block layout of `np` ranks over the given nodes (tpn may be NULL: spread evenly, earlier
+ * nodes take the remainder). */
+int launch_layout_plan(int np, char **names, size_t nnodes, const int *tpn, launch_layout_t *l);
+/* Position of `rank` in a block layout. */
+void launch_layout_locate(const launch_layout_t *l, int rank, int *node, int *local_rank);
+void launch_layout_free(launch_layout_t *l);
+/* Fails when an srun step has no PMI: MPI_Init would abort or every task would be alone. */
+int launch_check_pmi(const launch_opts_t *o);
+
+/* gpu.c */
+typedef struct {
+  char **ids;      /* the node's GPU list as Slurm/CUDA name them */
+  size_t n;
+  const char *source; /* the variable (or option) it came from */
+  int per_task;    /* Slurm bound GPUs per task: this task's list is its own */
+  char **full;     /* per_task: the node's whole list (SLURM_JOB_GPUS, else 0..SLURM_GPUS_ON_NODE-1),
+                      used to plan the other local ranks */
+  size_t nfull;
+  int self_local;  /* local rank of this process (per_task planning), -1 when planning a node */
+  char **cvd;      /* CUDA_VISIBLE_DEVICES entries (NULL when unset) */
+  size_t ncvd;
+  int cvd_set;
+} launch_gpus_t;
+
+typedef struct {
+  int count;            /* GPUs this rank uses (0: none) */
+  char ids[256];        /* "1" or "2,3": ids from the node's list */
+  int ordinal;          /* CUDA ordinal of the first one (HORA_DEVICE), -1 when none */
+  char ordinals[256];   /* all CUDA ordinals, comma-separated (for --narrow-visible-devices) */
+  char bus_id[32];      /* PCI bus id "0000:07:00.0" of the first one, "" when unknown */
+} launch_gpu_choice_t;
+
+struct launch_topo;
+int launch_gpus_detect(const launch_opts_t *o, struct launch_topo *t, launch_gpus_t *g);
+void launch_gpus_free(launch_gpus_t *g);
+/* Chooses the GPUs of local rank `local_rank` of `local_size`. */
+int launch_gpu_choose(const launch_opts_t *o, const launch_gpus_t *g, struct launch_topo *t,
+                      int local_rank, int local_size, launch_gpu_choice_t *c);
+
+/* place.c: the hardware topology (hwloc), loaded once. */
+typedef struct launch_topo launch_topo_t;
+int launch_topo_load(const launch_opts_t *o, launch_topo_t **t);
+void launch_topo_free(launch_topo_t *t);
+/* Number of NVIDIA GPUs the topology shows and the bus id of the k-th in PCI order. */
+int launch_topo_gpu_count(launch_topo_t *t);
+int launch_topo_gpu_bus_id(launch_topo_t *t, int k, char *out, size_t outlen);
+int launch_topo_is_this_system(launch_topo_t *t);
+/* CPU sets (hwloc list strings, e.g. "0-3,8") of all local ranks of one node, given each
+ * local rank's GPU bus id ("" for none). out[i] has outlen bytes. */
+int launch_place(const launch_opts_t *o, launch_topo_t *t, int local_size, char **bus_ids,
+                 char **out, size_t outlen);
+/* Binds the calling process to the CPU list (before exec). */
+int launch_bind(launch_topo_t *t, const char *cpulist);
+
+/* run.c */
+typedef struct {
+  int rank;
+  const char *output_dir;
+  int tag_output;
+  int forward_from_parent; /* forward signals that come from our parent too */
+  int watch;               /* allocation mode: stdout passes through, stderr is relayed as is
+                              and scanned for the ranks' failure lines */
+  int first_failure;       /* out (watch): status in the first "launch: rank R ... exited with
+                              status S" or "killed by signal K" line (128+K), -1 when none */
+  int signaled;            /* out: the signal that killed the program, 0 when it exited */
+} launch_run_t;
+/* Runs prog (already bound, environment set), forwards SIGTERM/SIGUSR1/SIGUSR2/SIGINT/SIGHUP,
+ * tags or redirects its output, and returns its exit status (128+signal when killed). */
+int launch_run(launch_run_t *r, char **prog);
+/* Execs prog (argv) after checking it exists and is executable; returns -1 with a message
+ * when it cannot. */
+int launch_check_program(const char *prog);
+#endif

@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""launch without a cluster: placement plans (--dry-run) on hwloc XML topologies, errors, and the
+process side (environment, binding, output, exit status, signals) with an emulated srun step.
+
+    test_launch_plan.py plan|errors|run|local
+
+Environment: LAUNCH (the launch binary), TOPO_DIR (the XML topologies), PROBE_LAYOUT,
+PROBE_ALLREDUCE (local case). The XML files come from topologies/gen_topologies.py: 2s-4gpu-alt
+(2 packages x 8 cores, GPUs 0..3 alternate packages), 2s4n-8gpu-alt (4 NUMA x 4 cores, GPU k on
+NUMA k%4), hgx-8gpu (8 NUMA x 4 cores, GPU pairs on NUMA 3,1,7,5), 2s-nogpu (2 x 4 cores)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+LAUNCH = os.environ["LAUNCH"]
+TOPO = os.environ["TOPO_DIR"]
+ERRORS = []
+
+
+def check(cond, msg):
+    if not cond:
+        ERRORS.append(msg)
+        print("FAIL:", msg, file=sys.stderr)
+
+
+def step_env(rank, size, local_rank, node, nodelist, tpn, extra=None, pmi=True):
+    """The variables an srun task sees (what launch reads), for an emulated step."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0",
+           "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(size), "SLURM_LOCALID": str(local_rank),
+           "SLURM_NODEID": str(node), "SLURM_STEP_NODELIST": nodelist, "SLURM_STEP_TASKS_PER_NODE": tpn}
+    for k in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):  # sanitizer builds
+        if k in os.environ:
+            env[k] = os.environ[k]
+    if pmi:
+        env["PMIX_RANK"] = str(rank)
+    env.update(extra or {})
+    return env
+
+
+def run(args, env, timeout=30):
+    for k in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):
+        if k in os.environ:
+            env.setdefault(k, os.environ[k])
+    p = subprocess.run([LAUNCH] + args, env=env, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def plan_node(topo, local_size, gpu_env, args=()):
+    """Dry-run plan of every local rank of a one-node step; list of dicts (or None on error)."""
+    out = []
+    for lr in range(local_size):
+        env = step_env(lr, local_size, lr, 0, "n1", str(local_size), gpu_env)
+        rc, so, se = run(["--dry-run", "--topology", os.path.join(TOPO, topo)] + list(args), env)
+        check(rc == 0, f"{topo} local rank {lr}: rc {rc}: {se}")
+        if rc != 0:
+            return None
+        out.append(json.loads(so))
+    return out
+
+
+def expect_plan(name, plan, gpus, buses, cpus):
+    if plan is None:
+        return
+    for i, p in enumerate(plan):
+        check(p["local_rank"] == i and p["rank"] == i, f"{name}: rank fields {p}")
+        check(p["gpu"] == gpus[i], f"{name}: local rank {i} gpu {p['gpu']}, want {gpus[i]}")
+        check(p["gpu_bus_id"] == buses[i], f"{name}: local rank {i} bus {p['gpu_bus_id']}, want {buses[i]}")
+        check(p["cpuset"] == cpus[i], f"{name}: local rank {i} cpuset {p['cpuset']}, want {cpus[i]}")
+
+
+def gpus_env(n):
+    ids = ",".join(str(i) for i in range(n))
+    return {"SLURM_STEP_GPUS": ids, "CUDA_VISIBLE_DEVICES": ids, "SLURM_GPUS_ON_NODE": str(n)}
+
+
+def case_plan():
+    # 4 GPUs alternating packages: GPUs 0,2 are local to package 0 (cores 0-7), 1,3 to package 1.
+    expect_plan("2s-4gpu 4 ranks", plan_node("2s-4gpu-alt.xml", 4, gpus_env(4)), [0, 1, 2, 3],
+                ["0000:01:00.0", "0000:21:00.0", "0000:41:00.0", "0000:61:00.0"], ["0-3", "8-11", "4-7", "12-15"])
+    expect_plan("2s-4gpu 2 ranks", plan_node("2s-4gpu-alt.xml", 2, gpus_env(4)), [0, 1],
+                ["0000:01:00.0", "0000:21:00.0"], ["0-7", "8-15"])
+    # 8 GPUs on 4 NUMA nodes: GPU k on NUMA k%4 (cores 4*(k%4)..+3), two ranks per NUMA node.
+    expect_plan("2s4n-8gpu", plan_node("2s4n-8gpu-alt.xml", 8, gpus_env(8)), list(range(8)),
+                [f"0000:{b:02x}:00.0" for b in (0x01, 0x11, 0x21, 0x31, 0x41, 0x51, 0x61, 0x71)],
+                ["0-1", "4-5", "8-9", "12-13", "2-3", "6-7", "10-11", "14-15"])
+    # HGX-like: GPU order does not follow NUMA order (pairs on NUMA 3, 1, 7, 5).
+    expect_plan("hgx", plan_node("hgx-8gpu.xml", 8, gpus_env(8)), list(range(8)),
+                [f"0000:{b:02x}:00.0" for b in (0x07, 0x0f, 0x47, 0x4e, 0x87, 0x90, 0xb7, 0xbd)],
+                ["12-13", "14-15", "4-5", "6-7", "28-29", "30-31", "20-21", "22-23"])
+    # No GPU: the allowed cores are split evenly (8 cores over 3 ranks: 2, 3, 3).
+    expect_plan("nogpu", plan_node("2s-nogpu.xml", 3, {}), [None] * 3, [None] * 3, ["0-1", "2-4", "5-7"])
+    # --bind none: every rank keeps the whole allowed set; --bind cores ignores GPU locality.
+    expect_plan("bind none", plan_node("2s-4gpu-alt.xml", 2, gpus_env(4), ["--bind", "none"]), [0, 1],
+                ["0000:01:00.0", "0000:21:00.0"], ["0-15", "0-15"])
+    expect_plan("bind cores", plan_node("2s-4gpu-alt.xml", 4, gpus_env(4), ["--bind", "cores"]), [0, 1, 2, 3],
+                ["0000:01:00.0", "0000:21:00.0", "0000:41:00.0", "0000:61:00.0"], ["0-3", "4-7", "8-11", "12-15"])
+    # --gpus-per-rank 2: rank i takes GPUs 2i, 2i+1 and is placed by the first one.
+    p = plan_node("2s-4gpu-alt.xml", 2, gpus_env(4), ["--gpus-per-rank", "2"])
+    if p:
+        check([x["gpu_ids"] for x in p] == ["0,1", "2,3"] and [x["gpu"] for x in p] == [0, 2], f"gpus-per-rank 2: {p}")
+    # --allow-gpu-sharing: 4 ranks on 2 GPUs, round-robin.
+    p = plan_node("2s-4gpu-alt.xml", 4, gpus_env(2), ["--allow-gpu-sharing"])
+    if p:
+        check([x["gpu"] for x in p] == [0, 1, 0, 1], f"sharing: {p}")
+    # srun --gpus-per-task=1: each task sees only its own GPU (CUDA ordinal 0). The other local
+    # ranks are assumed to hold the node's GPUs in local-rank order when splitting the cores.
+    for (lr, n, gid, bus, cpus) in ((1, 2, "1", "0000:21:00.0", "8-15"), (3, 4, "3", "0000:61:00.0", "12-15")):
+        env = step_env(lr, n, lr, 0, "n1", str(n), {"SLURM_STEP_GPUS": gid, "CUDA_VISIBLE_DEVICES": gid,
+                                                   "SLURM_GPUS_ON_NODE": str(n)})
+        rc, so, se = run(["--dry-run", "--topology", os.path.join(TOPO, "2s-4gpu-alt.xml")], env)
+        check(rc == 0, f"per-task: {se}")
+        if rc == 0:
+            j = json.loads(so)
+            check((j["gpu"], j["gpu_ids"], j["gpu_bus_id"], j["cpuset"]) == (0, gid, bus, cpus), f"per-task: {j}")
+    # CUDA_VISIBLE_DEVICES in another order: the ordinal is the position in it.
+    env = step_env(0, 2, 0, 0, "n1", "2", {"SLURM_STEP_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "3,2"})
+    rc, so, se = run(["--dry-run", "--topology", os.path.join(TOPO, "2s-4gpu-alt.xml")], env)
+    if rc == 0:
+        j = json.loads(so)
+        check(j["gpu_ids"] == "2" and j["gpu"] == 1 and j["gpu_bus_id"] == "0000:41:00.0", f"cvd order: {j}")
+    else:
+        check(False, f"cvd order: {se}")
+    # Multi-node step, cyclic distribution: this rank's own values come from Slurm.
+    env = step_env(5, 6, 1, 1, "gpu-a[1-2]", "3(x2)", {"SLURMD_NODENAME": "gpu-a2"})
+    rc, so, se = run(["--dry-run", "--topology", os.path.join(TOPO, "2s-nogpu.xml")], env)
+    if rc == 0:
+        j = json.loads(so)
+        check((j["rank"], j["local_rank"], j["local_size"], j["node"], j["nodes"], j["hostname"], j["cpuset"]) ==
+              (5, 1, 3, 1, 2, "gpu-a2", "2-4"), f"2-node step: {j}")
+    else:
+        check(False, f"2-node step: {se}")
+    # Local mode plan over -H: host a takes 2 ranks, b the third.
+    rc, so, se = run(["-np", "3", "-H", "a:2,b:2", "--dry-run", "--topology", os.path.join(TOPO, "2s-nogpu.xml")],
+                     {"PATH": os.environ["PATH"]})
+    lines = [json.loads(l) for l in so.splitlines()]
+    check([(j["hostname"], j["local_rank"], j["node"], j["cpuset"]) for j in lines] ==
+          [("a", 0, 0, "0-3"), ("a", 1, 0, "4-7"), ("b", 0, 1, "0-7")], f"-H plan: {lines} {se}")
+    # Allocation mode plan (batch script: no step) from the job's variables.
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n[1-2]",
+           "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_GPUS": "0,1", "SLURM_GPUS_ON_NODE": "2"}
+    rc, so, se = run(["--dry-run", "--topology", os.path.join(TOPO, "2s-4gpu-alt.xml")], env)
+    lines = [json.loads(l) for l in so.splitlines()]
+    check([(j["rank"], j["hostname"], j["local_rank"], j["gpu"], j["cpuset"]) for j in lines] ==
+          [(0, "n1", 0, 0, "0-7"), (1, "n1", 1, 1, "8-15"), (2, "n2", 0, 0, "0-7"), (3, "n2", 1, 1, "8-15")],
+          f"allocation plan: {lines} {se}")
+
+
+def expect_error(name, args, env, *parts):
+    rc, so, se = run(args, env)
+    check(rc == 2, f"{name}: rc {rc}, want 2 ({se.strip()})")
+    for part in parts:
+        check(part in se, f"{name}: message lacks '{part}': {se.strip()}")
+    check(so == "", f"{name}: printed a plan or started the program: {so}")
+
+
+def case_errors():
+    xml = ["--topology", os.path.join(TOPO, "2s-4gpu-alt.xml")]
+    expect_error("bad nodelist", ["--dry-run"] + xml, step_env(0, 2, 0, 0, "n[1-", "2"), "SLURM_STEP_NODELIST is malformed", "n[1-")
+    expect_error("bad tasks-per-node", ["--dry-run"] + xml, step_env(0, 2, 0, 0, "n1", "2(x"), "SLURM_STEP_TASKS_PER_NODE")
+    expect_error("nodes vs tasks", ["--dry-run"] + xml, step_env(0, 4, 0, 0, "n[1-3]", "2(x2)"), "names 3 node(s)")
+    expect_error("too many ranks", ["--dry-run"] + xml, step_env(0, 4, 0, 0, "n1", "4", gpus_env(2)),
+                 "need 4 GPUs", "--allow-gpu-sharing")
+    expect_error("gpu not there", ["--dry-run"] + xml, step_env(0, 1, 0, 0, "n1", "1", {"SLURM_STEP_GPUS": "5"}),
+                 "GPU 5", "not on this node")
+    expect_error("gpus asked, none", ["--dry-run", "--gpus-per-rank", "1", "--topology", os.path.join(TOPO, "2s-nogpu.xml")],
+                 step_env(0, 1, 0, 0, "n1", "1"), "--gpus-per-rank 1", "has none")
+    expect_error("bind gpu, none", ["--dry-run", "--bind", "gpu", "--topology", os.path.join(TOPO, "2s-nogpu.xml")],
+                 step_env(0, 1, 0, 0, "n1", "1"), "--bind gpu")
+    expect_error("bad gpu list", ["--dry-run"] + xml, step_env(0, 1, 0, 0, "n1", "1", {"SLURM_STEP_GPUS": "0,,1"}),
+                 "SLURM_STEP_GPUS is malformed")
+    d = tempfile.mkdtemp()
+    marker = os.path.join(d, "started")
+    prog = os.path.join(d, "prog.sh")
+    with open(prog, "w") as f:
+        f.write(f"#!/bin/sh\ntouch {marker}\n")
+    os.chmod(prog, 0o755)
+    expect_error("no PMI", [prog], step_env(0, 2, 0, 0, "n1", "2", {"SLURM_MPI_TYPE": "none"}, pmi=False),
+                 "srun --mpi=pmix", "launch -np")
+    check(not os.path.exists(marker), "no PMI: the program was started")
+    expect_error("missing program", ["./no/such/prog"], step_env(0, 1, 0, 0, "n1", "1"), "does not exist")
+    os.chmod(prog, 0o644)
+    expect_error("not executable", [prog], step_env(0, 1, 0, 0, "n1", "1"), "not executable")
+    expect_error("directory", [d], step_env(0, 1, 0, 0, "n1", "1"), "is a directory")
+    expect_error("bad -np", ["-np", "0", "true"], {"PATH": os.environ["PATH"]}, "-np")
+    expect_error("bad -H", ["-H", "a:x", "--dry-run"], {"PATH": os.environ["PATH"]}, "slot count")
+    expect_error("bad option", ["--frobnicate", "true"], {"PATH": os.environ["PATH"]}, "unknown option")
+    expect_error("-np in a step", ["-np", "8", "true"], step_env(0, 2, 0, 0, "n1", "2"), "-np 8 inside an srun step of 2")
+
+
+def case_run():
+    probe = os.environ["PROBE_LAYOUT"]
+    # Environment, binding and tagging of one rank of an emulated 2-rank step.
+    env = step_env(1, 2, 1, 0, "n1", "2", {"SLURMD_NODENAME": "n1", "SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"})
+    rc, so, se = run([probe], env)
+    check(rc == 0, f"probe: rc {rc}: {se}")
+    m = re.match(r"^\[1\] PROBE (.*)$", so.strip())
+    check(m is not None, f"probe output not tagged [1]: {so!r}")
+    if m:
+        kv = dict(x.split("=", 1) for x in m.group(1).split())
+        want = dict(rank="1", size="2", local_rank="1", local_size="2", cross_rank="0", cross_size="1",
+                    device="1", cvd="0,1", order="PCI_BUS_ID")
+        for k, v in want.items():
+            check(kv.get(k) == v, f"probe {k}={kv.get(k)}, want {v}")
+        allowed = sorted(os.sched_getaffinity(0))
+        if len(allowed) >= 2:
+            got = kv["cpus"]
+            check(got != ",".join(map(str, allowed)) and got != "", f"local rank 1 of 2 not bound to a share: {got}")
+    # Exit status and partial last lines; --no-tag-output; --output-dir.
+    env = step_env(0, 1, 0, 0, "n1", "1")
+    rc, so, se = run(["sh", "-c", "echo out; printf tail; echo err >&2; exit 5"], env)
+    check(rc == 5 and so == "[0] out\n[0] tail\n" and "[0] err\n" in se, f"exit/tagging: rc={rc} {so!r} {se!r}")
+    rc, so, se = run(["--no-tag-output", "sh", "-c", "echo plain"], env)
+    check(rc == 0 and so == "plain\n", f"--no-tag-output: {so!r}")
+    d = tempfile.mkdtemp()
+    rc, so, se = run(["--output-dir", d, "sh", "-c", "echo a; echo b >&2"], env)
+    text = open(os.path.join(d, "rank.0.log")).read() if os.path.exists(os.path.join(d, "rank.0.log")) else ""
+    check(rc == 0 and so == "" and sorted(text.split()) == ["a", "b"], f"--output-dir: {rc} {so!r} {text!r}")
+    rc, so, se = run(["sh", "-c", "kill -TERM $$"], env)
+    check(rc == 128 + 15 and "killed by signal 15" in se, f"killed program: rc={rc} {se!r}")
+    # Signals: from launch's parent (slurmstepd in a real step, which signals the whole step
+    # itself) they are not forwarded; from anyone else they are.
+    prog = "trap 'echo got USR1; exit 0' USR1; echo ready $PPID; while :; do sleep 0.1; done"
+    p = subprocess.Popen([LAUNCH, "sh", "-c", prog], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    check(line.startswith("[0] ready "), f"signal probe: {line!r}")
+    p.send_signal(signal.SIGUSR1)  # from the parent: not forwarded
+    time.sleep(0.5)
+    check(p.poll() is None, "a signal from launch's parent was forwarded in step mode")
+    subprocess.run(["kill", "-USR1", str(p.pid)])  # from another process: forwarded
+    try:
+        out, err = p.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        check(False, "SIGUSR1 was not forwarded")
+    check(p.returncode == 0 and "[0] got USR1" in out, f"forwarded USR1: rc={p.returncode} {out!r} {err!r}")
+
+
+def case_local():
+    probe = os.environ["PROBE_LAYOUT"]
+    env = dict(os.environ)
+    for k in list(env):
+        if k.startswith("SLURM_") or k.startswith("HORA_"):
+            del env[k]
+    p = subprocess.run([LAUNCH, "-np", "3", probe], env=env, capture_output=True, text=True, timeout=60)
+    check(p.returncode == 0, f"local -np 3: rc {p.returncode}: {p.stderr}")
+    got = {}
+    for l in p.stdout.splitlines():
+        m = re.match(r"^\[(\d+)\] PROBE (.*)$", l)
+        if m:
+            got[int(m.group(1))] = dict(x.split("=", 1) for x in m.group(2).split())
+    check(sorted(got) == [0, 1, 2], f"local ranks {sorted(got)}: {p.stdout}")
+    for r, kv in got.items():
+        check((kv["rank"], kv["size"], kv["local_rank"], kv["local_size"], kv["cross_rank"], kv["cross_size"]) ==
+              (str(r), "3", str(r), "3", "0", "1"), f"local rank {r}: {kv}")
+    # One rank fails: status 7, the others end at once (mpirun aborts the job).
+    t0 = time.time()
+    p = subprocess.run([LAUNCH, "-np", "3", "-H", "localhost:3", probe], env=dict(env, PROBE_FAIL_RANK="1"),
+                       capture_output=True, text=True, timeout=90)
+    check(p.returncode == 7, f"local failure: rc {p.returncode}, want 7: {p.stderr[-500:]}")
+    check(time.time() - t0 < 30, f"local failure took {time.time() - t0:.0f} s")
+    check("launch: rank 1" in p.stderr, "no message naming the failed rank")
+    # hora_init through launch's mpirun: layout agrees with HORA_*, allreduce exact.
+    p = subprocess.run([LAUNCH, "-np", "3", os.environ["PROBE_ALLREDUCE"]], env=env, capture_output=True, text=True,
+                       timeout=120)
+    check(p.returncode == 0 and len(re.findall(r"ALLREDUCE .* errors=0", p.stdout)) == 3,
+          f"allreduce through local launch: rc {p.returncode}: {p.stdout} {p.stderr[-800:]}")
+
+
+if __name__ == "__main__":
+    case = sys.argv[1]
+    {"plan": case_plan, "errors": case_errors, "run": case_run, "local": case_local}[case]()
+    print(f"test_launch_{case}: {'FAILED' if ERRORS else 'passed'} ({len(ERRORS)} errors)")
+    sys.exit(1 if ERRORS else 0)
