@@ -355,12 +355,13 @@ hora_result_t hora_tb_open(const char *dir, hora_tb_t **tb);
 
 /* hora_tb_scalar: append Event{wall_time: now, step, summary{value{tag, simple_value}}}; the value
  * is stored as a float32 (TensorBoard's simple_value). Local; thread-safe (the GPU monitor writes
- * from its own thread). Buffered: data reaches the file at most 1 s later, on hora_tb_flush or on
- * close. Errors: HORA_ERR_INVALID_ARGUMENT (tb/tag NULL, tag empty or longer than 1024 bytes),
+ * from its own thread). Unbuffered: each event goes to the file in one write() (about 1 us), so
+ * a live TensorBoard sees it at once and a crash loses nothing already returned.
+ * Errors: HORA_ERR_INVALID_ARGUMENT (tb/tag NULL, tag empty or longer than 1024 bytes),
  * HORA_ERR_IO (a write failed; the writer then stays failed). */
 hora_result_t hora_tb_scalar(hora_tb_t *tb, const char *tag, int64_t step, double value);
 
-/* hora_tb_flush: write buffered events to the file (no fsync). Local; thread-safe.
+/* hora_tb_flush: make the events written so far durable (fsync). Local; thread-safe.
  * Errors: HORA_ERR_INVALID_ARGUMENT (tb NULL), HORA_ERR_IO. */
 hora_result_t hora_tb_flush(hora_tb_t *tb);
 
