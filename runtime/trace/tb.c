@@ -26,7 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "data/records.h"
+#include "core/crc32c.h"
 #include "trace/trace.h"
 
 #define TB_MAX_TAG 1024
@@ -71,13 +71,20 @@ static size_t encode_event(unsigned char *out, double wall, int64_t step, unsign
   return n + payload_len;
 }
 
-/* Frame `ev` as one record and write it in one call. Caller holds tb->lock. */
+static void store_le32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* Frame `ev` as one TFRecord (the framing of runtime/data, repeated here so that trace/ depends
+ * on core/ only): uint64 LE length, masked CRC32C of those 8 bytes, data, masked CRC32C of the
+ * data. Written in one call. Caller holds tb->lock. */
 static hora_result_t write_event(hora_tb_t *tb, const unsigned char *ev, size_t len) {
   unsigned char rec[TB_MAX_TAG + 128];
-  hora__record_header(rec, len);
-  memcpy(rec + HORA_RECORD_HEADER_BYTES, ev, len);
-  hora__store_le32(rec + HORA_RECORD_HEADER_BYTES + len, hora__masked_crc(ev, len));
-  size_t total = len + HORA_RECORD_OVERHEAD_BYTES, done = 0;
+  for (int i = 0; i < 8; i++) rec[i] = (unsigned char)((uint64_t)len >> (8 * i));
+  store_le32(rec + 8, hora__crc32c_mask(hora__crc32c(0, rec, 8)));
+  memcpy(rec + 12, ev, len);
+  store_le32(rec + 12 + len, hora__crc32c_mask(hora__crc32c(0, ev, len)));
+  size_t total = len + 16, done = 0;
   while (done < total) {
     ssize_t w = write(tb->fd, rec + done, total - done);
     if (w < 0 && errno == EINTR) continue;

@@ -220,6 +220,8 @@ static int cat(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+  /* This tool prints every error itself; hora's WARN log lines would repeat them. */
+  setenv("HORA_LOG", "NONE", 0);
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
