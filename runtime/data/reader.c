@@ -26,6 +26,7 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -654,7 +655,13 @@ HORA_EXPORT hora_result_t hora_records_reader_open(const hora_records_reader_opt
     return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_records_reader_open: out of memory for a %zu-record shuffle buffer",
                     o->shuffle_buffer);
   }
+  /* The thread blocks every signal so that process-directed signals (Slurm's SIGUSR1/SIGTERM)
+   * go to the application's threads. */
+  sigset_t blocked, old;
+  sigfillset(&blocked);
+  pthread_sigmask(SIG_SETMASK, &blocked, &old);
   int prc = pthread_create(&r->thread, NULL, producer, r);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (prc != 0) {
     reader_free(r);
     return HORA_ERR(HORA_ERR_IO, "hora_records_reader_open: cannot start the prefetch thread: %s", strerror(prc));

@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -303,7 +304,13 @@ HORA_EXPORT hora_result_t hora_gpumon_start(const hora_gpumon_opts_t *o, hora_gp
   pthread_cond_init(&m->cond, &ca);
   pthread_condattr_destroy(&ca);
   sample(m);
+  /* The thread blocks every signal so that process-directed signals (Slurm's SIGUSR1/SIGTERM)
+   * go to the application's threads. */
+  sigset_t blocked, old;
+  sigfillset(&blocked);
+  pthread_sigmask(SIG_SETMASK, &blocked, &old);
   int prc = pthread_create(&m->thread, NULL, monitor_thread, m);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (prc != 0) {
     pthread_mutex_destroy(&m->lock);
     pthread_cond_destroy(&m->cond);
