@@ -3,6 +3,12 @@
 # --- ckpt ---
 
 # --- data ---
+# zlib reads gzip-compressed IDX files (MNIST, Fashion-MNIST) for `hora-records convert-idx`.
+find_package(ZLIB)
+if(NOT ZLIB_FOUND)
+  message(FATAL_ERROR "zlib was not found (apt-get install zlib1g-dev): runtime/data needs it")
+endif()
+target_link_libraries(hora_objects PUBLIC ZLIB::ZLIB)
 
 # --- trace ---
 

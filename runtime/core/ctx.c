@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/ctx.h"
+#include "trace/trace.h"
 
 /* Live contexts, looked up by address so that a stale pointer is reported instead of being
  * dereferenced. A handful of contexts at most live at once. */
@@ -252,6 +253,10 @@ HORA_EXPORT hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t 
               c->size, c->cross_size, c->cross_size == 1 ? "" : "s", c->local_size);
     log_nondefault_params();
   }
+  /* Optional services configured by environment variables (GPU monitor); they only log on
+   * failure. The one call from core into another module, so that setting HORA_GPU_MONITOR_S is
+   * enough also in statically linked programs. */
+  hora__trace_on_init(c);
   *out = c;
   return HORA_SUCCESS;
 

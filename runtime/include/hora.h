@@ -216,9 +216,199 @@ hora_result_t hora_barrier(hora_ctx_t *ctx);
 
 /* ---- checkpoints (runtime/ckpt) ---- */
 
-/* ---- record files (runtime/data) ---- */
+/* ---- record files (runtime/data) ----
+ * TFRecord-framed files (docs/data.md): each record is
+ *   uint64 length (little-endian) | uint32 masked_crc32c(length bytes) | data | uint32 masked_crc32c(data)
+ * with masked_crc32c(x) = ((c >> 15) | (c << 17)) + 0xa282ead8 over c = CRC32C(x) (the framing of
+ * TensorFlow's TFRecordWriter, so files interoperate with TensorFlow and its tools). */
+typedef struct hora_records_writer hora_records_writer_t;
+typedef struct hora_records_reader hora_records_reader_t;
+
+/* hora_records_writer_open: start writing a record file that appears under `path` only when
+ * hora_records_writer_close succeeds. Local; blocking (creates the temporary file).
+ * Records go to a temporary file ".<name>.hora-tmp.<pid>" in the same directory (hidden, so glob
+ * patterns such as "train-*" never match it); close flushes, fsyncs, renames it to `path` (an
+ * existing file there is replaced) and fsyncs the directory.
+ * Not thread-safe: one writer is used by one thread at a time.
+ * Errors: HORA_ERR_INVALID_ARGUMENT (path or writer NULL, path empty), HORA_ERR_IO (the temporary
+ *   file cannot be created: the message names it and the errno text), HORA_ERR_NO_MEMORY.
+ *   On error *writer is unchanged and no file is left behind. */
+hora_result_t hora_records_writer_open(const char *path, hora_records_writer_t **writer);
+
+/* hora_records_writer_write: append one record of len_bytes bytes (0 allowed; data may then be
+ * NULL). Local; blocking only when its 1 MiB buffer is full (then it writes the buffer out).
+ * Errors: HORA_ERR_INVALID_ARGUMENT (writer NULL, data NULL with len_bytes > 0),
+ *   HORA_ERR_IO (a write failed, e.g. disk full). After HORA_ERR_IO the writer is failed: later
+ *   writes return HORA_ERR_IO and close discards the temporary file and returns HORA_ERR_IO. */
+hora_result_t hora_records_writer_write(hora_records_writer_t *writer, const void *data,
+                                        size_t len_bytes);
+
+/* hora_records_writer_close: commit (flush, fsync, rename to the final path, fsync the directory)
+ * and free the writer. Local; blocking. writer NULL is a no-op. The writer is freed in every case.
+ * Errors: HORA_ERR_IO (an earlier write failed, or flush/fsync/rename failed: the temporary file
+ *   is removed and nothing appears under the final path; a file already there stays as it was). */
+hora_result_t hora_records_writer_close(hora_records_writer_t *writer);
+
+/* hora_records_writer_abort: discard everything written (the temporary file is removed; the final
+ * path is not touched) and free the writer. Local. writer NULL is a no-op. Always HORA_SUCCESS. */
+hora_result_t hora_records_writer_abort(hora_records_writer_t *writer);
+
+/* hora_records_count: number of records in one file, through *count. Local; blocking (reads every
+ * record header and seeks over the data; length CRCs are checked, data CRCs are not: use a reader
+ * or `hora-records verify` for that).
+ * Errors: HORA_ERR_INVALID_ARGUMENT (NULL argument), HORA_ERR_IO (cannot open/read),
+ *   HORA_ERR_DATA (bad length CRC or truncated record: the message names file and byte offset).
+ *   *count is unchanged on error. */
+hora_result_t hora_records_count(const char *path, uint64_t *count);
+
+/* Options of hora_records_reader_open. Zero-initialize, set `size = sizeof(...)`, then the fields
+ * you need; zero means the documented default. Fields only ever grow at the end. */
+typedef struct {
+  size_t size;
+  /* Files to read: `pattern_count` glob(3) patterns or plain file names. The matches of all
+   * patterns are sorted by name and duplicates dropped, so every rank sees the same list. A
+   * pattern without matches is an error. */
+  const char *const *patterns;
+  size_t pattern_count;
+  /* Sharding. world_size 0: take rank and world size from ctx, or read everything (rank 0 of 1)
+   * when ctx is NULL. world_size > 0: this reader is shard `rank` of `world_size` (ctx ignored).
+   * With at least as many files as ranks, file i (in sorted order) goes to rank i % world_size;
+   * otherwise every rank reads every file and keeps record j (counted over all files in order)
+   * when j % world_size == rank. */
+  hora_ctx_t *ctx;
+  int rank;
+  int world_size;
+  /* Records read ahead by the background thread (0: 256). The queue holds at most
+   * max(prefetch, records of one 1 MiB read block) records. */
+  size_t prefetch;
+  /* Shuffle buffer in records (0 or 1: no shuffling, records come in file order). With B > 1 the
+   * rank's files are visited in a per-epoch random order and records pass through a B-record
+   * buffer from which a random one is emitted (the tf.data scheme). The order depends only on
+   * (seed, epoch, rank, file list, B): it is reproducible across runs. The buffer is drained at
+   * the end of each epoch, so epochs never mix. */
+  size_t shuffle_buffer;
+  uint64_t seed;
+  /* Epochs of the whole run (0: 1). The reader delivers epochs start_epoch .. epochs-1 and then
+   * end of data. To resume where hora_records_reader_position said (epoch e, n records), open
+   * with the same options and start_epoch = e, skip_records = n: the records that follow are
+   * exactly those the first run would have delivered next. */
+  uint64_t epochs;
+  uint64_t start_epoch;
+  uint64_t skip_records; /* records of start_epoch (this rank's stream) to drop first */
+  /* Nonzero: skip corrupt records and count them (hora_records_reader_corrupt) instead of
+   * failing. A record whose data CRC is wrong is skipped alone; a bad length CRC or a truncated
+   * record ends that file (its framing cannot be trusted past that point). */
+  int skip_corrupt;
+} hora_records_reader_opts_t;
+
+/* hora_records_reader_open: expand the patterns, pick this rank's share and start the prefetch
+ * thread. Local (each rank opens its own reader; ranks that should see disjoint shards pass the
+ * same patterns, seed and world size). Non-blocking beyond glob/stat of the files.
+ * Errors: HORA_ERR_INVALID_ARGUMENT (opts/reader NULL, opts->size too small, no patterns,
+ *   rank outside [0, world_size), world_size < 0, start_epoch >= epochs), HORA_ERR_NOT_FOUND
+ *   (a pattern matched nothing: the message names it), HORA_ERR_NOT_INITIALIZED (ctx given but
+ *   not live), HORA_ERR_IO (glob or thread creation failed), HORA_ERR_NO_MEMORY.
+ *   On error *reader is unchanged. A rank whose shard is empty gets a reader that reports end of
+ *   data at once. */
+hora_result_t hora_records_reader_open(const hora_records_reader_opts_t *opts,
+                                       hora_records_reader_t **reader);
+
+/* hora_records_next: the next record of this rank's stream. Local; blocks until the prefetch
+ * thread has a record ready. Not thread-safe: one thread consumes a reader.
+ * On success with *eof == 0, *data points at *len_bytes bytes owned by the reader, valid until
+ * the next hora_records_next or close on this reader (zero-copy: no copy is made for the caller).
+ * At the end of the last epoch: HORA_SUCCESS with *eof = 1, *data = NULL, *len_bytes = 0 (and
+ * again on every later call).
+ * Errors: HORA_ERR_INVALID_ARGUMENT (NULL argument), HORA_ERR_DATA (corrupt or truncated record
+ *   and skip_corrupt is 0: the message names the file and the byte offset of the record),
+ *   HORA_ERR_IO (a file could not be opened or read), HORA_ERR_NO_MEMORY. An error is sticky:
+ *   later calls return it again. Outputs are unchanged on error. */
+hora_result_t hora_records_next(hora_records_reader_t *reader, const void **data,
+                                size_t *len_bytes, int *eof);
+
+/* hora_records_reader_position: where the consumer is: *epoch is the epoch of the last record
+ * returned and *records the number of records of that epoch returned so far (including those
+ * skipped through skip_records). Before the first record: (start_epoch, skip_records). After
+ * end of data: (last epoch, its record count). Save both to resume (see the options). Local.
+ * Errors: HORA_ERR_INVALID_ARGUMENT (NULL argument). */
+hora_result_t hora_records_reader_position(hora_records_reader_t *reader, uint64_t *epoch,
+                                           uint64_t *records);
+
+/* hora_records_reader_corrupt: number of corrupt records skipped so far by this reader (only
+ * nonzero with skip_corrupt; counts those the prefetch thread has met, which may be ahead of the
+ * consumer). Local. Errors: HORA_ERR_INVALID_ARGUMENT (NULL argument). */
+hora_result_t hora_records_reader_corrupt(hora_records_reader_t *reader, uint64_t *count);
+
+/* hora_records_reader_close: stop the prefetch thread (waits for a read in progress), close the
+ * files and free the reader; pointers returned by hora_records_next become invalid. Local.
+ * reader NULL is a no-op. Always HORA_SUCCESS. */
+hora_result_t hora_records_reader_close(hora_records_reader_t *reader);
 
 /* ---- TensorBoard and GPU monitor (runtime/trace) ---- */
+typedef struct hora_tb hora_tb_t;
+
+/* hora_tb_open: create `dir` (and missing parents) and a new event file
+ * dir/events.out.tfevents.<unix time>.<hostname>.<pid> in TFRecord framing, whose first record is
+ * the Event{wall_time, file_version: "brain.Event:2"} TensorBoard expects. Local: usually only
+ * rank 0 calls it. Blocking (creates the file).
+ * Errors: HORA_ERR_INVALID_ARGUMENT (NULL argument, empty dir), HORA_ERR_IO (mkdir or create
+ *   failed: the message names the path), HORA_ERR_NO_MEMORY. On error *tb is unchanged. */
+hora_result_t hora_tb_open(const char *dir, hora_tb_t **tb);
+
+/* hora_tb_scalar: append Event{wall_time: now, step, summary{value{tag, simple_value}}}; the value
+ * is stored as a float32 (TensorBoard's simple_value). Local; thread-safe (the GPU monitor writes
+ * from its own thread). Unbuffered: each event goes to the file in one write() (about 1 us), so
+ * a live TensorBoard sees it at once and a crash loses nothing already returned.
+ * Errors: HORA_ERR_INVALID_ARGUMENT (tb/tag NULL, tag empty or longer than 1024 bytes),
+ * HORA_ERR_IO (a write failed; the writer then stays failed). */
+hora_result_t hora_tb_scalar(hora_tb_t *tb, const char *tag, int64_t step, double value);
+
+/* hora_tb_flush: make the events written so far durable (fsync). Local; thread-safe.
+ * Errors: HORA_ERR_INVALID_ARGUMENT (tb NULL), HORA_ERR_IO. */
+hora_result_t hora_tb_flush(hora_tb_t *tb);
+
+/* hora_tb_close: flush, fsync, close and free. Local. Detach it from any GPU monitor first
+ * (stop the monitor). tb NULL is a no-op. Errors: HORA_ERR_IO (flush/fsync/close failed; the
+ * writer is freed anyway). */
+hora_result_t hora_tb_close(hora_tb_t *tb);
+
+typedef struct hora_gpumon hora_gpumon_t;
+
+/* Options of hora_gpumon_start. Zero-initialize and set `size`; zero means the default. */
+typedef struct {
+  size_t size;
+  double period_s;      /* sampling period in s (0: HORA_GPU_MONITOR_S, and 1 s if that is 0) */
+  const char *csv_path; /* NULL/"": HORA_GPU_MONITOR_CSV, else hora-gpu-<rank>.csv */
+  hora_tb_t *tb;        /* if not NULL, samples also go there as gpu<N>/<metric> scalars */
+  hora_ctx_t *ctx;      /* if not NULL: rank for the CSV name and this rank's GPU */
+  /* CUDA device ordinal to watch when ctx is NULL (default 0); with a ctx, the ctx's GPU is
+   * watched, or every GPU when the rank has none. Ordinals are mapped to NVML devices through
+   * CUDA_VISIBLE_DEVICES (indices or GPU-UUIDs) when it is set. */
+  int device;
+  int all_gpus; /* nonzero: watch every GPU NVML shows (restricted to CUDA_VISIBLE_DEVICES) */
+} hora_gpumon_opts_t;
+
+/* hora_gpumon_start: load NVML with dlopen(HORA_NVML_LIBRARY) and start a thread that every
+ * period samples GPU utilization (%), memory-controller utilization (%), memory used (MiB), power
+ * (W), temperature (C) and SM clock (MHz) of the watched GPUs. Each sample is one CSV row per GPU
+ * (columns date,time,rank,gpu,pwr_w,gtemp_c,sm_pct,mem_pct,fb_used_mib,sclk_mhz: the fields of
+ * `nvidia-smi dmon -o DT`), flushed at once, and, with opts->tb, scalars at step = sample number.
+ * The first sample is taken before this returns. Local; returns at once after that.
+ * Without NVML (library missing, nvmlInit fails, or the GPU is not found) it logs one INFO line
+ * and returns HORA_ERR_NOT_SUPPORTED with *mon unchanged: callers treat that as "monitor off".
+ * Errors: HORA_ERR_INVALID_ARGUMENT (NULL output, opts->size too small, period < 0, device < 0),
+ *   HORA_ERR_IO (the CSV file cannot be created), HORA_ERR_NOT_SUPPORTED, HORA_ERR_NO_MEMORY.
+ * When hora_init sees HORA_GPU_MONITOR_S > 0 it starts one itself (ctx's GPU, or local rank 0
+ * watching every GPU when the rank has none) and hora_finalize stops it. */
+hora_result_t hora_gpumon_start(const hora_gpumon_opts_t *opts, hora_gpumon_t **mon);
+
+/* hora_gpumon_stop: stop the thread (waits at most one NVML call), close the CSV, unload NVML
+ * and free. Local. mon NULL is a no-op. Always HORA_SUCCESS. */
+hora_result_t hora_gpumon_stop(hora_gpumon_t *mon);
+
+/* hora_gpumon_samples: number of sampling rounds done so far. Local; thread-safe.
+ * Errors: HORA_ERR_INVALID_ARGUMENT (NULL argument). */
+hora_result_t hora_gpumon_samples(hora_gpumon_t *mon, uint64_t *count);
 
 /* HORA_CDEF_END */
 

@@ -1,0 +1,752 @@
+/* Record-file reader: a sharded, prefetching, optionally shuffling dataset over record files.
+ *
+ *   files (sorted glob matches)
+ *     │  shard: file i -> rank i % W        (at least as many files as ranks)
+ *     │     or record j -> rank j % W       (fewer files than ranks: every rank reads all)
+ *     ▼
+ *   producer thread: read 1 MiB blocks ──► parse + check CRCs in place ──► keep this rank's
+ *     │   no shuffle: the block itself becomes a queue item (records point into it: no copy)
+ *     │   shuffle:    records are copied into a B-slot buffer; a random slot is emitted
+ *     ▼               into an output item (one copy)
+ *   bounded queue of items (about `prefetch` records)
+ *     ▼
+ *   hora_records_next(): pointer + length into the consumer's current item; the item goes back
+ *   to the producer's free list when the consumer moves past it (so the pointer stays valid
+ *   until the next call).
+ *
+ * Determinism: the order depends on (seed, epoch, rank) through a splitmix64 generator that is
+ * reseeded at every epoch; the shuffle buffer is drained at the end of each epoch. Skipping
+ * `skip_records` happens after shuffling, on the exact stream the consumer would have seen.
+ *
+ * Ownership: the producer owns the block being filled, the shuffle slots and the output item
+ * being filled; the queue and the free list are shared under `lock`; the consumer owns the item
+ * it is reading. Errors in the producer are stored (code + message) and returned by the next
+ * hora_records_next once the items before them are consumed. */
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "data/records.h"
+
+#define BLOCK_BYTES (1u << 20)
+#define READAHEAD_BYTES (8u << 20)
+#define SHUFFLE_ITEM_RECORDS 64
+#define FREE_LIST_MAX 4
+#define DEFAULT_PREFETCH 256
+
+typedef struct item {
+  unsigned char *buf;
+  size_t cap, used; /* bytes allocated / filled */
+  struct rec {
+    size_t off, len;
+  } *recs;
+  size_t nrec, rec_cap;
+  uint64_t epoch;
+  struct item *next;
+} item_t;
+
+typedef struct {
+  unsigned char *buf;
+  size_t cap, len;
+} slot_t;
+
+struct hora_records_reader {
+  /* fixed after open */
+  char **files; /* this rank's files (by file) or all files (by record) */
+  size_t nfiles;
+  int by_record, rank, world;
+  size_t prefetch, shuffle;
+  uint64_t seed, epochs, start_epoch, skip;
+  int skip_corrupt;
+
+  pthread_t thread;
+  int thread_started;
+  pthread_mutex_t lock;
+  pthread_cond_t cond; /* signalled on push, pop, release, stop, done */
+  item_t *head, *tail; /* queue */
+  size_t queued_records;
+  item_t *free_list;
+  size_t free_count;
+  int stop, done;
+  hora_result_t err;
+  char err_msg[768];
+  atomic_uint_fast64_t corrupt;
+
+  /* producer state */
+  uint64_t epoch, emitted; /* records emitted in this epoch (counting skipped ones) */
+  uint64_t global_index;   /* record index over all files in this epoch (by-record sharding) */
+  uint64_t rng;
+  slot_t *slots;
+  size_t nslots;
+  item_t *out; /* shuffle mode: the output item being filled */
+
+  /* consumer state */
+  item_t *cur;
+  size_t cur_i;
+  uint64_t pos_epoch, pos_records;
+  int eof_seen;
+};
+
+/* ---- random numbers: splitmix64 (Vigna), enough for shuffling and cheap to reseed ---- */
+static uint64_t splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static uint64_t mix3(uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t s = a;
+  uint64_t h = splitmix64(&s);
+  s = h ^ b;
+  h = splitmix64(&s);
+  s = h ^ c;
+  return splitmix64(&s);
+}
+/* Uniform-enough index in [0, n) (multiply-shift; the bias is below 2^-40 for our n). */
+static size_t rand_below(uint64_t *s, size_t n) {
+  return (size_t)(((unsigned __int128)splitmix64(s) * n) >> 64);
+}
+
+/* ---- items and the queue ---- */
+static void item_free(item_t *it) {
+  if (!it) return;
+  free(it->buf);
+  free(it->recs);
+  free(it);
+}
+
+/* A cleared item with at least `cap` bytes, from the free list if possible. */
+static item_t *item_get(hora_records_reader_t *r, size_t cap) {
+  pthread_mutex_lock(&r->lock);
+  item_t *it = r->free_list;
+  if (it) {
+    r->free_list = it->next;
+    r->free_count--;
+  }
+  pthread_mutex_unlock(&r->lock);
+  if (!it && !(it = calloc(1, sizeof *it))) return NULL;
+  it->next = NULL;
+  it->used = it->nrec = 0;
+  it->epoch = r->epoch;
+  if (it->cap < cap) {
+    unsigned char *b = realloc(it->buf, cap);
+    if (!b) {
+      item_free(it);
+      return NULL;
+    }
+    it->buf = b;
+    it->cap = cap;
+  }
+  return it;
+}
+
+static void item_release_locked(hora_records_reader_t *r, item_t *it) {
+  if (r->free_count < FREE_LIST_MAX && it->cap <= 4 * (size_t)BLOCK_BYTES) {
+    it->next = r->free_list;
+    r->free_list = it;
+    r->free_count++;
+  } else {
+    item_free(it);
+  }
+}
+
+static int item_add_rec(item_t *it, size_t off, size_t len) {
+  if (it->nrec == it->rec_cap) {
+    size_t nc = it->rec_cap ? 2 * it->rec_cap : 256;
+    struct rec *n = realloc(it->recs, nc * sizeof *n);
+    if (!n) return 0;
+    it->recs = n;
+    it->rec_cap = nc;
+  }
+  it->recs[it->nrec].off = off;
+  it->recs[it->nrec].len = len;
+  it->nrec++;
+  return 1;
+}
+
+/* Hand an item to the consumer, waiting while the queue holds `prefetch` records or more.
+ * Takes ownership of `it` in every case; returns 0 when the reader is stopping. */
+static int push(hora_records_reader_t *r, item_t *it) {
+  pthread_mutex_lock(&r->lock);
+  while (!r->stop && r->head && r->queued_records >= r->prefetch) pthread_cond_wait(&r->cond, &r->lock);
+  if (r->stop) {
+    item_release_locked(r, it);
+    pthread_mutex_unlock(&r->lock);
+    return 0;
+  }
+  if (r->tail) r->tail->next = it;
+  else r->head = it;
+  r->tail = it;
+  r->queued_records += it->nrec;
+  pthread_cond_broadcast(&r->cond);
+  pthread_mutex_unlock(&r->lock);
+  return 1;
+}
+
+static int stopping(hora_records_reader_t *r) {
+  pthread_mutex_lock(&r->lock);
+  int s = r->stop;
+  pthread_mutex_unlock(&r->lock);
+  return s;
+}
+
+/* Producer-side error: remembered and reported once the consumer reaches it. */
+static hora_result_t fail(hora_records_reader_t *r, hora_result_t rc, const char *fmt, ...)
+    HORA_PRINTF(3, 4);
+static hora_result_t fail(hora_records_reader_t *r, hora_result_t rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  pthread_mutex_lock(&r->lock);
+  if (r->err == HORA_SUCCESS) {
+    r->err = rc;
+    vsnprintf(r->err_msg, sizeof r->err_msg, fmt, ap);
+  }
+  pthread_mutex_unlock(&r->lock);
+  va_end(ap);
+  return rc;
+}
+
+/* ---- the emitted stream: skip for resume, then into an item ---- */
+
+/* Shuffle mode: copy one record into the output item, pushing it when full. */
+static hora_result_t out_copy(hora_records_reader_t *r, const unsigned char *p, size_t len) {
+  if (r->epoch == r->start_epoch && r->emitted < r->skip) {
+    r->emitted++;
+    return HORA_SUCCESS;
+  }
+  r->emitted++;
+  if (r->out && (r->out->nrec >= SHUFFLE_ITEM_RECORDS || r->out->cap - r->out->used < len)) {
+    if (r->out->cap - r->out->used < len && r->out->nrec == 0) {
+      /* an empty item that is too small: grow it */
+      unsigned char *b = realloc(r->out->buf, len);
+      if (!b) return fail(r, HORA_ERR_NO_MEMORY, "out of memory for a %zu-byte record", len);
+      r->out->buf = b;
+      r->out->cap = len;
+    } else {
+      item_t *full = r->out;
+      r->out = NULL;
+      if (!push(r, full)) return HORA_ERR_SHUTDOWN;
+    }
+  }
+  if (!r->out) {
+    size_t want = (size_t)SHUFFLE_ITEM_RECORDS * len;
+    if (want < 64 * 1024) want = 64 * 1024;
+    if (want > BLOCK_BYTES) want = len > BLOCK_BYTES ? len : BLOCK_BYTES;
+    if (!(r->out = item_get(r, want))) return fail(r, HORA_ERR_NO_MEMORY, "out of memory");
+  }
+  item_t *it = r->out;
+  if (len) memcpy(it->buf + it->used, p, len);
+  if (!item_add_rec(it, it->used, len)) return fail(r, HORA_ERR_NO_MEMORY, "out of memory");
+  it->used += len;
+  return HORA_SUCCESS;
+}
+
+static hora_result_t flush_out(hora_records_reader_t *r) {
+  if (r->out && r->out->nrec) {
+    item_t *full = r->out;
+    r->out = NULL;
+    if (!push(r, full)) return HORA_ERR_SHUTDOWN;
+  }
+  return HORA_SUCCESS;
+}
+
+/* One record of this rank, in read order. `blk` holds it at `off` (no-shuffle mode keeps it
+ * there; shuffle mode copies it into a slot). */
+static hora_result_t take(hora_records_reader_t *r, item_t *blk, size_t off, size_t len) {
+  if (r->shuffle <= 1) {
+    if (r->epoch == r->start_epoch && r->emitted < r->skip) {
+      r->emitted++;
+      return HORA_SUCCESS;
+    }
+    r->emitted++;
+    if (!item_add_rec(blk, off, len)) return fail(r, HORA_ERR_NO_MEMORY, "out of memory");
+    return HORA_SUCCESS;
+  }
+  slot_t *s;
+  if (r->nslots < r->shuffle) {
+    s = &r->slots[r->nslots++];
+  } else {
+    /* buffer full: emit a random slot, then refill it with the new record */
+    s = &r->slots[rand_below(&r->rng, r->nslots)];
+    hora_result_t rc = out_copy(r, s->buf, s->len);
+    if (rc != HORA_SUCCESS) return rc;
+  }
+  if (s->cap < len) {
+    unsigned char *b = realloc(s->buf, len);
+    if (!b) return fail(r, HORA_ERR_NO_MEMORY, "out of memory for a %zu-byte record", len);
+    s->buf = b;
+    s->cap = len;
+  }
+  if (len) memcpy(s->buf, blk->buf + off, len);
+  s->len = len;
+  return HORA_SUCCESS;
+}
+
+/* End of epoch in shuffle mode: emit the remaining slots in random order. */
+static hora_result_t drain(hora_records_reader_t *r) {
+  while (r->nslots) {
+    size_t j = rand_below(&r->rng, r->nslots);
+    hora_result_t rc = out_copy(r, r->slots[j].buf, r->slots[j].len);
+    if (rc != HORA_SUCCESS) return rc;
+    slot_t t = r->slots[j];
+    r->slots[j] = r->slots[r->nslots - 1];
+    r->slots[r->nslots - 1] = t;
+    r->nslots--;
+  }
+  return flush_out(r);
+}
+
+/* ---- reading one file ---- */
+
+static hora_result_t read_more(hora_records_reader_t *r, int fd, item_t *blk, const char *path,
+                               size_t *got) {
+  ssize_t n;
+  do n = read(fd, blk->buf + blk->used, blk->cap - blk->used);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return fail(r, HORA_ERR_IO, "read %s: %s", path, strerror(errno));
+  blk->used += (size_t)n;
+  *got = (size_t)n;
+  return HORA_SUCCESS;
+}
+
+/* Read `path`, checking framing, and pass this rank's records to take(). Blocks travel to the
+ * consumer (no-shuffle mode) as soon as the parser needs bytes past their end. */
+static hora_result_t read_file(hora_records_reader_t *r, const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fail(r, HORA_ERR_IO, "open %s: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    return fail(r, HORA_ERR_IO, "stat %s: %s", path, strerror(errno));
+  }
+  posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  uint64_t size = (uint64_t)st.st_size; /* files must not grow while they are read */
+  uint64_t file_off = 0; /* file offset of blk->buf[pos] */
+  size_t pos = 0;
+  hora_result_t rc = HORA_SUCCESS;
+  item_t *blk = item_get(r, BLOCK_BYTES);
+  if (!blk) {
+    close(fd);
+    return fail(r, HORA_ERR_NO_MEMORY, "out of memory");
+  }
+  int at_eof = 0;
+  /* Ask the kernel to read ahead READAHEAD_BYTES past what we consumed, so that the disk keeps
+   * streaming while this thread checks CRCs (POSIX_FADV_SEQUENTIAL alone leaves gaps). */
+  uint64_t read_off = 0, ra_off = 0;
+  for (;;) {
+    size_t avail = blk->used - pos;
+    size_t need = HORA_RECORD_HEADER_BYTES;
+    if (avail >= HORA_RECORD_HEADER_BYTES) {
+      uint64_t len;
+      if (!hora__record_header_ok(blk->buf + pos, &len)) {
+        if (r->skip_corrupt) {
+          atomic_fetch_add(&r->corrupt, 1);
+          HORA_WARN(DATA, "%s: bad length checksum at byte offset %llu: skipping the rest of the file",
+                    path, (unsigned long long)file_off);
+          break;
+        }
+        rc = fail(r, HORA_ERR_DATA, "%s: bad length checksum of the record at byte offset %llu", path,
+                  (unsigned long long)file_off);
+        break;
+      }
+      if (file_off > size || len > size - file_off || size - file_off - len < HORA_RECORD_OVERHEAD_BYTES) {
+        if (r->skip_corrupt) {
+          atomic_fetch_add(&r->corrupt, 1);
+          HORA_WARN(DATA, "%s: truncated record at byte offset %llu: skipping it", path,
+                    (unsigned long long)file_off);
+          break;
+        }
+        rc = fail(r, HORA_ERR_DATA,
+                  "%s: truncated record at byte offset %llu (length %llu, file has %llu bytes)", path,
+                  (unsigned long long)file_off, (unsigned long long)len, (unsigned long long)size);
+        break;
+      }
+      need = HORA_RECORD_OVERHEAD_BYTES + (size_t)len;
+      if (avail >= need) {
+        int mine = !r->by_record || r->global_index % (uint64_t)r->world == (uint64_t)r->rank;
+        r->global_index++;
+        if (mine) {
+          const unsigned char *d = blk->buf + pos + HORA_RECORD_HEADER_BYTES;
+          if (hora__load_le32(d + len) != hora__masked_crc(d, (size_t)len)) {
+            if (!r->skip_corrupt) {
+              rc = fail(r, HORA_ERR_DATA, "%s: bad data checksum of the record at byte offset %llu",
+                        path, (unsigned long long)file_off);
+              break;
+            }
+            atomic_fetch_add(&r->corrupt, 1);
+            HORA_WARN(DATA, "%s: bad data checksum at byte offset %llu: skipping the record", path,
+                      (unsigned long long)file_off);
+          } else if ((rc = take(r, blk, pos + HORA_RECORD_HEADER_BYTES, (size_t)len)) != HORA_SUCCESS) {
+            break;
+          }
+        }
+        pos += need;
+        file_off += need;
+        continue;
+      }
+    }
+    /* The record at pos is incomplete in the block: get more bytes. */
+    if (at_eof) {
+      if (avail == 0) break; /* clean end of file */
+      if (r->skip_corrupt) {
+        atomic_fetch_add(&r->corrupt, 1);
+        HORA_WARN(DATA, "%s: truncated record at byte offset %llu: skipping it", path,
+                  (unsigned long long)file_off);
+        break;
+      }
+      rc = fail(r, HORA_ERR_DATA, "%s: truncated record at byte offset %llu (%zu bytes left in the file)",
+                path, (unsigned long long)file_off, avail);
+      break;
+    }
+    if (stopping(r)) {
+      rc = HORA_ERR_SHUTDOWN;
+      break;
+    }
+    size_t cap = need > BLOCK_BYTES ? need : BLOCK_BYTES;
+    if (r->shuffle <= 1 && blk->nrec > 0) {
+      /* the block holds records for the consumer: send it and carry the tail over */
+      item_t *nb = item_get(r, cap);
+      if (!nb) {
+        rc = fail(r, HORA_ERR_NO_MEMORY, "out of memory");
+        break;
+      }
+      memcpy(nb->buf, blk->buf + pos, avail);
+      nb->used = avail;
+      item_t *full = blk;
+      blk = nb;
+      if (!push(r, full)) {
+        rc = HORA_ERR_SHUTDOWN;
+        break;
+      }
+    } else {
+      memmove(blk->buf, blk->buf + pos, avail);
+      blk->used = avail;
+      blk->nrec = 0;
+      if (blk->cap < cap) {
+        unsigned char *b = realloc(blk->buf, cap);
+        if (!b) {
+          rc = fail(r, HORA_ERR_NO_MEMORY, "out of memory for a %zu-byte record", need);
+          break;
+        }
+        blk->buf = b;
+        blk->cap = cap;
+      }
+    }
+    pos = 0;
+    size_t got = 0;
+    if (read_off + READAHEAD_BYTES / 2 >= ra_off && ra_off < size) {
+      if (ra_off < read_off) ra_off = read_off;
+      posix_fadvise(fd, (off_t)ra_off, READAHEAD_BYTES, POSIX_FADV_WILLNEED);
+      ra_off += READAHEAD_BYTES;
+    }
+    if ((rc = read_more(r, fd, blk, path, &got)) != HORA_SUCCESS) break;
+    read_off += got;
+    if (got == 0) at_eof = 1;
+  }
+  close(fd);
+  /* Records parsed before an error still reach the consumer, then the error does. */
+  if (rc != HORA_ERR_SHUTDOWN && r->shuffle <= 1 && blk->nrec > 0) {
+    if (!push(r, blk)) rc = HORA_ERR_SHUTDOWN;
+  } else {
+    pthread_mutex_lock(&r->lock);
+    item_release_locked(r, blk);
+    pthread_mutex_unlock(&r->lock);
+  }
+  return rc;
+}
+
+static void *producer(void *arg) {
+  hora_records_reader_t *r = arg;
+  hora_result_t rc = HORA_SUCCESS;
+  size_t *order = malloc((r->nfiles ? r->nfiles : 1) * sizeof *order);
+  if (!order) rc = fail(r, HORA_ERR_NO_MEMORY, "out of memory");
+  for (uint64_t e = r->start_epoch; rc == HORA_SUCCESS && e < r->epochs; e++) {
+    r->epoch = e;
+    r->emitted = 0;
+    r->global_index = 0;
+    /* By-record sharding needs the same file order on every rank: leave the rank out. */
+    r->rng = mix3(r->seed, e, r->by_record ? 0xFFFFFFFFu : (uint64_t)r->rank);
+    for (size_t i = 0; i < r->nfiles; i++) order[i] = i;
+    if (r->shuffle > 1)
+      for (size_t i = r->nfiles; i > 1; i--) {
+        size_t j = rand_below(&r->rng, i);
+        size_t t = order[i - 1];
+        order[i - 1] = order[j];
+        order[j] = t;
+      }
+    if (r->by_record) r->rng = mix3(r->seed, e, (uint64_t)r->rank);
+    for (size_t i = 0; rc == HORA_SUCCESS && i < r->nfiles; i++) rc = read_file(r, r->files[order[i]]);
+    if (rc == HORA_SUCCESS && r->shuffle > 1) rc = drain(r);
+  }
+  free(order);
+  pthread_mutex_lock(&r->lock);
+  r->done = 1;
+  pthread_cond_broadcast(&r->cond);
+  pthread_mutex_unlock(&r->lock);
+  return NULL;
+}
+
+/* ---- open / next / close ---- */
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void reader_free(hora_records_reader_t *r) {
+  for (size_t i = 0; i < r->nfiles; i++) free(r->files[i]);
+  free(r->files);
+  for (size_t i = 0; i < r->shuffle && r->slots; i++) free(r->slots[i].buf);
+  free(r->slots);
+  item_t *lists[2] = {r->head, r->free_list};
+  for (int l = 0; l < 2; l++)
+    for (item_t *it = lists[l], *n; it; it = n) {
+      n = it->next;
+      item_free(it);
+    }
+  item_free(r->cur);
+  item_free(r->out);
+  pthread_mutex_destroy(&r->lock);
+  pthread_cond_destroy(&r->cond);
+  free(r);
+}
+
+/* Expand the patterns into a sorted list without duplicates. */
+static hora_result_t expand(const hora_records_reader_opts_t *o, char ***files, size_t *nfiles) {
+  char **all = NULL;
+  size_t n = 0, cap = 0;
+  hora_result_t rc = HORA_SUCCESS;
+  for (size_t p = 0; p < o->pattern_count; p++) {
+    const char *pat = o->patterns[p];
+    if (!pat || !*pat) {
+      rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_reader_open: patterns[%zu] is NULL or empty", p);
+      goto fail;
+    }
+    glob_t g;
+    int grc = glob(pat, 0, NULL, &g);
+    if (grc == GLOB_NOMATCH) {
+      globfree(&g);
+      rc = HORA_ERR(HORA_ERR_NOT_FOUND, "hora_records_reader_open: no file matches '%s'", pat);
+      goto fail;
+    }
+    if (grc != 0) {
+      globfree(&g);
+      rc = HORA_ERR(grc == GLOB_NOSPACE ? HORA_ERR_NO_MEMORY : HORA_ERR_IO,
+                    "hora_records_reader_open: glob('%s') failed", pat);
+      goto fail;
+    }
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+      struct stat st;
+      if (stat(g.gl_pathv[i], &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_reader_open: '%s' (from '%s') is not a regular file",
+                      g.gl_pathv[i], pat);
+        globfree(&g);
+        goto fail;
+      }
+      if (n == cap) {
+        size_t nc = cap ? 2 * cap : 16;
+        char **na = realloc(all, nc * sizeof *na);
+        if (!na) {
+          globfree(&g);
+          rc = HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+          goto fail;
+        }
+        all = na;
+        cap = nc;
+      }
+      if (!(all[n] = strdup(g.gl_pathv[i]))) {
+        globfree(&g);
+        rc = HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+        goto fail;
+      }
+      n++;
+    }
+    globfree(&g);
+  }
+  qsort(all, n, sizeof *all, cmp_str);
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (k && strcmp(all[k - 1], all[i]) == 0) free(all[i]);
+    else all[k++] = all[i];
+  }
+  *files = all;
+  *nfiles = k;
+  return HORA_SUCCESS;
+fail:
+  for (size_t i = 0; i < n; i++) free(all[i]);
+  free(all);
+  return rc;
+}
+
+HORA_EXPORT hora_result_t hora_records_reader_open(const hora_records_reader_opts_t *o,
+                                                   hora_records_reader_t **out) {
+  if (!o || !out)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_reader_open: %s is NULL", !o ? "opts" : "reader");
+  if (o->size < offsetof(hora_records_reader_opts_t, skip_corrupt) + sizeof(int))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
+                    "hora_records_reader_open: opts->size=%zu is too small: set it to sizeof(hora_records_reader_opts_t)",
+                    o->size);
+  if (!o->patterns || o->pattern_count == 0)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_reader_open: no file patterns given");
+  int rank = 0, world = 1;
+  if (o->world_size < 0)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_reader_open: world_size=%d is negative", o->world_size);
+  if (o->world_size > 0) {
+    rank = o->rank;
+    world = o->world_size;
+    if (rank < 0 || rank >= world)
+      return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_reader_open: rank=%d is outside [0, %d)", rank, world);
+  } else if (o->ctx) {
+    HORA_CHECK(hora_rank(o->ctx, &rank));
+    HORA_CHECK(hora_size(o->ctx, &world));
+  }
+  uint64_t epochs = o->epochs ? o->epochs : 1;
+  if (o->start_epoch >= epochs)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_reader_open: start_epoch=%llu but epochs=%llu",
+                    (unsigned long long)o->start_epoch, (unsigned long long)epochs);
+
+  hora_records_reader_t *r = calloc(1, sizeof *r);
+  if (!r) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+  pthread_mutex_init(&r->lock, NULL);
+  pthread_cond_init(&r->cond, NULL);
+  r->rank = rank;
+  r->world = world;
+  r->prefetch = o->prefetch ? o->prefetch : DEFAULT_PREFETCH;
+  r->shuffle = o->shuffle_buffer > 1 ? o->shuffle_buffer : 0;
+  r->seed = o->seed;
+  r->epochs = epochs;
+  r->start_epoch = o->start_epoch;
+  r->skip = o->skip_records;
+  r->skip_corrupt = o->skip_corrupt != 0;
+  r->pos_epoch = o->start_epoch;
+  r->pos_records = o->skip_records;
+  atomic_init(&r->corrupt, 0);
+
+  char **all = NULL;
+  size_t n = 0;
+  hora_result_t rc = expand(o, &all, &n);
+  if (rc != HORA_SUCCESS) {
+    reader_free(r);
+    return rc;
+  }
+  if (n >= (size_t)world) {
+    /* by file: keep files i with i % world == rank */
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (i % (size_t)world == (size_t)rank) all[k++] = all[i];
+      else free(all[i]);
+    }
+    r->files = all;
+    r->nfiles = k;
+  } else {
+    r->by_record = 1;
+    r->files = all;
+    r->nfiles = n;
+  }
+  if (r->shuffle && !(r->slots = calloc(r->shuffle, sizeof *r->slots))) {
+    reader_free(r);
+    return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_records_reader_open: out of memory for a %zu-record shuffle buffer",
+                    o->shuffle_buffer);
+  }
+  /* The thread blocks every signal so that process-directed signals (Slurm's SIGUSR1/SIGTERM)
+   * go to the application's threads. */
+  sigset_t blocked, old;
+  sigfillset(&blocked);
+  pthread_sigmask(SIG_SETMASK, &blocked, &old);
+  int prc = pthread_create(&r->thread, NULL, producer, r);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (prc != 0) {
+    reader_free(r);
+    return HORA_ERR(HORA_ERR_IO, "hora_records_reader_open: cannot start the prefetch thread: %s", strerror(prc));
+  }
+  r->thread_started = 1;
+  HORA_INFO(DATA, "records reader: rank %d/%d, %zu file%s, sharded by %s, prefetch %zu, shuffle %zu", rank,
+            world, r->nfiles, r->nfiles == 1 ? "" : "s", r->by_record ? "record" : "file", r->prefetch,
+            r->shuffle);
+  *out = r;
+  return HORA_SUCCESS;
+}
+
+HORA_EXPORT hora_result_t hora_records_next(hora_records_reader_t *r, const void **data, size_t *len_bytes,
+                                            int *eof) {
+  if (!r || !data || !len_bytes || !eof)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_next: %s is NULL",
+                    !r ? "reader" : !data ? "data" : !len_bytes ? "len_bytes" : "eof");
+  if (r->cur && r->cur_i < r->cur->nrec) goto give;
+  pthread_mutex_lock(&r->lock);
+  if (r->cur) {
+    item_release_locked(r, r->cur);
+    r->cur = NULL;
+  }
+  for (;;) {
+    while (!r->head && !r->done) pthread_cond_wait(&r->cond, &r->lock);
+    if (!r->head || r->head->nrec) break;
+    item_t *empty = r->head; /* never pushed today; handled so that the consumer cannot misread */
+    r->head = empty->next;
+    if (!r->head) r->tail = NULL;
+    item_release_locked(r, empty);
+  }
+  if (!r->head) {
+    hora_result_t err = r->err;
+    pthread_mutex_unlock(&r->lock);
+    if (err != HORA_SUCCESS) return HORA_ERR(err, "%s", r->err_msg);
+    *data = NULL;
+    *len_bytes = 0;
+    *eof = 1;
+    return HORA_SUCCESS;
+  }
+  r->cur = r->head;
+  r->head = r->cur->next;
+  if (!r->head) r->tail = NULL;
+  r->queued_records -= r->cur->nrec;
+  r->cur_i = 0;
+  pthread_cond_broadcast(&r->cond);
+  pthread_mutex_unlock(&r->lock);
+give:;
+  item_t *it = r->cur;
+  if (it->epoch != r->pos_epoch) {
+    r->pos_epoch = it->epoch;
+    r->pos_records = 0;
+  }
+  r->pos_records++;
+  *data = it->buf + it->recs[r->cur_i].off;
+  *len_bytes = it->recs[r->cur_i].len;
+  *eof = 0;
+  r->cur_i++;
+  return HORA_SUCCESS;
+}
+
+HORA_EXPORT hora_result_t hora_records_reader_position(hora_records_reader_t *r, uint64_t *epoch,
+                                                       uint64_t *records) {
+  if (!r || !epoch || !records)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_reader_position: NULL argument");
+  *epoch = r->pos_epoch;
+  *records = r->pos_records;
+  return HORA_SUCCESS;
+}
+
+HORA_EXPORT hora_result_t hora_records_reader_corrupt(hora_records_reader_t *r, uint64_t *count) {
+  if (!r || !count) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_reader_corrupt: NULL argument");
+  *count = atomic_load(&r->corrupt);
+  return HORA_SUCCESS;
+}
+
+HORA_EXPORT hora_result_t hora_records_reader_close(hora_records_reader_t *r) {
+  if (!r) return HORA_SUCCESS;
+  if (r->thread_started) {
+    pthread_mutex_lock(&r->lock);
+    r->stop = 1;
+    pthread_cond_broadcast(&r->cond);
+    pthread_mutex_unlock(&r->lock);
+    pthread_join(r->thread, NULL);
+  }
+  reader_free(r);
+  return HORA_SUCCESS;
+}
