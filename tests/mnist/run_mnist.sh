@@ -30,7 +30,7 @@ run() { # np log args...
 
 case "$mode" in
 train)
-  run 2 "$work/out" --epochs 1 --log-every 10 --ckpt-dir "$work/ck" || { cat "$work/out"; fail "run failed"; }
+  run 2 "$work/out" --epochs 1 --log-every 10 --ckpt-dir "$work/ck" --tensorboard "$work/tb" || { cat "$work/out"; fail "run failed"; }
   cat "$work/out"
   first=$(grep -m1 -o 'loss [0-9.]*' "$work/out" | awk '{print $2}')
   last=$(grep -o ' loss [0-9.]*' "$work/out" | tail -1 | awk '{print $2}')
@@ -39,7 +39,14 @@ train)
   awk -v a="$first" -v b="$last" 'BEGIN{exit !(b < 0.5 * a)}' || fail "loss did not fall: $first -> $last"
   awk -v a="$acc" 'BEGIN{exit !(a >= 0.88)}' || fail "test accuracy $acc < 0.88"
   tail -1 "$work/out" | grep -q '^\(\[0\] \)\?test_accuracy=' || fail "last line is not the result line"
-  echo "PASS: loss $first -> $last, test accuracy $acc"
+  # TensorBoard: the file_version event, 4 scalars per progress line, 2 per epoch, all CRC-valid
+  lines=$(grep -c ' images/s ' "$work/out")
+  ev=$(ls "$work"/tb/events.out.tfevents.* 2>/dev/null | head -1)
+  [ -n "$ev" ] || fail "no TensorBoard event file"
+  "$(dirname "$mnist")/hora-records" verify "$ev" >/dev/null || fail "event file fails its CRCs"
+  n=$("$(dirname "$mnist")/hora-records" count "$ev" | awk '{print $NF}' | tail -1)
+  [ "$n" = $((1 + 4 * lines + 2)) ] || fail "event file has $n records, want $((1 + 4 * lines + 2))"
+  echo "PASS: loss $first -> $last, test accuracy $acc, $n TensorBoard events"
   ;;
 resume)
   run 2 "$work/a" --epochs 2 --max-steps 90 --ckpt-dir "$work/cka" --save-weights "$work/wa" || { cat "$work/a"; fail "full run"; }
