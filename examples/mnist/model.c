@@ -134,14 +134,12 @@ hora_result_t mnist_model_backward(mnist_model_t *m, mnist_layer_done_fn layer_d
                            G + L3->offset + L3->wcount, m->dd));
   if (layer_done) TRY(layer_done(arg, MNIST_DENSE));
   TRY(hora__dropout_bwd_host(m->dd, m->keep, n * FLAT, m->dropout, m->dd));
-  /* the second pool's input gradient is conv2's output gradient */
-  TRY(hora__maxpool2_bwd_host(m->dd, m->arg2, n, 11, 11, 64, m->dy2));
-  TRY(hora__relu_bwd_host(m->y2, m->dy2, hora__conv2d_out_count(&c2)));
+  /* the second pool's input gradient, through conv2's ReLU, is conv2's output gradient */
+  TRY(hora__maxpool2_relu_bwd_host(m->dd, m->arg2, m->y2, n, 11, 11, 64, m->dy2));
   TRY(hora__conv2d_bwd_host(&c2, m->col2, m->dy2, P + L2->offset, G + L2->offset,
                             G + L2->offset + L2->wcount, m->dcol2, m->dp1));
   if (layer_done) TRY(layer_done(arg, MNIST_CONV2));
-  TRY(hora__maxpool2_bwd_host(m->dp1, m->arg1, n, 26, 26, 32, m->dy1));
-  TRY(hora__relu_bwd_host(m->y1, m->dy1, hora__conv2d_out_count(&c1)));
+  TRY(hora__maxpool2_relu_bwd_host(m->dp1, m->arg1, m->y1, n, 26, 26, 32, m->dy1));
   TRY(hora__conv2d_bwd_host(&c1, m->col1, m->dy1, P + L1->offset, G + L1->offset,
                             G + L1->offset + L1->wcount, NULL, NULL));
   if (layer_done) TRY(layer_done(arg, MNIST_CONV1));

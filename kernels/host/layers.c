@@ -34,8 +34,18 @@ size_t hora__conv2d_col_count(const hora_conv_shape_t *s) {
          ((size_t)s->kh * s->kw * s->c);
 }
 
+/* Copies n floats; short runs (conv1 has runs of 3) are copied inline, since a memcpy call per
+ * 12 bytes costs more than the copy. */
+static inline void copy_run(float *restrict d, const float *restrict s, size_t n) {
+  if (n <= 8) {
+    for (size_t i = 0; i < n; i++) d[i] = s[i];
+  } else {
+    memcpy(d, s, n * sizeof(float));
+  }
+}
+
 /* im2col, NHWC: row (b, oy, ox) holds, for ky = 0..kh-1, the kw*c contiguous input values
- * x[b][oy+ky][ox .. ox+kw-1][0 .. c-1]: one memcpy per (row, ky). */
+ * x[b][oy+ky][ox .. ox+kw-1][0 .. c-1]: one run copy per (row, ky). */
 static void im2col(const hora_conv_shape_t *s, const float *x, float *col) {
   const int oh = s->h - s->kh + 1, ow = s->w - s->kw + 1;
   const size_t run = (size_t)s->kw * s->c, rowlen = run * s->kh;
@@ -46,7 +56,7 @@ static void im2col(const hora_conv_shape_t *s, const float *x, float *col) {
       for (int ox = 0; ox < ow; ox++) {
         float *r = col + ((b * oh + oy) * ow + ox) * rowlen;
         const float *src = xb + (size_t)oy * line + (size_t)ox * s->c;
-        for (int ky = 0; ky < s->kh; ky++) memcpy(r + ky * run, src + ky * line, run * sizeof(float));
+        for (int ky = 0; ky < s->kh; ky++) copy_run(r + ky * run, src + ky * line, run);
       }
   }
 }
@@ -166,22 +176,53 @@ hora_result_t hora__maxpool2_fwd_host(const float *x, size_t n, int h, int w, in
   return HORA_SUCCESS;
 }
 
+/* Writes every window in full (winner dy, the others 0) instead of clearing dx first and
+ * scattering: one sequential pass over dx. x non-NULL: the pooled input was a ReLU output, and
+ * the ReLU's backward is fused in (a winner whose value is not > 0 passes 0). */
+static void pool_bwd(const float *dy, const uint8_t *arg, const float *x, size_t n, int h, int w,
+                     int c, float *dx) {
+  const int ph = h / 2, pw = w / 2;
+  const size_t line = (size_t)w * c;
+  for (size_t b = 0; b < n; b++) {
+    for (int py = 0; py < ph; py++) {
+      size_t row0 = b * h * line + (size_t)(2 * py) * line;
+      for (int px = 0; px < pw; px++) {
+        size_t o = ((b * ph + py) * pw + px) * (size_t)c;
+        float *q[4];
+        q[0] = dx + row0 + (size_t)(2 * px) * c;
+        q[1] = q[0] + c;
+        q[2] = q[0] + line;
+        q[3] = q[2] + c;
+        for (int ch = 0; ch < c; ch++) {
+          uint8_t t = arg[o + ch];
+          float g = dy[o + ch];
+          if (x && !(x[(size_t)(q[t] - dx) + ch] > 0.0f)) g = 0.0f;
+          q[0][ch] = t == 0 ? g : 0.0f;
+          q[1][ch] = t == 1 ? g : 0.0f;
+          q[2][ch] = t == 2 ? g : 0.0f;
+          q[3][ch] = t == 3 ? g : 0.0f;
+        }
+      }
+      if (w & 1) { /* the last column of both rows is in no window */
+        memset(dx + row0 + (size_t)(w - 1) * c, 0, c * sizeof(float));
+        memset(dx + row0 + line + (size_t)(w - 1) * c, 0, c * sizeof(float));
+      }
+    }
+    if (h & 1) memset(dx + b * h * line + (size_t)(h - 1) * line, 0, line * sizeof(float));
+  }
+}
+
 hora_result_t hora__maxpool2_bwd_host(const float *dy, const uint8_t *arg, size_t n, int h, int w,
                                       int c, float *dx) {
   if (!pool_ok(n, h, w, c) || !dy || !arg || !dx) return BAD;
-  const int ph = h / 2, pw = w / 2;
-  const size_t line = (size_t)w * c;
-  memset(dx, 0, n * h * line * sizeof(float));
-  for (size_t b = 0; b < n; b++)
-    for (int py = 0; py < ph; py++)
-      for (int px = 0; px < pw; px++) {
-        float *x0 = dx + b * h * line + (size_t)(2 * py) * line + (size_t)(2 * px) * c;
-        size_t o = ((b * ph + py) * pw + px) * (size_t)c;
-        for (int ch = 0; ch < c; ch++) {
-          uint8_t t = arg[o + ch];
-          x0[(t >> 1) * line + (size_t)(t & 1) * c + ch] = dy[o + ch];
-        }
-      }
+  pool_bwd(dy, arg, NULL, n, h, w, c, dx);
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__maxpool2_relu_bwd_host(const float *dy, const uint8_t *arg, const float *x,
+                                           size_t n, int h, int w, int c, float *dx) {
+  if (!pool_ok(n, h, w, c) || !dy || !arg || !x || !dx) return BAD;
+  pool_bwd(dy, arg, x, n, h, w, c, dx);
   return HORA_SUCCESS;
 }
 

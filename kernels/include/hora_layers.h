@@ -70,6 +70,10 @@ hora_result_t hora__maxpool2_fwd_host(const float *x, size_t n, int h, int w, in
 /* dx [n][h][w][c] = 0 except dx[winner] = dy for each window (overwritten). */
 hora_result_t hora__maxpool2_bwd_host(const float *dy, const uint8_t *arg, size_t n, int h, int w,
                                       int c, float *dx);
+/* The same with the backward of the ReLU that produced the pool's input x fused in: equal to
+ * hora__maxpool2_bwd_host followed by hora__relu_bwd_host(x, dx), in one pass. */
+hora_result_t hora__maxpool2_relu_bwd_host(const float *dy, const uint8_t *arg, const float *x,
+                                           size_t n, int h, int w, int c, float *dx);
 
 /* Inverted dropout: keep[i] = 1 with probability 1 - p, y[i] = x[i] * keep[i] / (1 - p).
  * The keep mask comes from a counter-based generator: element i's draw is a function of

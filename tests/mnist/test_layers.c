@@ -164,11 +164,19 @@ static void test_pool(size_t n, int h, int w, int c) {
           bad += q.y[((b * (h / 2) + py) * (w / 2) + px) * c + ch] != m;
         }
   EXPECT(bad == 0, "maxpool fwd %dx%d: %zu wrong maxima", h, w, bad);
-  float *dx = calloc(xn, 4);
+  float *dx = malloc(xn * 4), *fused = malloc(xn * 4);
+  for (size_t i = 0; i < xn; i++) dx[i] = fused[i] = NAN; /* every element must be written */
   EXPECT_OK(hora__maxpool2_bwd_host(q.r, q.arg, n, h, w, c, dx));
   /* eps well below the gap between distinct random inputs keeps the argmax fixed */
   check_grad("maxpool dx", q.x, xn, dx, pool_loss, &q, 1e-4f, 1);
-  free(dx), free(q.x), free(q.y), free(q.r), free(q.arg);
+  /* fused ReLU backward == maxpool backward then ReLU backward, bit for bit */
+  EXPECT_OK(hora__maxpool2_relu_bwd_host(q.r, q.arg, q.x, n, h, w, c, fused));
+  EXPECT_OK(hora__relu_bwd_host(q.x, dx, xn));
+  EXPECT(memcmp(dx, fused, xn * 4) == 0, "maxpool+relu bwd differs from maxpool bwd then relu bwd");
+  size_t zeroed = 0;
+  for (size_t i = 0; i < xn; i++) zeroed += fused[i] == 0.0f;
+  EXPECT(zeroed > xn * 3 / 4, "fused bwd: only %zu of %zu zeros", zeroed, xn);
+  free(dx), free(fused), free(q.x), free(q.y), free(q.r), free(q.arg);
 }
 
 static void test_dropout(void) {
