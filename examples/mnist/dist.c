@@ -128,7 +128,11 @@ hora_result_t mnist_ckpt_open(hora_ctx_t *ctx, const char *local_dir, const char
   else snprintf(c->local, sizeof c->local, "/tmp/hora-ckpt-%u", (unsigned)getuid());
   if (persist_dir) snprintf(c->persist, sizeof c->persist, "%s", persist_dir);
   int32_t bad = 0;
-  if (c->rank == 0 && (mkdirs(c->local) || (c->persist[0] && mkdirs(c->persist)))) bad = 1;
+  if (c->rank == 0 && (mkdirs(c->local) || (c->persist[0] && mkdirs(c->persist)))) {
+    fprintf(stderr, "mnist: cannot create the checkpoint directory %s or %s: %s\n", c->local,
+            c->persist[0] ? c->persist : "-", strerror(errno));
+    bad = 1;
+  }
   hora_result_t rc = hora_broadcast(ctx, &bad, 1, HORA_INT32, 0, HORA_DEVICE_HOST);
   if (rc == HORA_SUCCESS && bad) rc = HORA_ERR_IO;
   if (rc != HORA_SUCCESS) {
@@ -148,7 +152,10 @@ static int write_file(const char *dir, int64_t step, const mnist_tensor_t *t, si
   snprintf(tmp, sizeof tmp, "%s/.mnist.ckpt.tmp.%d", dir, (int)getpid());
   snprintf(fin, sizeof fin, "%s/mnist.ckpt", dir);
   FILE *f = fopen(tmp, "wb");
-  if (!f) return -1;
+  if (!f) {
+    fprintf(stderr, "mnist: cannot create %s: %s\n", tmp, strerror(errno));
+    return -1;
+  }
   int ok = fprintf(f, "hora-mnist-ckpt 1\nstep %lld\n", (long long)step) > 0;
   for (size_t i = 0; i < nmeta; i++) ok = ok && fprintf(f, "meta %s %s\n", meta[i].key, meta[i].value) > 0;
   for (size_t i = 0; i < n; i++)
@@ -163,6 +170,7 @@ static int write_file(const char *dir, int64_t step, const mnist_tensor_t *t, si
   ok = (fclose(f) == 0) && ok;
   if (ok) ok = rename(tmp, fin) == 0;
   if (!ok) {
+    fprintf(stderr, "mnist: cannot write the checkpoint %s: %s\n", fin, strerror(errno));
     unlink(tmp);
     return -1;
   }

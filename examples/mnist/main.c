@@ -34,6 +34,7 @@ typedef struct {
   double lr, momentum, warmup_epochs;
   int sgd;
   const char *lr_scaling; /* auto|linear|sqrt|none */
+  int cosine;             /* --lr-schedule cosine */
   uint64_t seed;
   int64_t max_steps;
 } opts_t;
@@ -65,6 +66,8 @@ static void usage(FILE *f) {
     "                        auto = linear for sgd, sqrt for adam (default auto)\n"
     "  --warmup-epochs F     ramp the lr linearly from --lr to the scaled lr over F epochs\n"
     "                        (default 1; Goyal et al. 2017)\n"
+    "  --lr-schedule S       after the warm-up: constant, or cosine decay to 0 at the end of the\n"
+    "                        last epoch (Loshchilov & Hutter 2017) (default cosine)\n"
     "  --seed S              initialization, shuffling and dropout seed (default 42)\n"
     "  --ckpt-dir DIR        node-local checkpoint directory (default: hora's, $SLURM_TMPDIR/hora-ckpt)\n"
     "  --persist-dir DIR     persistent directory checkpoints are copied to (default: none)\n"
@@ -100,7 +103,7 @@ static int parse_double(const char *s, double lo, double hi, double *out) {
 static int parse_args(int argc, char **argv, opts_t *o) {
   memset(o, 0, sizeof *o);
   o->epochs = 10, o->batch = 64, o->lr = -1, o->momentum = 0.9, o->warmup_epochs = 1;
-  o->seed = 42, o->log_every = 50, o->lr_scaling = "auto";
+  o->seed = 42, o->log_every = 50, o->lr_scaling = "auto", o->cosine = 1;
   const char *device = "auto", *opt = "adam";
   static const struct option lo[] = {
       {"data", 1, 0, 'd'},        {"epochs", 1, 0, 'e'},      {"batch-size", 1, 0, 'b'},
@@ -110,6 +113,7 @@ static int parse_args(int argc, char **argv, opts_t *o) {
       {"log-every", 1, 0, 'L'},   {"threads", 1, 0, 'T'},     {"max-steps", 1, 0, 'M'},
       {"cache-dir", 1, 0, 'C'},   {"momentum", 1, 0, 'm'},    {"lr-scaling", 1, 0, 'S'},
       {"warmup-epochs", 1, 0, 'w'}, {"save-weights", 1, 0, 'W'}, {"help", 0, 0, 'h'},
+      {"lr-schedule", 1, 0, 'R'},
       {0, 0, 0, 0}};
   int c;
   long v;
@@ -140,6 +144,7 @@ static int parse_args(int argc, char **argv, opts_t *o) {
         break;
       case 'w': ok = parse_double(a, 0, 1000, &o->warmup_epochs); break;
       case 'W': o->save_weights = a; break;
+      case 'R': ok = !strcmp(a, "cosine") || !strcmp(a, "constant"), o->cosine = !strcmp(a, "cosine"); break;
       case 'h': usage(stdout); return 0;
       default:
         if (g_rank == 0) {
@@ -333,7 +338,11 @@ int main(int argc, char **argv) {
   /* Parameters start from rank 0's on every rank. */
   CHECK(hora_broadcast(ctx, m.params, m.nparams, HORA_FLOAT32, 0, HORA_DEVICE_HOST), "broadcast");
 
-  CHECK(mnist_ckpt_open(ctx, o.ckpt_dir, o.persist_dir, &ck), "checkpoint open");
+  rc = mnist_ckpt_open(ctx, o.ckpt_dir, o.persist_dir, &ck);
+  if (rc != HORA_SUCCESS)
+    FAIL("checkpoints (--ckpt-dir %s, --persist-dir %s): %s: %s",
+         o.ckpt_dir ? o.ckpt_dir : "(default)", o.persist_dir ? o.persist_dir : "(none)",
+         hora_result_name(rc), hora_last_error());
   CHECK(mnist_on_signal(ctx), "signal handlers");
   mnist_tensor_t tensors[3] = {
       {"params", m.params, m.nparams, HORA_FLOAT32, HORA_DEVICE_HOST, 0, NULL},
@@ -382,11 +391,12 @@ int main(int argc, char **argv) {
   if (g_rank == 0 && o.tensorboard) CHECK(hora_tb_open(o.tensorboard, &tb), "tensorboard");
   say("mnist: %d rank(s), %d OpenBLAS thread(s) on rank 0, device cpu, %lld train images per "
       "rank per epoch (%llu test), batch %d per rank (%d global), %lld steps per epoch, %d epochs, "
-      "%s lr %g -> %g (%s scaling, %.3g warm-up epochs), seed %llu\n",
+      "%s lr %g -> %g (%s scaling, %.3g warm-up epochs, then %s), seed %llu\n",
       size, threads, (long long)(spe * B), (unsigned long long)data.test_records, B, B * size,
       (long long)spe, o.epochs, o.sgd ? "sgd" : "adam", o.lr,
       o.lr * (!strcmp(o.lr_scaling, "linear") ? size : !strcmp(o.lr_scaling, "sqrt") ? sqrt(size) : 1),
-      o.lr_scaling, o.warmup_epochs, (unsigned long long)o.seed);
+      o.lr_scaling, o.warmup_epochs, o.cosine ? "cosine decay" : "constant",
+      (unsigned long long)o.seed);
 
   const double lr_target =
       o.lr * (!strcmp(o.lr_scaling, "linear") ? size : !strcmp(o.lr_scaling, "sqrt") ? sqrt(size) : 1.0);
@@ -420,9 +430,14 @@ int main(int argc, char **argv) {
       CHECK(mnist_model_backward(&m, mnist_grad_layer_done, &sync), "backward/allreduce");
       CHECK(mnist_grad_wait(&sync), "gradient allreduce");
       /* Goyal et al.: linear warm-up from the one-rank lr to the scaled lr. */
-      double lr = warm_steps > 0 && step < warm_steps
-                      ? o.lr + (lr_target - o.lr) * (double)(step + 1) / warm_steps
-                      : lr_target;
+      /* Cosine decay over the steps after the warm-up, to 0 at the end of the last epoch (a
+       * function of the step and --epochs only, so --max-steps and resume do not change it). */
+      double lr = lr_target;
+      if (warm_steps > 0 && step < warm_steps)
+        lr = o.lr + (lr_target - o.lr) * (double)(step + 1) / warm_steps;
+      else if (o.cosine && total_steps > warm_steps)
+        lr = 0.5 * lr_target *
+             (1.0 + cos(M_PI * ((double)step - warm_steps) / ((double)total_steps - warm_steps)));
       if (o.sgd)
         CHECK(hora__sgd_momentum_host(m.params, m.grads, opt_m, m.nparams, (float)lr,
                                       (float)o.momentum), "sgd");
