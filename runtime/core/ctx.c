@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/gpu.h"
 #include "core/ctx.h"
 #include "trace/trace.h"
 
@@ -244,6 +245,8 @@ HORA_EXPORT hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t 
   if (!(opts && opts->mpi_comm)) HORA_CHECK_GOTO(check_world(c, p, mpirun_started), rc, fail_ctx);
   HORA_CHECK_GOTO(build_layout(c, p), rc, fail_ctx);
   if (p->device >= 0) c->device = (int)p->device;
+  /* The GPU of this rank and the device-buffer hooks (runtime/comm; a no-op without CUDA). */
+  HORA_CHECK_GOTO(hora__gpu_on_init(c), rc, fail_ctx);
   if (!live_add(c)) {
     rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: more than %d live contexts", MAX_LIVE);
     goto fail_ctx;

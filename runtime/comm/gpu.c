@@ -1,0 +1,461 @@
+/* Device selection, the per-context GPU state, and the device-buffer collectives behind
+ * hora__gpu_hooks: scaling, averaging and compression around one of three transports.
+ *
+ *   hora_allreduce(device=CUDA)
+ *     -> prescale (scale kernel)  [-> cast f32 -> f16/bf16 when HORA_COMPRESSION is set]
+ *     -> path: nccl   ncclAllReduce on hora's stream                      (comm/nccl.c)
+ *              staged pipelined ring through pinned host memory, GPU reduce (comm/staged.c)
+ *              naive  whole buffer D2H, MPI_Allreduce, H2D               (comm/staged.c)
+ *     [-> cast back to f32] -> average and postscale (scale kernel) -> wait for the stream
+ *
+ * HORA_GPU_PATH=auto takes NCCL unless the build has no NCCL or two ranks of one node use the same
+ * GPU (NCCL refuses that with "Duplicate GPU detected"); then the staged ring. Every rank computes
+ * the same choice from values agreed over the world when the state is created. */
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo/coll.h"
+#include "comm/gpu.h"
+#include "hora_kernels.h"
+
+#if !HORA_HAVE_CUDA
+
+hora_result_t hora__gpu_on_init(hora_ctx_t *ctx) {
+  (void)ctx;
+  return HORA_SUCCESS; /* hora__gpu_hooks stay NULL: device buffers are HORA_ERR_NOT_SUPPORTED */
+}
+
+#else
+
+hora_result_t hora__cuda_error(cudaError_t e, const char *what, const char *file, int line) {
+  return hora__error(HORA_ERR_CUDA, file, line, "%s failed: %s (%s)", what, cudaGetErrorString(e),
+                     cudaGetErrorName(e));
+}
+
+hora_result_t hora__gpu_enter(hora_gpu_t *g, int *prev) {
+  *prev = g->device;
+  cudaGetDevice(prev);
+  if (*prev != g->device) HORA_CUDA_CHECK(cudaSetDevice(g->device));
+  return HORA_SUCCESS;
+}
+
+static void gpu_leave(hora_gpu_t *g, int prev) {
+  if (prev != g->device) cudaSetDevice(prev);
+}
+
+hora_result_t hora__gpu_dev_buf(hora_gpu_t *g, void **buf, size_t *cur, size_t bytes) {
+  if (*cur >= bytes && *buf) return HORA_SUCCESS;
+  if (*buf) {
+    cudaStreamSynchronize(g->stream);
+    cudaStreamSynchronize(g->d2h);
+    cudaFree(*buf);
+    *buf = NULL;
+    *cur = 0;
+  }
+  cudaError_t e = cudaMalloc(buf, bytes ? bytes : 1);
+  if (e != cudaSuccess) {
+    *buf = NULL;
+    return HORA_ERR(e == cudaErrorMemoryAllocation ? HORA_ERR_NO_MEMORY : HORA_ERR_CUDA,
+                    "cudaMalloc(%zu bytes) of hora's device scratch failed: %s", bytes, cudaGetErrorString(e));
+  }
+  *cur = bytes;
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__gpu_pinned_buf(hora_gpu_t *g, void **buf, size_t *cur, size_t bytes) {
+  if (*cur >= bytes && *buf) return HORA_SUCCESS;
+  if (*buf) {
+    cudaStreamSynchronize(g->stream);
+    cudaStreamSynchronize(g->d2h);
+    cudaFreeHost(*buf);
+    *buf = NULL;
+    *cur = 0;
+  }
+  cudaError_t e = cudaMallocHost(buf, bytes ? bytes : 1);
+  if (e != cudaSuccess) {
+    *buf = NULL;
+    return HORA_ERR(e == cudaErrorMemoryAllocation ? HORA_ERR_NO_MEMORY : HORA_ERR_CUDA,
+                    "cudaMallocHost(%zu bytes) of hora's pinned staging buffer failed: %s", bytes,
+                    cudaGetErrorString(e));
+  }
+  *cur = bytes;
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__gpu_wait(hora_ctx_t *ctx, hora_gpu_t *g, cudaStream_t s, const char *what) {
+  (void)ctx;
+  const double timeout = hora__params()->peer_timeout_s;
+  double t0 = 0;
+  for (unsigned spin = 0;; spin++) {
+    cudaError_t e = cudaStreamQuery(s);
+    if (e == cudaSuccess) return HORA_SUCCESS;
+    if (e != cudaErrorNotReady) return hora__cuda_error(e, what, __FILE__, __LINE__);
+#if HORA_HAVE_NCCL
+    if (g->nccl) {
+      ncclResult_t ae = ncclSuccess;
+      ncclCommGetAsyncError(g->nccl, &ae);
+      if (ae != ncclSuccess && ae != ncclInProgress) {
+        ncclCommAbort(g->nccl);
+        g->nccl = NULL;
+        g->nccl_dead = 1;
+        return HORA_ERR(ae == ncclRemoteError || ae == ncclSystemError ? HORA_ERR_REMOTE : HORA_ERR_NCCL,
+                        "%s: NCCL reported an asynchronous error (%s); the communicator was aborted",
+                        what, ncclGetErrorString(ae));
+      }
+    }
+#endif
+    if (spin == 1000) t0 = hora__now_s();
+    if (spin > 1000) {
+      if (timeout > 0 && (spin & 255) == 0 && hora__now_s() - t0 > timeout) {
+#if HORA_HAVE_NCCL
+        if (g->nccl) {
+          ncclCommAbort(g->nccl);
+          g->nccl = NULL;
+          g->nccl_dead = 1;
+        }
+#endif
+        return HORA_ERR(HORA_ERR_TIMEOUT,
+                        "%s: the GPU work did not finish within HORA_PEER_TIMEOUT_S=%g s (a peer is "
+                        "dead or stuck)%s", what, timeout,
+                        HORA_HAVE_NCCL ? "; the NCCL communicator was aborted" : "");
+      }
+      sched_yield();
+    }
+  }
+}
+
+/* ---- the state ---- */
+
+static void state_free(hora_gpu_t *g) {
+  if (!g) return;
+  int prev = g->device;
+  cudaGetDevice(&prev);
+  cudaSetDevice(g->device);
+  if (g->stream) cudaStreamSynchronize(g->stream);
+  if (g->d2h) cudaStreamSynchronize(g->d2h);
+#if HORA_HAVE_NCCL
+  hora__nccl_free(g);
+#endif
+  for (int i = 0; i < HORA_STAGED_SLOTS; i++) {
+    if (g->ev_d2h[i]) cudaEventDestroy(g->ev_d2h[i]);
+    if (g->ev_h2d[i]) cudaEventDestroy(g->ev_h2d[i]);
+  }
+  if (g->h_send) cudaFreeHost(g->h_send);
+  if (g->h_recv) cudaFreeHost(g->h_recv);
+  if (g->h_whole) cudaFreeHost(g->h_whole);
+  if (g->d_tmp) cudaFree(g->d_tmp);
+  if (g->d_scratch) cudaFree(g->d_scratch);
+  if (g->stream) cudaStreamDestroy(g->stream);
+  if (g->d2h) cudaStreamDestroy(g->d2h);
+  if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
+  if (prev != g->device) cudaSetDevice(prev);
+  free(g);
+}
+
+static hora_result_t state_finalize(hora_ctx_t *ctx, void *arg) {
+  state_free(arg);
+  ctx->gpu = NULL;
+  return HORA_SUCCESS;
+}
+
+/* 1 if another local rank uses the same physical GPU (compared by UUID). Collective over ctx->local. */
+static hora_result_t detect_shared(hora_ctx_t *ctx, int device, int *shared) {
+  struct cudaDeviceProp prop;
+  HORA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  unsigned char *all = malloc(16 * (size_t)ctx->local_size);
+  if (!all) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+  int rc = MPI_Allgather(prop.uuid.bytes, 16, MPI_BYTE, all, 16, MPI_BYTE, ctx->local);
+  if (rc != MPI_SUCCESS) {
+    free(all);
+    return hora__mpi_error(rc, "MPI_Allgather(GPU UUIDs)", __FILE__, __LINE__);
+  }
+  int dup = 0;
+  for (int i = 0; i < ctx->local_size; i++)
+    if (i != ctx->local_rank && memcmp(all + 16 * (size_t)i, prop.uuid.bytes, 16) == 0) dup = 1;
+  free(all);
+  HORA_MPI_CHECK(MPI_Allreduce(&dup, shared, 1, MPI_INT, MPI_MAX, ctx->world));
+  return HORA_SUCCESS;
+}
+
+static hora_result_t choose_path(hora_ctx_t *ctx, hora_gpu_t *g) {
+  const char *want = hora__params()->gpu_path;
+  if (!strcmp(want, "staged")) g->path = HORA_GPU_PATH_STAGED;
+  else if (!strcmp(want, "naive")) g->path = HORA_GPU_PATH_NAIVE;
+  else if (!strcmp(want, "nccl")) {
+    if (!HORA_HAVE_NCCL)
+      return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "HORA_GPU_PATH=nccl but this build of hora has no NCCL");
+    if (g->shared_gpu)
+      return HORA_ERR(HORA_ERR_NOT_SUPPORTED,
+                      "HORA_GPU_PATH=nccl but two ranks of one node share a GPU, which NCCL refuses "
+                      "(\"Duplicate GPU detected\"); use HORA_GPU_PATH=auto or staged");
+    g->path = HORA_GPU_PATH_NCCL;
+  } else {
+    g->path = (HORA_HAVE_NCCL && !g->shared_gpu) ? HORA_GPU_PATH_NCCL : HORA_GPU_PATH_STAGED;
+  }
+  static const char *const names[] = {"nccl", "staged", "naive"};
+  if (ctx->rank == 0)
+    HORA_INFO(CUDA, "device collectives use the %s path (HORA_GPU_PATH=%s%s%s)", names[g->path], want,
+              g->shared_gpu ? ", ranks share a GPU" : "", HORA_HAVE_NCCL ? "" : ", no NCCL in this build");
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__gpu_state(hora_ctx_t *ctx, hora_gpu_t **out) {
+  if (ctx->gpu) {
+    *out = ctx->gpu;
+    return HORA_SUCCESS;
+  }
+  int ndev = 0;
+  hora_result_t local = HORA_SUCCESS;
+  cudaError_t e = cudaGetDeviceCount(&ndev);
+  if (e != cudaSuccess || ndev == 0)
+    local = HORA_ERR(HORA_ERR_NOT_SUPPORTED, "device buffers: rank %d sees no GPU (%s)", ctx->rank,
+                     e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+  else if (ctx->device < 0 || ctx->device >= ndev)
+    local = HORA_ERR(HORA_ERR_NOT_SUPPORTED, "device buffers: rank %d has no usable GPU (device %d of %d)",
+                     ctx->rank, ctx->device, ndev);
+  HORA_CHECK(hora__agree(ctx, "device collective", local));
+
+  hora_result_t rc = HORA_SUCCESS;
+  hora_gpu_t *g = calloc(1, sizeof *g);
+  if (!g) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+  g->device = ctx->device;
+  g->comm = MPI_COMM_NULL;
+  int prev;
+  HORA_CHECK_GOTO(hora__gpu_enter(g, &prev), rc, fail);
+  int mrc = MPI_Comm_dup(ctx->world, &g->comm);
+  if (mrc != MPI_SUCCESS) {
+    rc = hora__mpi_error(mrc, "MPI_Comm_dup", __FILE__, __LINE__);
+    goto fail_dev;
+  }
+  MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
+  /* Blocking streams: they order after the caller's work on the legacy default stream. */
+  e = cudaStreamCreateWithFlags(&g->stream, cudaStreamDefault);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&g->d2h, cudaStreamDefault);
+  for (int i = 0; i < HORA_STAGED_SLOTS && e == cudaSuccess; i++) {
+    e = cudaEventCreateWithFlags(&g->ev_d2h[i], cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->ev_h2d[i], cudaEventDisableTiming);
+  }
+  local = e == cudaSuccess ? HORA_SUCCESS : hora__cuda_error(e, "creating hora's CUDA streams and events", __FILE__, __LINE__);
+  if (local == HORA_SUCCESS) local = detect_shared(ctx, g->device, &g->shared_gpu);
+  if (local == HORA_SUCCESS) local = choose_path(ctx, g);
+  HORA_CHECK_GOTO(hora__agree(ctx, "device collective", local), rc, fail_dev);
+  HORA_CHECK_GOTO(hora__ctx_add_finalizer(ctx, state_finalize, g), rc, fail_dev);
+  gpu_leave(g, prev);
+  ctx->gpu = g;
+  *out = g;
+  return HORA_SUCCESS;
+
+fail_dev:
+  gpu_leave(g, prev);
+fail:
+  state_free(g);
+  return rc;
+}
+
+/* ---- helpers shared by the hooks ---- */
+
+static int is_float(hora_dtype_t d) {
+  return d == HORA_FLOAT16 || d == HORA_BFLOAT16 || d == HORA_FLOAT32 || d == HORA_FLOAT64;
+}
+
+/* HORA_AVERAGE on an integer device buffer: exact truncating division on the host (the kernels
+ * have only a multiply by a double, which can round 21 * (1/3) down to 6). A slow path: integer
+ * averages of device buffers are rare. */
+static hora_result_t int_average(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, size_t count, hora_dtype_t dtype) {
+  size_t bytes = count * hora__dtype_size(dtype);
+  HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, bytes));
+  HORA_CUDA_CHECK(cudaMemcpyAsync(g->h_whole, buf, bytes, cudaMemcpyDeviceToHost, g->stream));
+  HORA_CHECK(hora__gpu_wait(ctx, g, g->stream, "allreduce (integer average)"));
+  HORA_CHECK(hora__scale_and_average(ctx, g->h_whole, count, dtype, HORA_AVERAGE, 1.0));
+  HORA_CUDA_CHECK(cudaMemcpyAsync(buf, g->h_whole, bytes, cudaMemcpyHostToDevice, g->stream));
+  return HORA_SUCCESS;
+}
+
+/* Average and postscale of a reduced device buffer, enqueued on g->stream. */
+static hora_result_t finish_scale(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, size_t count,
+                                  hora_dtype_t dtype, hora_op_t op, double postscale) {
+  if (op == HORA_AVERAGE && !is_float(dtype)) return int_average(ctx, g, buf, count, dtype);
+  double f = postscale;
+  if (op == HORA_AVERAGE) f /= (double)ctx->size;
+  if (f != 1.0) HORA_CHECK(hora__scale_cuda(buf, buf, count, dtype, f, g->stream));
+  return HORA_SUCCESS;
+}
+
+/* In-place (src == dst) or out-of-place reduction over the world by the context's path. */
+static hora_result_t reduce_path(hora_ctx_t *ctx, hora_gpu_t *g, const void *src, void *dst,
+                                 size_t count, hora_dtype_t dtype, hora_op_t op) {
+#if HORA_HAVE_NCCL
+  if (g->path == HORA_GPU_PATH_NCCL) return hora__nccl_allreduce(ctx, g, src, dst, count, dtype, op);
+#endif
+  if (src != dst)
+    HORA_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * hora__dtype_size(dtype), cudaMemcpyDeviceToDevice, g->stream));
+  if (ctx->size == 1) return HORA_SUCCESS;
+  if (g->path == HORA_GPU_PATH_NAIVE) return hora__naive_allreduce(ctx, g, dst, count, dtype, op);
+  return hora__staged_allreduce(ctx, g, dst, count, dtype, op);
+}
+
+static hora_result_t gpu_allreduce_body(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf, void *recvbuf,
+                                        size_t count, hora_dtype_t dtype, hora_op_t op,
+                                        double prescale, double postscale) {
+  const hora_op_t wire_op = op == HORA_AVERAGE ? HORA_SUM : op;
+  const char *comp = hora__params()->compression;
+  hora_dtype_t wire = dtype;
+  if (dtype == HORA_FLOAT32 && !strcmp(comp, "fp16")) wire = HORA_FLOAT16;
+  if (dtype == HORA_FLOAT32 && !strcmp(comp, "bf16")) wire = HORA_BFLOAT16;
+  const void *src = sendbuf;
+  if (prescale != 1.0) {
+    HORA_CHECK(hora__scale_cuda(recvbuf, sendbuf, count, dtype, prescale, g->stream));
+    src = recvbuf;
+  }
+  if (wire != dtype) {
+    /* Compression: f32 -> 16 bits in scratch, reduce the 16-bit values, cast back into recvbuf. */
+    HORA_CHECK(hora__gpu_dev_buf(g, &g->d_scratch, &g->d_scratch_bytes, count * 2));
+    if (wire == HORA_FLOAT16) HORA_CHECK(hora__cast_f32_to_f16_cuda(g->d_scratch, src, count, g->stream));
+    else HORA_CHECK(hora__cast_f32_to_bf16_cuda(g->d_scratch, src, count, g->stream));
+    HORA_CHECK(reduce_path(ctx, g, g->d_scratch, g->d_scratch, count, wire, wire_op));
+    if (wire == HORA_FLOAT16) HORA_CHECK(hora__cast_f16_to_f32_cuda(recvbuf, g->d_scratch, count, g->stream));
+    else HORA_CHECK(hora__cast_bf16_to_f32_cuda(recvbuf, g->d_scratch, count, g->stream));
+  } else {
+    HORA_CHECK(reduce_path(ctx, g, src, recvbuf, count, dtype, wire_op));
+  }
+  HORA_CHECK(finish_scale(ctx, g, recvbuf, count, dtype, op, postscale));
+  return hora__gpu_wait(ctx, g, g->stream, "hora_allreduce");
+}
+
+/* ---- the hooks (arguments already validated by algo/coll.c) ---- */
+
+#define ENTER(fn)                         \
+  hora_gpu_t *g;                          \
+  HORA_CHECK(hora__gpu_state(ctx, &g));   \
+  int prev_;                              \
+  HORA_CHECK(hora__gpu_enter(g, &prev_)); \
+  hora_result_t rc_
+
+#define LEAVE()          \
+  gpu_leave(g, prev_);   \
+  return rc_
+
+static hora_result_t hook_allreduce(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
+                                    hora_dtype_t dtype, hora_op_t op, double prescale, double postscale) {
+  ENTER("hora_allreduce");
+  rc_ = count ? gpu_allreduce_body(ctx, g, sendbuf, recvbuf, count, dtype, op, prescale, postscale) : HORA_SUCCESS;
+  LEAVE();
+}
+
+static hora_result_t hook_broadcast(hora_ctx_t *ctx, void *buf, size_t count, hora_dtype_t dtype, int root) {
+  ENTER("hora_broadcast");
+  if (count == 0 || ctx->size == 1) rc_ = HORA_SUCCESS;
+#if HORA_HAVE_NCCL
+  else if (g->path == HORA_GPU_PATH_NCCL) rc_ = hora__nccl_broadcast(ctx, g, buf, count, dtype, root);
+#endif
+  else rc_ = hora__staged_broadcast(ctx, g, buf, count, dtype, root);
+  LEAVE();
+}
+
+static hora_result_t hook_allgatherv(hora_ctx_t *ctx, const void *sendbuf, size_t sendcount, void *recvbuf,
+                                     const size_t *recvcounts, hora_dtype_t dtype) {
+  ENTER("hora_allgatherv");
+#if HORA_HAVE_NCCL
+  if (g->path == HORA_GPU_PATH_NCCL) rc_ = hora__nccl_allgatherv(ctx, g, sendbuf, recvbuf, recvcounts, dtype);
+  else
+#endif
+    rc_ = hora__staged_allgatherv(ctx, g, sendbuf, sendcount, recvbuf, recvcounts, dtype);
+  LEAVE();
+}
+
+static hora_result_t hook_allgather(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
+                                    hora_dtype_t dtype) {
+  size_t *counts = malloc((size_t)ctx->size * sizeof *counts);
+  if (!counts) return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_allgather: out of memory");
+  for (int i = 0; i < ctx->size; i++) counts[i] = count;
+  hora_result_t rc;
+  {
+    ENTER("hora_allgather");
+#if HORA_HAVE_NCCL
+    if (g->path == HORA_GPU_PATH_NCCL) rc_ = hora__nccl_allgatherv(ctx, g, sendbuf, recvbuf, counts, dtype);
+    else
+#endif
+      rc_ = hora__staged_allgather(ctx, g, sendbuf, recvbuf, count, dtype);
+    gpu_leave(g, prev_);
+    rc = rc_;
+  }
+  free(counts);
+  return rc;
+}
+
+static hora_result_t hook_reducescatter(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t recvcount,
+                                        hora_dtype_t dtype, hora_op_t op) {
+  ENTER("hora_reducescatter");
+  if (recvcount == 0) rc_ = HORA_SUCCESS;
+#if HORA_HAVE_NCCL
+  else if (g->path == HORA_GPU_PATH_NCCL) {
+    rc_ = hora__nccl_reducescatter(ctx, g, sendbuf, recvbuf, recvcount, dtype, op == HORA_AVERAGE ? HORA_SUM : op);
+    if (rc_ == HORA_SUCCESS) rc_ = finish_scale(ctx, g, recvbuf, recvcount, dtype, op, 1.0);
+    if (rc_ == HORA_SUCCESS) rc_ = hora__gpu_wait(ctx, g, g->stream, "hora_reducescatter");
+  }
+#endif
+  else rc_ = hora__staged_reducescatter(ctx, g, sendbuf, recvbuf, recvcount, dtype, op);
+  LEAVE();
+}
+
+static hora_result_t hook_alltoallv(hora_ctx_t *ctx, const void *sendbuf, const size_t *sendcounts, void *recvbuf,
+                                    const size_t *recvcounts, hora_dtype_t dtype) {
+  ENTER("hora_alltoallv");
+#if HORA_HAVE_NCCL
+  if (g->path == HORA_GPU_PATH_NCCL) rc_ = hora__nccl_alltoallv(ctx, g, sendbuf, sendcounts, recvbuf, recvcounts, dtype);
+  else
+#endif
+    rc_ = hora__staged_alltoallv(ctx, g, sendbuf, sendcounts, recvbuf, recvcounts, dtype);
+  LEAVE();
+}
+
+static hora_result_t hook_alltoall(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
+                                   hora_dtype_t dtype) {
+  size_t *counts = malloc((size_t)ctx->size * sizeof *counts);
+  if (!counts) return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_alltoall: out of memory");
+  for (int i = 0; i < ctx->size; i++) counts[i] = count;
+  hora_result_t rc = hook_alltoallv(ctx, sendbuf, counts, recvbuf, counts, dtype);
+  free(counts);
+  return rc;
+}
+
+hora_result_t hora__gpu_on_init(hora_ctx_t *ctx) {
+  hora__gpu_hooks.allreduce = hook_allreduce;
+  hora__gpu_hooks.broadcast = hook_broadcast;
+  hora__gpu_hooks.allgather = hook_allgather;
+  hora__gpu_hooks.allgatherv = hook_allgatherv;
+  hora__gpu_hooks.reducescatter = hook_reducescatter;
+  hora__gpu_hooks.alltoall = hook_alltoall;
+  hora__gpu_hooks.alltoallv = hook_alltoallv;
+
+  int ndev = 0;
+  cudaError_t e = cudaGetDeviceCount(&ndev);
+  if (e != cudaSuccess || ndev == 0) {
+    HORA_INFO(CUDA, "no GPU visible (%s): device buffers are not available on this rank",
+              e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    return HORA_SUCCESS;
+  }
+  const hora_params_t *p = hora__params();
+  int dev;
+  if (p->device >= 0) {
+    if (p->device >= ndev) {
+      const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+      return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
+                      "HORA_DEVICE=%lld but this rank sees only %d GPU%s (CUDA_VISIBLE_DEVICES=%s)",
+                      (long long)p->device, ndev, ndev == 1 ? "" : "s", cvd ? cvd : "(unset)");
+    }
+    dev = (int)p->device;
+  } else {
+    dev = ctx->local_rank % ndev;
+  }
+  HORA_CUDA_CHECK(cudaSetDevice(dev));
+  ctx->device = dev;
+  char bus[32] = "?";
+  cudaDeviceGetPCIBusId(bus, sizeof bus, dev);
+  HORA_INFO(CUDA, "rank %d (local rank %d) uses GPU %d of %d (PCI %s)%s", ctx->rank, ctx->local_rank, dev,
+            ndev, bus, p->device >= 0 ? " from HORA_DEVICE" : ", local rank modulo GPU count");
+  return HORA_SUCCESS;
+}
+
+#endif /* HORA_HAVE_CUDA */
