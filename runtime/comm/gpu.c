@@ -159,23 +159,26 @@ static hora_result_t state_finalize(hora_ctx_t *ctx, void *arg) {
   return HORA_SUCCESS;
 }
 
-/* 1 if another local rank uses the same physical GPU (compared by UUID). Collective over ctx->local. */
+/* 1 if another local rank uses the same physical GPU (compared by UUID). Collective over
+ * ctx->local and ctx->world: every rank takes part even when its own query failed (it then
+ * contributes a zero UUID and returns the error after the collectives). */
 static hora_result_t detect_shared(hora_ctx_t *ctx, int device, int *shared) {
+  unsigned char mine[16] = {0};
   struct cudaDeviceProp prop;
-  HORA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  unsigned char *all = malloc(16 * (size_t)ctx->local_size);
-  if (!all) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
-  int rc = MPI_Allgather(prop.uuid.bytes, 16, MPI_BYTE, all, 16, MPI_BYTE, ctx->local);
-  if (rc != MPI_SUCCESS) {
-    free(all);
-    return hora__mpi_error(rc, "MPI_Allgather(GPU UUIDs)", __FILE__, __LINE__);
-  }
-  int dup = 0;
-  for (int i = 0; i < ctx->local_size; i++)
-    if (i != ctx->local_rank && memcmp(all + 16 * (size_t)i, prop.uuid.bytes, 16) == 0) dup = 1;
+  hora_result_t local = HORA_SUCCESS;
+  cudaError_t e = cudaGetDeviceProperties(&prop, device);
+  if (e == cudaSuccess) memcpy(mine, prop.uuid.bytes, 16);
+  else local = hora__cuda_error(e, "cudaGetDeviceProperties", __FILE__, __LINE__);
+  unsigned char *all = calloc((size_t)ctx->local_size, 16);
+  int dup = 0, rc = MPI_Allgather(mine, 16, MPI_BYTE, all ? all : mine, all ? 16 : 0, MPI_BYTE, ctx->local);
+  if (!all && local == HORA_SUCCESS) local = HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+  if (rc != MPI_SUCCESS && local == HORA_SUCCESS) local = hora__mpi_error(rc, "MPI_Allgather(GPU UUIDs)", __FILE__, __LINE__);
+  for (int i = 0; all && local == HORA_SUCCESS && i < ctx->local_size; i++)
+    if (i != ctx->local_rank && memcmp(all + 16 * (size_t)i, mine, 16) == 0) dup = 1;
   free(all);
-  HORA_MPI_CHECK(MPI_Allreduce(&dup, shared, 1, MPI_INT, MPI_MAX, ctx->world));
-  return HORA_SUCCESS;
+  rc = MPI_Allreduce(&dup, shared, 1, MPI_INT, MPI_MAX, ctx->world);
+  if (rc != MPI_SUCCESS && local == HORA_SUCCESS) local = hora__mpi_error(rc, "MPI_Allreduce(shared GPU)", __FILE__, __LINE__);
+  return local;
 }
 
 static hora_result_t choose_path(hora_ctx_t *ctx, hora_gpu_t *g) {
@@ -216,41 +219,54 @@ hora_result_t hora__gpu_state(hora_ctx_t *ctx, hora_gpu_t **out) {
                      ctx->rank, ctx->device, ndev);
   HORA_CHECK(hora__agree(ctx, "device collective", local));
 
-  hora_result_t rc = HORA_SUCCESS;
+  /* From here every rank runs the same collectives (dup, UUID exchange, agree) whatever fails
+   * locally; local failures are agreed at the end so that all ranks return the same code. */
   hora_gpu_t *g = calloc(1, sizeof *g);
-  if (!g) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
-  g->device = ctx->device;
-  g->comm = MPI_COMM_NULL;
-  int prev;
-  HORA_CHECK_GOTO(hora__gpu_enter(g, &prev), rc, fail);
-  int mrc = MPI_Comm_dup(ctx->world, &g->comm);
-  if (mrc != MPI_SUCCESS) {
-    rc = hora__mpi_error(mrc, "MPI_Comm_dup", __FILE__, __LINE__);
-    goto fail_dev;
+  if (g) {
+    g->device = ctx->device;
+    g->comm = MPI_COMM_NULL;
   }
-  MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
-  /* Blocking streams: they order after the caller's work on the legacy default stream. */
-  e = cudaStreamCreateWithFlags(&g->stream, cudaStreamDefault);
-  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&g->d2h, cudaStreamDefault);
-  for (int i = 0; i < HORA_STAGED_SLOTS && e == cudaSuccess; i++) {
-    e = cudaEventCreateWithFlags(&g->ev_d2h[i], cudaEventDisableTiming);
-    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->ev_h2d[i], cudaEventDisableTiming);
+  int prev = ctx->device;
+  local = g ? hora__gpu_enter(g, &prev) : HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+  MPI_Comm dup = MPI_COMM_NULL;
+  int mrc = MPI_Comm_dup(ctx->world, &dup);
+  if (g) g->comm = dup;
+  else if (dup != MPI_COMM_NULL) MPI_Comm_free(&dup);
+  if (mrc != MPI_SUCCESS && local == HORA_SUCCESS) local = hora__mpi_error(mrc, "MPI_Comm_dup", __FILE__, __LINE__);
+  if (mrc == MPI_SUCCESS && g) MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
+  if (local == HORA_SUCCESS) {
+    /* Blocking streams: they order after the caller's work on the legacy default stream. */
+    e = cudaStreamCreateWithFlags(&g->stream, cudaStreamDefault);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&g->d2h, cudaStreamDefault);
+    for (int i = 0; i < HORA_STAGED_SLOTS && e == cudaSuccess; i++) {
+      e = cudaEventCreateWithFlags(&g->ev_d2h[i], cudaEventDisableTiming);
+      if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->ev_h2d[i], cudaEventDisableTiming);
+    }
+    if (e != cudaSuccess) local = hora__cuda_error(e, "creating hora's CUDA streams and events", __FILE__, __LINE__);
   }
-  local = e == cudaSuccess ? HORA_SUCCESS : hora__cuda_error(e, "creating hora's CUDA streams and events", __FILE__, __LINE__);
-  if (local == HORA_SUCCESS) local = detect_shared(ctx, g->device, &g->shared_gpu);
+  int shared = 0;
+  hora_result_t drc = detect_shared(ctx, ctx->device, &shared);
+  if (local == HORA_SUCCESS) local = drc;
+  if (g) g->shared_gpu = shared;
   if (local == HORA_SUCCESS) local = choose_path(ctx, g);
-  HORA_CHECK_GOTO(hora__agree(ctx, "device collective", local), rc, fail_dev);
-  HORA_CHECK_GOTO(hora__ctx_add_finalizer(ctx, state_finalize, g), rc, fail_dev);
+  if (local == HORA_SUCCESS) local = hora__ctx_add_finalizer(ctx, state_finalize, g);
+  hora_result_t rc = hora__agree(ctx, "device collective", local);
+  if (rc != HORA_SUCCESS) {
+    if (local == HORA_SUCCESS) {
+      /* The finalizer is registered but the state is not used: it frees it at finalize. */
+      if (g) gpu_leave(g, prev);
+      return rc;
+    }
+    if (g) {
+      gpu_leave(g, prev);
+      state_free(g);
+    }
+    return rc;
+  }
   gpu_leave(g, prev);
   ctx->gpu = g;
   *out = g;
   return HORA_SUCCESS;
-
-fail_dev:
-  gpu_leave(g, prev);
-fail:
-  state_free(g);
-  return rc;
 }
 
 /* ---- helpers shared by the hooks ---- */
@@ -366,22 +382,21 @@ static hora_result_t hook_allgatherv(hora_ctx_t *ctx, const void *sendbuf, size_
 
 static hora_result_t hook_allgather(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
                                     hora_dtype_t dtype) {
-  size_t *counts = malloc((size_t)ctx->size * sizeof *counts);
-  if (!counts) return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_allgather: out of memory");
-  for (int i = 0; i < ctx->size; i++) counts[i] = count;
-  hora_result_t rc;
-  {
-    ENTER("hora_allgather");
+  ENTER("hora_allgather");
 #if HORA_HAVE_NCCL
-    if (g->path == HORA_GPU_PATH_NCCL) rc_ = hora__nccl_allgatherv(ctx, g, sendbuf, recvbuf, counts, dtype);
-    else
+  if (g->path == HORA_GPU_PATH_NCCL) {
+    size_t *counts = malloc((size_t)ctx->size * sizeof *counts);
+    if (!counts) {
+      rc_ = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_allgather: out of memory");
+    } else {
+      for (int i = 0; i < ctx->size; i++) counts[i] = count;
+      rc_ = hora__nccl_allgatherv(ctx, g, sendbuf, recvbuf, counts, dtype);
+      free(counts);
+    }
+  } else
 #endif
-      rc_ = hora__staged_allgather(ctx, g, sendbuf, recvbuf, count, dtype);
-    gpu_leave(g, prev_);
-    rc = rc_;
-  }
-  free(counts);
-  return rc;
+    rc_ = hora__staged_allgather(ctx, g, sendbuf, recvbuf, count, dtype);
+  LEAVE();
 }
 
 static hora_result_t hook_reducescatter(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t recvcount,
@@ -420,6 +435,39 @@ static hora_result_t hook_alltoall(hora_ctx_t *ctx, const void *sendbuf, void *r
   return rc;
 }
 
+/* This rank's GPU; HORA_SUCCESS with *dev = -1 when it sees none. Local. */
+static hora_result_t pick_device(hora_ctx_t *ctx, int *dev) {
+  *dev = -1;
+  int ndev = 0;
+  cudaError_t e = cudaGetDeviceCount(&ndev);
+  if (e != cudaSuccess || ndev == 0) {
+    HORA_INFO(CUDA, "no GPU visible (%s): device buffers are not available on this rank",
+              e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    cudaGetLastError(); /* clear the sticky "no device" error for later callers */
+    return HORA_SUCCESS;
+  }
+  const hora_params_t *p = hora__params();
+  int d;
+  if (p->device >= 0) {
+    if (p->device >= ndev) {
+      const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+      return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
+                      "HORA_DEVICE=%lld but this rank sees only %d GPU%s (CUDA_VISIBLE_DEVICES=%s)",
+                      (long long)p->device, ndev, ndev == 1 ? "" : "s", cvd ? cvd : "(unset)");
+    }
+    d = (int)p->device;
+  } else {
+    d = ctx->local_rank % ndev;
+  }
+  HORA_CUDA_CHECK(cudaSetDevice(d));
+  char bus[32] = "?";
+  cudaDeviceGetPCIBusId(bus, sizeof bus, d);
+  HORA_INFO(CUDA, "rank %d (local rank %d) uses GPU %d of %d (PCI %s)%s", ctx->rank, ctx->local_rank, d,
+            ndev, bus, p->device >= 0 ? " from HORA_DEVICE" : ", local rank modulo GPU count");
+  *dev = d;
+  return HORA_SUCCESS;
+}
+
 hora_result_t hora__gpu_on_init(hora_ctx_t *ctx) {
   hora__gpu_hooks.allreduce = hook_allreduce;
   hora__gpu_hooks.broadcast = hook_broadcast;
@@ -428,33 +476,10 @@ hora_result_t hora__gpu_on_init(hora_ctx_t *ctx) {
   hora__gpu_hooks.reducescatter = hook_reducescatter;
   hora__gpu_hooks.alltoall = hook_alltoall;
   hora__gpu_hooks.alltoallv = hook_alltoallv;
-
-  int ndev = 0;
-  cudaError_t e = cudaGetDeviceCount(&ndev);
-  if (e != cudaSuccess || ndev == 0) {
-    HORA_INFO(CUDA, "no GPU visible (%s): device buffers are not available on this rank",
-              e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-    return HORA_SUCCESS;
-  }
-  const hora_params_t *p = hora__params();
   int dev;
-  if (p->device >= 0) {
-    if (p->device >= ndev) {
-      const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
-      return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
-                      "HORA_DEVICE=%lld but this rank sees only %d GPU%s (CUDA_VISIBLE_DEVICES=%s)",
-                      (long long)p->device, ndev, ndev == 1 ? "" : "s", cvd ? cvd : "(unset)");
-    }
-    dev = (int)p->device;
-  } else {
-    dev = ctx->local_rank % ndev;
-  }
-  HORA_CUDA_CHECK(cudaSetDevice(dev));
-  ctx->device = dev;
-  char bus[32] = "?";
-  cudaDeviceGetPCIBusId(bus, sizeof bus, dev);
-  HORA_INFO(CUDA, "rank %d (local rank %d) uses GPU %d of %d (PCI %s)%s", ctx->rank, ctx->local_rank, dev,
-            ndev, bus, p->device >= 0 ? " from HORA_DEVICE" : ", local rank modulo GPU count");
+  /* A bad HORA_DEVICE on one rank fails hora_init on every rank (instead of a hang later). */
+  HORA_CHECK(hora__agree(ctx, "hora_init (GPU selection)", pick_device(ctx, &dev)));
+  if (dev >= 0) ctx->device = dev;
   return HORA_SUCCESS;
 }
 
