@@ -339,6 +339,152 @@ static hora_result_t gpu_allreduce_body(hora_ctx_t *ctx, hora_gpu_t *g, const vo
   return hora__gpu_wait(ctx, g, g->stream, "hora_allreduce");
 }
 
+/* ---- async starts for the engine (see gpu.h) ---- */
+
+struct hora_gpu_pending {
+  hora_gpu_t *g;
+  cudaEvent_t done_ev; /* NULL when the op completed inside the start call */
+  hora_result_t rc;
+  int done;
+  double t0;
+};
+
+static hora_result_t start_nccl(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf, void *recvbuf, size_t count,
+                                hora_dtype_t dtype, hora_op_t op, double prescale, double postscale) {
+#if HORA_HAVE_NCCL
+  const char *comp = hora__params()->compression;
+  hora_dtype_t wire = dtype;
+  if (dtype == HORA_FLOAT32 && !strcmp(comp, "fp16")) wire = HORA_FLOAT16;
+  if (dtype == HORA_FLOAT32 && !strcmp(comp, "bf16")) wire = HORA_BFLOAT16;
+  const hora_op_t wire_op = op == HORA_AVERAGE ? HORA_SUM : op;
+  const void *src = sendbuf;
+  if (prescale != 1.0) {
+    HORA_CHECK(hora__scale_cuda(recvbuf, sendbuf, count, dtype, prescale, g->stream));
+    src = recvbuf;
+  }
+  if (wire != dtype) {
+    void *tmp = NULL;
+    HORA_CUDA_CHECK(cudaMallocAsync(&tmp, count * 2, g->stream));
+    hora_result_t rc = wire == HORA_FLOAT16 ? hora__cast_f32_to_f16_cuda(tmp, src, count, g->stream)
+                                            : hora__cast_f32_to_bf16_cuda(tmp, src, count, g->stream);
+    if (rc == HORA_SUCCESS) rc = hora__nccl_allreduce(ctx, g, tmp, tmp, count, wire, wire_op);
+    if (rc == HORA_SUCCESS)
+      rc = wire == HORA_FLOAT16 ? hora__cast_f16_to_f32_cuda(recvbuf, tmp, count, g->stream)
+                                : hora__cast_bf16_to_f32_cuda(recvbuf, tmp, count, g->stream);
+    cudaFreeAsync(tmp, g->stream);
+    HORA_CHECK(rc);
+  } else {
+    HORA_CHECK(hora__nccl_allreduce(ctx, g, src, recvbuf, count, dtype, wire_op));
+  }
+  return finish_scale(ctx, g, recvbuf, count, dtype, op, postscale);
+#else
+  (void)ctx, (void)g, (void)sendbuf, (void)recvbuf, (void)count, (void)dtype, (void)op, (void)prescale, (void)postscale;
+  return HORA_ERR(HORA_ERR_INTERNAL, "NCCL path without NCCL");
+#endif
+}
+
+hora_result_t hora__gpu_allreduce_start(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
+                                        hora_dtype_t dtype, hora_op_t op, double prescale, double postscale,
+                                        hora_gpu_pending_t **out) {
+  hora_gpu_t *g;
+  HORA_CHECK(hora__gpu_state(ctx, &g));
+  hora_gpu_pending_t *p = calloc(1, sizeof *p);
+  if (!p) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+  p->g = g;
+  p->t0 = hora__now_s();
+  int prev;
+  hora_result_t rc = hora__gpu_enter(g, &prev);
+  if (rc != HORA_SUCCESS) {
+    free(p);
+    return rc;
+  }
+  if (count == 0) {
+    p->done = 1;
+  } else if (g->path != HORA_GPU_PATH_NCCL || (op == HORA_AVERAGE && !is_float(dtype))) {
+    /* MPI-driven paths and integer averages: complete inside the call. */
+    rc = gpu_allreduce_body(ctx, g, sendbuf, recvbuf, count, dtype, op, prescale, postscale);
+    p->done = 1;
+  } else {
+    rc = start_nccl(ctx, g, sendbuf, recvbuf, count, dtype, op, prescale, postscale);
+    if (rc == HORA_SUCCESS) {
+      cudaError_t e = cudaEventCreateWithFlags(&p->done_ev, cudaEventDisableTiming);
+      if (e == cudaSuccess) e = cudaEventRecord(p->done_ev, g->stream);
+      if (e != cudaSuccess) rc = hora__cuda_error(e, "recording the completion event", __FILE__, __LINE__);
+    }
+  }
+  gpu_leave(g, prev);
+  if (rc != HORA_SUCCESS) {
+    if (p->done_ev) cudaEventDestroy(p->done_ev);
+    free(p);
+    return rc;
+  }
+  *out = p;
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__gpu_pending_poll(hora_ctx_t *ctx, hora_gpu_pending_t *p, int *done) {
+  (void)ctx;
+  if (p->done) {
+    *done = 1;
+    return p->rc;
+  }
+  *done = 0;
+  cudaError_t e = cudaEventQuery(p->done_ev);
+  if (e == cudaSuccess) {
+    p->done = 1;
+    *done = 1;
+    return p->rc = HORA_SUCCESS;
+  }
+  if (e != cudaErrorNotReady) {
+    p->done = 1;
+    *done = 1;
+    return p->rc = hora__cuda_error(e, "device allreduce", __FILE__, __LINE__);
+  }
+#if HORA_HAVE_NCCL
+  hora_gpu_t *g = p->g;
+  ncclResult_t ae = ncclSuccess;
+  if (g->nccl) ncclCommGetAsyncError(g->nccl, &ae);
+  const double timeout = hora__params()->peer_timeout_s;
+  int timed_out = timeout > 0 && hora__now_s() - p->t0 > timeout;
+  if ((ae != ncclSuccess && ae != ncclInProgress) || timed_out || g->nccl_dead) {
+    if (g->nccl) ncclCommAbort(g->nccl);
+    g->nccl = NULL;
+    g->nccl_dead = 1;
+    p->done = 1;
+    *done = 1;
+    if (timed_out)
+      return p->rc = HORA_ERR(HORA_ERR_TIMEOUT, "device allreduce did not finish within HORA_PEER_TIMEOUT_S=%g s; "
+                                                "the NCCL communicator was aborted", timeout);
+    return p->rc = HORA_ERR(HORA_ERR_REMOTE, "device allreduce: NCCL failed (%s); the communicator was aborted",
+                            ae != ncclSuccess ? ncclGetErrorString(ae) : "aborted earlier");
+  }
+#endif
+  return HORA_SUCCESS;
+}
+
+void hora__gpu_pending_free(hora_ctx_t *ctx, hora_gpu_pending_t *p) {
+  if (!p) return;
+  int done = p->done;
+  while (!done) {
+    hora__gpu_pending_poll(ctx, p, &done);
+    if (!done) sched_yield();
+  }
+  if (p->done_ev) cudaEventDestroy(p->done_ev);
+  free(p);
+}
+
+hora_result_t hora__gpu_batched_copy(hora_ctx_t *ctx, const hora_copy_desc_t *descs, size_t n) {
+  hora_gpu_t *g = ctx->gpu;
+  if (!g)
+    return HORA_ERR(HORA_ERR_INTERNAL, "device batched copy before the GPU state exists (hora__gpu_state is "
+                                       "collective: create it when the ranks agree on the first device tensor)");
+  int prev;
+  HORA_CHECK(hora__gpu_enter(g, &prev));
+  hora_result_t rc = hora__batched_copy_cuda(descs, n, g->stream);
+  gpu_leave(g, prev);
+  return rc;
+}
+
 /* ---- the hooks (arguments already validated by algo/coll.c) ---- */
 
 #define ENTER(fn)                         \

@@ -19,6 +19,7 @@
 
 #include "hora/config.h"
 #include "core/ctx.h"
+#include "hora_kernels.h"
 
 /* Called by hora_init after the layout is known and before optional services start: choose the
  * GPU (HORA_DEVICE, else local rank modulo the visible GPU count), make it current on the calling
@@ -110,6 +111,30 @@ hora_result_t hora__staged_reducescatter(hora_ctx_t *ctx, hora_gpu_t *g, const v
 hora_result_t hora__staged_alltoallv(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf,
                                      const size_t *sendcounts, void *recvbuf, const size_t *recvcounts,
                                      hora_dtype_t dtype);
+
+/* ---- for the async engine: start a device allreduce without waiting for the GPU ----
+ * hora__gpu_allreduce_start: collective like hora_allreduce (same arguments, already validated;
+ * every rank starts the same allreduces in the same order). On the NCCL path everything (prescale,
+ * compression casts, ncclAllReduce, average/postscale) is enqueued on the context's stream and an
+ * event recorded after it; the call returns without waiting for the GPU. The staged and naive
+ * paths (MPI-driven) and integer averages (a host division) run to completion inside the call and
+ * the pending op is already done. Compression scratch is per op (cudaMallocAsync/cudaFreeAsync on
+ * the stream), so several ops may be in flight. On error no pending op is created.
+ * hora__gpu_pending_poll: local, non-blocking: *done = 1 once the GPU finished; returns the op's
+ * result (HORA_ERR_TIMEOUT after HORA_PEER_TIMEOUT_S from the start, HORA_ERR_REMOTE/NCCL when NCCL
+ * reports an asynchronous error; the communicator is then aborted).
+ * hora__gpu_pending_free: NULL is a no-op; waits for the op if it is still running.
+ * hora__gpu_batched_copy: hora__batched_copy_cuda on the context's stream (fusion pack/unpack),
+ * ordered with the allreduces started before and after it. Local, but the GPU state must exist
+ * (HORA_ERR_INTERNAL otherwise): create it with hora__gpu_state at a point where every rank does. Not thread-safe for one context: the
+ * engine thread is the only caller while it runs. */
+typedef struct hora_gpu_pending hora_gpu_pending_t;
+hora_result_t hora__gpu_allreduce_start(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
+                                        hora_dtype_t dtype, hora_op_t op, double prescale, double postscale,
+                                        hora_gpu_pending_t **out);
+hora_result_t hora__gpu_pending_poll(hora_ctx_t *ctx, hora_gpu_pending_t *p, int *done);
+void hora__gpu_pending_free(hora_ctx_t *ctx, hora_gpu_pending_t *p);
+hora_result_t hora__gpu_batched_copy(hora_ctx_t *ctx, const hora_copy_desc_t *descs, size_t n);
 
 #if HORA_HAVE_NCCL
 /* NCCL forms (comm/nccl.c): enqueue on g->stream and wait (hora__gpu_wait). */
