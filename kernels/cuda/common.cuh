@@ -15,8 +15,11 @@
 
 #include "hora_kernels.h"
 
-/* Provided by runtime/core (log.c): records the thread's last error message and returns rc. */
-extern "C" hora_result_t hora__error(hora_result_t rc, const char *file, int line, const char *fmt, ...);
+/* Provided by runtime/core (log.c): records the thread's last error message and returns rc. Weak,
+ * so that a program linking the kernels without libhora's core still links (then the codes come
+ * back without a message). */
+extern "C" hora_result_t hora__error(hora_result_t rc, const char *file, int line, const char *fmt, ...)
+    __attribute__((weak));
 
 namespace hora_cuda {
 
@@ -44,6 +47,7 @@ static inline unsigned blocks_for(size_t work) {
 static inline hora_result_t check_launch(const char *what, const char *file, int line) {
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) return HORA_SUCCESS;
+  if (!hora__error) return HORA_ERR_CUDA;
   return hora__error(HORA_ERR_CUDA, file, line, "%s: kernel launch failed: %s (%s)", what,
                      cudaGetErrorString(e), cudaGetErrorName(e));
 }
@@ -51,6 +55,7 @@ static inline hora_result_t check_launch(const char *what, const char *file, int
 
 static inline hora_result_t check_call(cudaError_t e, const char *what, const char *file, int line) {
   if (e == cudaSuccess) return HORA_SUCCESS;
+  if (!hora__error) return HORA_ERR_CUDA;
   return hora__error(HORA_ERR_CUDA, file, line, "%s failed: %s (%s)", what, cudaGetErrorString(e),
                      cudaGetErrorName(e));
 }
