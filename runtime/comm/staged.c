@@ -13,20 +13,26 @@
  * HORA_STAGED_SLOTS items are in flight at once, each in its own slot of pinned send/receive
  * buffers and a device temporary:
  *
- *   d2h stream:   [wait for item i-nc] D2H chunk -> h_send[slot]    (ev_d2h)
- *   MPI:          Irecv h_recv[slot] <- left       Isend h_send[slot] -> right (after ev_d2h)
- *   main stream:  H2D h_recv[slot] -> d_tmp[slot]; reduce buf += d_tmp   (allgather: H2D to buf)
- *                 (ev_h2d)
+ *   reduce-scatter item:
+ *     d2h stream:   [wait for item i-nc] D2H chunk -> h_send[slot]       (ev_d2h)
+ *     MPI:          Irecv h_recv[slot] <- left     Isend h_send[slot] -> right (after ev_d2h)
+ *     main stream:  H2D h_recv[slot] -> d_tmp[slot]; reduce buf += d_tmp (ev_h2d)
+ *   allgather item (h_whole: a pinned copy of the whole buffer, each block at its final place):
+ *     step 0:       D2H own reduced chunk -> h_whole, Isend from there
+ *     step s > 0:   Isend straight from h_whole what item i-nc received (no device copy)
+ *     MPI:          Irecv h_whole[chunk] <- left
+ *     main stream:  H2D h_whole[chunk] -> buf                               (ev_h2d)
  *
  * so the copies in both directions, the network and the reduce kernel of different chunks run at
- * the same time. Item i sends what item i-nc (same chunk, previous step) received, hence the wait
+ * the same time. Item i sends what item i-nc (same chunk, previous step) produced, hence the wait
  * on ev_h2d of i-nc (nc = chunks per block). Items retire in order; item i is started once item
  * i-SLOTS has retired, so its slot is free. Messages between two ranks are matched in order on a
  * communicator of their own (a dup of the world).
  *
- * Cost per rank: 2(n-1)/n * bytes over the network and over PCIe in each direction (like the host
- * ring), plus one chunk of latency per stage to fill the pipeline. The naive path instead copies
- * the whole buffer to the host, runs MPI_Allreduce and copies it back: nothing overlaps.
+ * Cost per rank: 2(n-1)/n * bytes over the network (like the host ring); over PCIe, bytes D2H
+ * ((n-1)/n in the reduce-scatter, 1/n for the own block) and 2(n-1)/n H2D; plus one chunk of
+ * latency per stage to fill the pipeline. The naive path copies the whole buffer to the host,
+ * runs MPI_Allreduce and copies it back: the same D2H bytes, but nothing overlaps.
  *
  * The other collectives take the simple route (whole buffer to pinned host memory, the host
  * collective of algo/coll.c, back to the device); only allreduce, the training hot path, is
@@ -47,6 +53,7 @@
 typedef struct {
   size_t item;
   int d2h_posted, sent, recvd;
+  int host_ready; /* the send data is already in host memory (allgather forwarding): no D2H */
   MPI_Request sreq, rreq;
 } slot_t;
 
@@ -63,7 +70,7 @@ typedef struct {
 
 /* The chunk an item sends and receives: element offsets and lengths, and whether it reduces. */
 static void item_geom(const ring_t *R, size_t i, size_t *soff, size_t *slen, size_t *roff, size_t *rlen,
-                      int *reduce) {
+                      int *reduce, int *step) {
   size_t per_phase = (size_t)(R->n - 1) * R->nc;
   int ag = i >= per_phase;
   size_t j = ag ? i - per_phase : i;
@@ -82,6 +89,7 @@ static void item_geom(const ring_t *R, size_t i, size_t *soff, size_t *slen, siz
   *roff = o < b1 ? o : b1;
   *rlen = o < b1 ? (b1 - o < R->ce ? b1 - o : R->ce) : 0;
   *reduce = !ag;
+  *step = s;
 }
 
 static void cancel_all(slot_t *sl, size_t from, size_t to) {
@@ -116,13 +124,15 @@ hora_result_t hora__staged_allreduce(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, 
     HORA_CHECK(hora__gpu_dev_buf(g, &g->d_tmp, &c3, slot_bytes * HORA_STAGED_SLOTS));
     g->slot_bytes = slot_bytes;
   }
+  /* The allgather phase lands every block at its final place in a whole-buffer pinned area. */
+  HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, count * es));
   /* Everything enqueued on the main stream so far (prescale, copies, casts) precedes the D2H. */
   HORA_CUDA_CHECK(cudaEventRecord(g->ev_h2d[0], g->stream));
   HORA_CUDA_CHECK(cudaStreamWaitEvent(g->d2h, g->ev_h2d[0], 0));
 
   const int left = (R.r - 1 + R.n) % R.n, right = (R.r + 1) % R.n;
   char *const d = buf;
-  char *const hs = g->h_send, *const hr = g->h_recv, *const dt = g->d_tmp;
+  char *const hs = g->h_send, *const hr = g->h_recv, *const dt = g->d_tmp, *const hw = g->h_whole;
   slot_t sl[HORA_STAGED_SLOTS];
   for (int k = 0; k < HORA_STAGED_SLOTS; k++) {
     sl[k].sreq = sl[k].rreq = MPI_REQUEST_NULL;
@@ -141,11 +151,13 @@ hora_result_t hora__staged_allreduce(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, 
       slot_t *s = &sl[started % HORA_STAGED_SLOTS];
       size_t so, sn, ro, rn;
       int red;
-      item_geom(&R, started, &so, &sn, &ro, &rn, &red);
+      int step;
+      item_geom(&R, started, &so, &sn, &ro, &rn, &red, &step);
       s->item = started;
-      s->d2h_posted = s->sent = s->recvd = 0;
-      int mrc = MPI_Irecv(hr + (started % HORA_STAGED_SLOTS) * slot_bytes, (int)(rn * es), MPI_BYTE, left,
-                          STAGED_TAG, g->comm, &s->rreq);
+      s->d2h_posted = s->sent = s->recvd = s->host_ready = 0;
+      /* Reduce-scatter receives into the slot; allgather straight into its final place in hw. */
+      char *rp = red ? hr + (started % HORA_STAGED_SLOTS) * slot_bytes : hw + ro * es;
+      int mrc = MPI_Irecv(rp, (int)(rn * es), MPI_BYTE, left, STAGED_TAG, g->comm, &s->rreq);
       if (mrc != MPI_SUCCESS) {
         rc = hora__mpi_error(mrc, "MPI_Irecv (staged ring)", __FILE__, __LINE__);
         goto fail;
@@ -158,7 +170,21 @@ hora_result_t hora__staged_allreduce(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, 
       slot_t *s = &sl[k];
       size_t so, sn, ro, rn;
       int red;
-      item_geom(&R, i, &so, &sn, &ro, &rn, &red);
+      int step;
+      item_geom(&R, i, &so, &sn, &ro, &rn, &red, &step);
+      /* Send data: reduce-scatter and the first allgather step copy it from the device (into the
+       * slot, or into hw at its final place); later allgather steps forward what item i-nc
+       * received into hw, without touching the device. */
+      const int forward = !red && step > 0;
+      char *sp = red ? hs + k * slot_bytes : hw + so * es;
+      char *rp = red ? hr + k * slot_bytes : hw + ro * es;
+      if (!s->d2h_posted && forward) {
+        if ((i - R.nc < retired || sl[(i - R.nc) % HORA_STAGED_SLOTS].recvd) &&
+            (i == retired || sl[(i - 1) % HORA_STAGED_SLOTS].d2h_posted)) {
+          s->d2h_posted = s->host_ready = 1;
+          progress = 1;
+        }
+      }
       if (!s->d2h_posted) {
         /* Input: what item i-nc received (already retired, or at least its H2D enqueued). */
         int ready = 1;
@@ -175,7 +201,7 @@ hora_result_t hora__staged_allreduce(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, 
         }
         /* Keep the D2H order equal to the item order: the send order on the wire depends on it. */
         if (ready && (i == retired || sl[(i - 1) % HORA_STAGED_SLOTS].d2h_posted)) {
-          cudaError_t e = cudaMemcpyAsync(hs + k * slot_bytes, d + so * es, sn * es, cudaMemcpyDeviceToHost, g->d2h);
+          cudaError_t e = cudaMemcpyAsync(sp, d + so * es, sn * es, cudaMemcpyDeviceToHost, g->d2h);
           if (e == cudaSuccess) e = cudaEventRecord(g->ev_d2h[k], g->d2h);
           if (e != cudaSuccess) {
             rc = hora__cuda_error(e, "D2H copy (staged ring)", __FILE__, __LINE__);
@@ -186,9 +212,9 @@ hora_result_t hora__staged_allreduce(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, 
         }
       }
       if (s->d2h_posted && !s->sent && (i == retired || sl[(i - 1) % HORA_STAGED_SLOTS].sent)) {
-        cudaError_t e = cudaEventQuery(g->ev_d2h[k]);
+        cudaError_t e = s->host_ready ? cudaSuccess : cudaEventQuery(g->ev_d2h[k]);
         if (e == cudaSuccess) {
-          int mrc = MPI_Isend(hs + k * slot_bytes, (int)(sn * es), MPI_BYTE, right, STAGED_TAG, g->comm, &s->sreq);
+          int mrc = MPI_Isend(sp, (int)(sn * es), MPI_BYTE, right, STAGED_TAG, g->comm, &s->sreq);
           if (mrc != MPI_SUCCESS) {
             rc = hora__mpi_error(mrc, "MPI_Isend (staged ring)", __FILE__, __LINE__);
             goto fail;
@@ -211,13 +237,13 @@ hora_result_t hora__staged_allreduce(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, 
           cudaError_t e;
           char *dst = d + ro * es;
           if (red) {
-            e = cudaMemcpyAsync(dt + k * slot_bytes, hr + k * slot_bytes, rn * es, cudaMemcpyHostToDevice, g->stream);
+            e = cudaMemcpyAsync(dt + k * slot_bytes, rp, rn * es, cudaMemcpyHostToDevice, g->stream);
             if (e == cudaSuccess) {
               rc = hora__reduce_cuda(dst, dst, dt + k * slot_bytes, rn, dtype, op, g->stream);
               if (rc != HORA_SUCCESS) goto fail;
             }
           } else {
-            e = cudaMemcpyAsync(dst, hr + k * slot_bytes, rn * es, cudaMemcpyHostToDevice, g->stream);
+            e = cudaMemcpyAsync(dst, rp, rn * es, cudaMemcpyHostToDevice, g->stream);
           }
           if (e == cudaSuccess) e = cudaEventRecord(g->ev_h2d[k], g->stream);
           if (e != cudaSuccess) {
