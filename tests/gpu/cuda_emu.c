@@ -56,7 +56,10 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
   (void)device;
   memset(prop, 0, sizeof *prop);
   snprintf(prop->name, sizeof prop->name, "emulated GPU");
-  memset(prop->uuid.bytes, 0x42, sizeof prop->uuid.bytes); /* every rank: the same GPU */
+  /* Every rank the same GPU (ranks share it), or with HORA_EMU_DISTINCT_GPUS set one GPU per rank. */
+  memset(prop->uuid.bytes, 0x42, sizeof prop->uuid.bytes);
+  const char *r = getenv("OMPI_COMM_WORLD_RANK");
+  if (getenv("HORA_EMU_DISTINCT_GPUS") && r) prop->uuid.bytes[0] = (char)atoi(r);
   prop->major = 9;
   prop->multiProcessorCount = 80;
   return cudaSuccess;
@@ -71,6 +74,15 @@ static void *xalloc(size_t n) {
 }
 cudaError_t cudaMalloc(void **p, size_t n) { return (*p = xalloc(n)) ? cudaSuccess : cudaErrorMemoryAllocation; }
 cudaError_t cudaMallocHost(void **p, size_t n) { return (*p = xalloc(n)) ? cudaSuccess : cudaErrorMemoryAllocation; }
+cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
+  (void)s;
+  return cudaMalloc(p, n);
+}
+cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
+  (void)s;
+  free(p);
+  return cudaSuccess;
+}
 cudaError_t cudaFree(void *p) {
   free(p);
   return cudaSuccess;
