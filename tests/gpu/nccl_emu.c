@@ -79,6 +79,10 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
   *comm = c;
   return maybe_in_progress();
 }
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+  ncclResult_t r = ncclCommInitRankConfig(comm, nranks, id, rank, NULL);
+  return r == ncclInProgress ? ncclSuccess : r; /* blocking communicator */
+}
 static void comm_free(ncclComm_t c) {
   if (!c) return;
   MPI_Comm_free(&c->comm);
