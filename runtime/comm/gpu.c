@@ -21,9 +21,12 @@
 
 #if !HORA_HAVE_CUDA
 
+/* No device path: the hooks stay NULL and device buffers are HORA_ERR_NOT_SUPPORTED. */
+hora_gpu_hooks_t hora__gpu_hooks;
+
 hora_result_t hora__gpu_on_init(hora_ctx_t *ctx) {
   (void)ctx;
-  return HORA_SUCCESS; /* hora__gpu_hooks stay NULL: device buffers are HORA_ERR_NOT_SUPPORTED */
+  return HORA_SUCCESS;
 }
 
 #else
@@ -614,14 +617,18 @@ static hora_result_t pick_device(hora_ctx_t *ctx, int *dev) {
   return HORA_SUCCESS;
 }
 
+/* The table algo/coll.c routes device buffers through. */
+hora_gpu_hooks_t hora__gpu_hooks = {
+    .allreduce = hook_allreduce,
+    .broadcast = hook_broadcast,
+    .allgather = hook_allgather,
+    .allgatherv = hook_allgatherv,
+    .reducescatter = hook_reducescatter,
+    .alltoall = hook_alltoall,
+    .alltoallv = hook_alltoallv,
+};
+
 hora_result_t hora__gpu_on_init(hora_ctx_t *ctx) {
-  hora__gpu_hooks.allreduce = hook_allreduce;
-  hora__gpu_hooks.broadcast = hook_broadcast;
-  hora__gpu_hooks.allgather = hook_allgather;
-  hora__gpu_hooks.allgatherv = hook_allgatherv;
-  hora__gpu_hooks.reducescatter = hook_reducescatter;
-  hora__gpu_hooks.alltoall = hook_alltoall;
-  hora__gpu_hooks.alltoallv = hook_alltoallv;
   int dev;
   /* A bad HORA_DEVICE on one rank fails hora_init on every rank (instead of a hang later). */
   HORA_CHECK(hora__agree(ctx, "hora_init (GPU selection)", pick_device(ctx, &dev)));

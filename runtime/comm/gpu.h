@@ -1,8 +1,9 @@
 /* runtime/comm: device-buffer collectives (CUDA, NCCL, MPI staged through pinned host memory).
  *
  * Who calls what:
- *   hora_init (core/ctx.c) -> hora__gpu_on_init: picks this rank's GPU and installs
- *     hora__gpu_hooks (algo/coll.h), so the public blocking collectives accept HORA_DEVICE_CUDA.
+ *   algo/coll.c routes HORA_DEVICE_CUDA buffers through hora__gpu_hooks (algo/coll.h), which
+ *     gpu.c defines: linking any collective links this module.
+ *   hora_init (core/ctx.c) -> hora__gpu_on_init (a weak reference there): picks this rank's GPU.
  *   first device collective -> gpu_state(): collective creation of the per-context state (ctx->gpu):
  *     a dup of the world for staged traffic, two CUDA streams, events, the path (nccl | staged |
  *     naive) agreed by every rank. The NCCL communicator is made on first NCCL use.
@@ -23,7 +24,7 @@
 
 /* Called by hora_init after the layout is known and before optional services start: choose the
  * GPU (HORA_DEVICE, else local rank modulo the visible GPU count), make it current on the calling
- * thread, record it in ctx->device, log it, and install the device hooks. Local (no MPI). A rank
+ * thread, record it in ctx->device and log it. Collective (agrees on errors over the world). A rank
  * without a visible GPU keeps ctx->device as core set it. Errors: HORA_ERR_INVALID_ARGUMENT when
  * HORA_DEVICE names a GPU that is not visible; HORA_ERR_CUDA when cudaSetDevice fails. Builds
  * without CUDA: no-op. */

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/gpu.h"
 #include "core/ctx.h"
 #include "trace/trace.h"
 
@@ -188,6 +187,9 @@ static hora_result_t check_world(hora_ctx_t *c, const hora_params_t *p, int mpir
   return HORA_SUCCESS;
 }
 
+/* runtime/comm/gpu.h */
+hora_result_t hora__gpu_on_init(hora_ctx_t *ctx) __attribute__((weak));
+
 static void ctx_free_comms(hora_ctx_t *c) {
   if (c->cross != MPI_COMM_NULL) MPI_Comm_free(&c->cross);
   if (c->local != MPI_COMM_NULL) MPI_Comm_free(&c->local);
@@ -264,8 +266,10 @@ HORA_EXPORT hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t 
   if (!(opts && opts->mpi_comm)) HORA_CHECK_GOTO(check_world(c, p, mpirun_started), rc, fail_ctx);
   HORA_CHECK_GOTO(build_layout(c, p), rc, fail_ctx);
   if (p->device >= 0) c->device = (int)p->device;
-  /* The GPU of this rank and the device-buffer hooks (runtime/comm; a no-op without CUDA). */
-  HORA_CHECK_GOTO(hora__gpu_on_init(c), rc, fail_ctx);
+  /* The GPU of this rank (runtime/comm; a no-op without CUDA). Weak: comm/gpu.c is linked into
+   * every program that links a collective (it defines hora__gpu_hooks, which algo/coll.c uses),
+   * and programs built from core alone (the record fuzzer) need none of it. */
+  if (hora__gpu_on_init) HORA_CHECK_GOTO(hora__gpu_on_init(c), rc, fail_ctx);
   if (!live_add(c)) {
     rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: more than %d live contexts", MAX_LIVE);
     goto fail_ctx;
