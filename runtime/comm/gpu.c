@@ -490,6 +490,37 @@ hora_result_t hora__gpu_batched_copy(hora_ctx_t *ctx, const hora_copy_desc_t *de
 
 /* ---- the hooks (arguments already validated by algo/coll.c) ---- */
 
+/* A buffer passed as HORA_DEVICE_CUDA must be device (or managed) memory of this rank's GPU: host
+ * memory would make NCCL or a kernel fault. Local check (cudaPointerGetAttributes, no sync); like
+ * the host path's argument checks it is not agreed across ranks, so the other ranks of a
+ * collective whose one rank fails it wait until HORA_PEER_TIMEOUT_S. */
+static hora_result_t check_dev(hora_gpu_t *g, const char *fn, const char *what, const void *p, size_t bytes) {
+  if (!bytes) return HORA_SUCCESS;
+  struct cudaPointerAttributes a;
+  memset(&a, 0, sizeof a);
+  cudaError_t e = cudaPointerGetAttributes(&a, p);
+  if (e != cudaSuccess) {
+    cudaGetLastError(); /* not sticky: clear it */
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: %s (%p) is not CUDA memory (%s) but device is HORA_DEVICE_CUDA",
+                    fn, what, p, cudaGetErrorString(e));
+  }
+  if (a.type == cudaMemoryTypeManaged) return HORA_SUCCESS;
+  if (a.type != cudaMemoryTypeDevice)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: %s (%p) is host memory but device is HORA_DEVICE_CUDA", fn, what, p);
+  if (a.device != g->device)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: %s (%p) is memory of GPU %d but this rank uses GPU %d "
+                    "(hora_device_index)", fn, what, p, a.device, g->device);
+  return HORA_SUCCESS;
+}
+#define CHECK_DEV(fn, what, p, bytes)                           \
+  do {                                                          \
+    hora_result_t cd_ = check_dev(g, (fn), (what), (p), (bytes)); \
+    if (cd_ != HORA_SUCCESS) {                                  \
+      gpu_leave(g, prev_);                                      \
+      return cd_;                                               \
+    }                                                           \
+  } while (0)
+
 #define ENTER(fn)                         \
   hora_gpu_t *g;                          \
   HORA_CHECK(hora__gpu_state(ctx, &g));   \
@@ -504,12 +535,16 @@ hora_result_t hora__gpu_batched_copy(hora_ctx_t *ctx, const hora_copy_desc_t *de
 static hora_result_t hook_allreduce(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
                                     hora_dtype_t dtype, hora_op_t op, double prescale, double postscale) {
   ENTER("hora_allreduce");
+  size_t bytes = count * hora__dtype_size(dtype);
+  CHECK_DEV("hora_allreduce", "sendbuf", sendbuf, bytes);
+  CHECK_DEV("hora_allreduce", "recvbuf", recvbuf, bytes);
   rc_ = count ? gpu_allreduce_body(ctx, g, sendbuf, recvbuf, count, dtype, op, prescale, postscale) : HORA_SUCCESS;
   LEAVE();
 }
 
 static hora_result_t hook_broadcast(hora_ctx_t *ctx, void *buf, size_t count, hora_dtype_t dtype, int root) {
   ENTER("hora_broadcast");
+  CHECK_DEV("hora_broadcast", "buf", buf, count * hora__dtype_size(dtype));
   if (count == 0 || ctx->size == 1) rc_ = HORA_SUCCESS;
 #if HORA_HAVE_NCCL
   else if (g->path == HORA_GPU_PATH_NCCL) rc_ = hora__nccl_broadcast(ctx, g, buf, count, dtype, root);
@@ -521,6 +556,10 @@ static hora_result_t hook_broadcast(hora_ctx_t *ctx, void *buf, size_t count, ho
 static hora_result_t hook_allgatherv(hora_ctx_t *ctx, const void *sendbuf, size_t sendcount, void *recvbuf,
                                      const size_t *recvcounts, hora_dtype_t dtype) {
   ENTER("hora_allgatherv");
+  size_t total = 0;
+  for (int i = 0; i < ctx->size; i++) total += recvcounts[i];
+  CHECK_DEV("hora_allgatherv", "sendbuf", sendbuf, sendcount * hora__dtype_size(dtype));
+  CHECK_DEV("hora_allgatherv", "recvbuf", recvbuf, total * hora__dtype_size(dtype));
 #if HORA_HAVE_NCCL
   if (g->path == HORA_GPU_PATH_NCCL) rc_ = hora__nccl_allgatherv(ctx, g, sendbuf, recvbuf, recvcounts, dtype);
   else
@@ -532,6 +571,8 @@ static hora_result_t hook_allgatherv(hora_ctx_t *ctx, const void *sendbuf, size_
 static hora_result_t hook_allgather(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
                                     hora_dtype_t dtype) {
   ENTER("hora_allgather");
+  CHECK_DEV("hora_allgather", "sendbuf", sendbuf, count * hora__dtype_size(dtype));
+  CHECK_DEV("hora_allgather", "recvbuf", recvbuf, count * (size_t)ctx->size * hora__dtype_size(dtype));
 #if HORA_HAVE_NCCL
   if (g->path == HORA_GPU_PATH_NCCL) {
     size_t *counts = malloc((size_t)ctx->size * sizeof *counts);
@@ -551,6 +592,8 @@ static hora_result_t hook_allgather(hora_ctx_t *ctx, const void *sendbuf, void *
 static hora_result_t hook_reducescatter(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t recvcount,
                                         hora_dtype_t dtype, hora_op_t op) {
   ENTER("hora_reducescatter");
+  CHECK_DEV("hora_reducescatter", "sendbuf", sendbuf, recvcount * (size_t)ctx->size * hora__dtype_size(dtype));
+  CHECK_DEV("hora_reducescatter", "recvbuf", recvbuf, recvcount * hora__dtype_size(dtype));
   if (recvcount == 0) rc_ = HORA_SUCCESS;
 #if HORA_HAVE_NCCL
   else if (g->path == HORA_GPU_PATH_NCCL) {
@@ -566,6 +609,13 @@ static hora_result_t hook_reducescatter(hora_ctx_t *ctx, const void *sendbuf, vo
 static hora_result_t hook_alltoallv(hora_ctx_t *ctx, const void *sendbuf, const size_t *sendcounts, void *recvbuf,
                                     const size_t *recvcounts, hora_dtype_t dtype) {
   ENTER("hora_alltoallv");
+  size_t stot = 0, rtot = 0;
+  for (int i = 0; i < ctx->size; i++) {
+    stot += sendcounts[i];
+    rtot += recvcounts[i];
+  }
+  CHECK_DEV("hora_alltoallv", "sendbuf", sendbuf, stot * hora__dtype_size(dtype));
+  CHECK_DEV("hora_alltoallv", "recvbuf", recvbuf, rtot * hora__dtype_size(dtype));
 #if HORA_HAVE_NCCL
   if (g->path == HORA_GPU_PATH_NCCL) rc_ = hora__nccl_alltoallv(ctx, g, sendbuf, sendcounts, recvbuf, recvcounts, dtype);
   else

@@ -226,7 +226,9 @@ hora_result_t hora_barrier(hora_ctx_t *ctx);
  * default stream; work on other streams must be complete before the call. The call returns when
  * the result is in recvbuf. HORA_COMPRESSION=fp16|bf16 sends float32 allreduce payloads as 16-bit
  * floats. The first device collective of a context creates its GPU state (collective).
- * Extra errors for device buffers: HORA_ERR_NOT_SUPPORTED (no CUDA in the build, some rank has no
+ * Extra errors for device buffers: HORA_ERR_INVALID_ARGUMENT (a buffer is host memory or memory of
+ * another GPU; checked locally, so the other ranks wait until HORA_PEER_TIMEOUT_S),
+ * HORA_ERR_NOT_SUPPORTED (no CUDA in the build, some rank has no
  * GPU, or HORA_GPU_PATH=nccl where NCCL cannot run; returned on every rank), HORA_ERR_CUDA (a CUDA
  * call or kernel failed), HORA_ERR_NCCL (NCCL failed), HORA_ERR_TIMEOUT (no completion within
  * HORA_PEER_TIMEOUT_S; the NCCL communicator is aborted), HORA_ERR_REMOTE (NCCL reported a remote

@@ -72,7 +72,39 @@ static void *xalloc(size_t n) {
   void *p = NULL;
   return posix_memalign(&p, 256, n ? n : 1) == 0 ? p : NULL;
 }
-cudaError_t cudaMalloc(void **p, size_t n) { return (*p = xalloc(n)) ? cudaSuccess : cudaErrorMemoryAllocation; }
+
+/* "Device" allocations, so that cudaPointerGetAttributes can tell them from host memory. */
+#define MAX_DEV_ALLOCS 4096
+static struct { char *p; size_t n; } dev_allocs[MAX_DEV_ALLOCS];
+static void dev_track(void *p, size_t n) {
+  for (int i = 0; i < MAX_DEV_ALLOCS; i++)
+    if (!dev_allocs[i].p) {
+      dev_allocs[i].p = p;
+      dev_allocs[i].n = n;
+      return;
+    }
+}
+static void dev_untrack(void *p) {
+  for (int i = 0; i < MAX_DEV_ALLOCS; i++)
+    if (dev_allocs[i].p == p) dev_allocs[i].p = NULL;
+}
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p) {
+  memset(a, 0, sizeof *a);
+  a->type = cudaMemoryTypeHost;
+  a->device = -1;
+  for (int i = 0; i < MAX_DEV_ALLOCS; i++)
+    if (dev_allocs[i].p && (const char *)p >= dev_allocs[i].p && (const char *)p < dev_allocs[i].p + dev_allocs[i].n) {
+      a->type = cudaMemoryTypeDevice;
+      a->device = 0;
+    }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **p, size_t n) {
+  if (!(*p = xalloc(n))) return cudaErrorMemoryAllocation;
+  dev_track(*p, n ? n : 1);
+  return cudaSuccess;
+}
 cudaError_t cudaMallocHost(void **p, size_t n) { return (*p = xalloc(n)) ? cudaSuccess : cudaErrorMemoryAllocation; }
 cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
   (void)s;
@@ -80,10 +112,12 @@ cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
 }
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
   (void)s;
+  dev_untrack(p);
   free(p);
   return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+  dev_untrack(p);
   free(p);
   return cudaSuccess;
 }

@@ -343,6 +343,16 @@ int main(int argc, char **argv) {
   test_reducescatter();
   test_movers();
   test_async();
+  if (size == 1) {
+    /* Host memory passed as device memory: a clear error, nothing written (1 rank: the check is
+     * local, a second rank would wait for this one). */
+    float host[4] = {1, 2, 3, 4};
+    EXPECT_RC(hora_allreduce(ctx, host, host, 4, HORA_FLOAT32, HORA_SUM, 1.0, 1.0, HORA_DEVICE_CUDA),
+              HORA_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(hora_last_error(), "host memory") != NULL, "message: %s", hora_last_error());
+    EXPECT(host[0] == 1 && host[3] == 4, "host buffer changed");
+    EXPECT_RC(hora_broadcast(ctx, host, 4, HORA_FLOAT32, 0, HORA_DEVICE_CUDA), HORA_ERR_INVALID_ARGUMENT);
+  }
 
   cudaFree(d_a);
   cudaFree(d_b);
