@@ -210,7 +210,7 @@ HORA_EXPORT hora_result_t hora_allgatherv_async(hora_ctx_t *ctx, const char *nam
   if (!rc_copy) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory", fn);
   memcpy(rc_copy, recvcounts, (size_t)ctx->size * sizeof *rc_copy);
   eng_params_t p = {.kind = ENG_ALLGATHERV, .dtype = (uint8_t)dtype, .device = (uint8_t)device, .root = -1,
-                    .count = sendcount, .prescale = 1, .postscale = 1,
+                    .count = total, .prescale = 1, .postscale = 1, /* sendcount is recvcounts[rank] */
                     .vhash = hora__eng_hash((const char *)rc_copy, (size_t)ctx->size * sizeof *rc_copy)};
   return submit_one(eng, fn, name, &p, sendbuf, recvbuf, rc_copy, handle);
 }

@@ -42,7 +42,7 @@ const char *hora__eng_kind_name(int kind); /* "ALLREDUCE", ... (timeline phase n
 typedef struct {
   uint8_t kind, dtype, op, device;
   int32_t root;      /* broadcast root; -1 otherwise */
-  uint64_t count;    /* elements: count, recvcount (reducescatter) or sendcount (allgatherv) */
+  uint64_t count;    /* elements: count, recvcount (reducescatter), sum of recvcounts (allgatherv) */
   double prescale, postscale;
   uint64_t vhash;    /* allgatherv: hash of recvcounts; 0 otherwise */
 } eng_params_t;

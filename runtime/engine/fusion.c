@@ -96,18 +96,19 @@ static hora_result_t run_allgatherv(hora_engine_t *eng, eng_req_t *r, size_t es)
   size_t o = 0;
   for (int i = 0; i < n; i++) off[i] = o, o += r->recvcounts[i];
   char *recv = r->recv;
-  if (r->p.count && recv + off[me] * es != (const char *)r->send) memmove(recv + off[me] * es, r->send, r->p.count * es);
+  size_t mine = r->recvcounts[me];
+  if (mine && recv + off[me] * es != (const char *)r->send) memmove(recv + off[me] * es, r->send, mine * es);
   hora_result_t rc = HORA_SUCCESS;
   /* Pairwise exchange: in step k send my block to rank+k and receive rank-k's block. */
   for (int k = 1; k < n && rc == HORA_SUCCESS; k++) {
     int to = (me + k) % n, from = (me - k + n) % n;
     MPI_Datatype st, rt;
     int sown = 0, rown = 0;
-    rc = hora__mpi_bytes_type(r->p.count * es, &st, &sown);
+    rc = hora__mpi_bytes_type(mine * es, &st, &sown);
     if (rc != HORA_SUCCESS) break;
     rc = hora__mpi_bytes_type(r->recvcounts[from] * es, &rt, &rown);
     if (rc == HORA_SUCCESS) {
-      int mrc = MPI_Sendrecv(recv + off[me] * es, r->p.count ? 1 : 0, st, to, 91, recv + off[from] * es,
+      int mrc = MPI_Sendrecv(recv + off[me] * es, mine ? 1 : 0, st, to, 91, recv + off[from] * es,
                              r->recvcounts[from] ? 1 : 0, rt, from, 91, s->world, MPI_STATUS_IGNORE);
       if (mrc != MPI_SUCCESS) rc = hora__mpi_error(mrc, "MPI_Sendrecv(allgatherv)", __FILE__, __LINE__);
     }
