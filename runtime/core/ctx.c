@@ -262,8 +262,10 @@ HORA_EXPORT hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t 
   HORA_CHECK_GOTO(build_layout(c, p), rc, fail_ctx);
   if (p->device >= 0) c->device = (int)p->device;
   /* The async engine starts here, not lazily: it duplicates communicators, which is collective
-   * on the world and must not interleave with the program's own collectives (engine/engine.c). */
-  HORA_CHECK_GOTO(hora__engine_on_init(c), rc, fail_ctx);
+   * on the world and must not interleave with the program's own collectives (engine/engine.c).
+   * The reference is weak so that core builds without the engine (the records fuzzer); in a
+   * static link the engine is present whenever the program uses an async call. */
+  if (hora__engine_on_init) HORA_CHECK_GOTO(hora__engine_on_init(c), rc, fail_ctx);
   if (!live_add(c)) {
     rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: more than %d live contexts", MAX_LIVE);
     run_finalizers(c);

@@ -125,6 +125,8 @@ static hora_result_t run_one(hora_engine_t *eng, eng_resp_t *x, hora_algo_t algo
   const eng_params_t *p = &x->p;
   eng_req_t *r = x->req;
   size_t es = hora__dtype_size((hora_dtype_t)p->dtype), bytes = (size_t)p->count * es;
+  if (!r && p->kind != ENG_ALLREDUCE) /* negotiate.c never produces this */
+    return HORA_ERR(HORA_ERR_INTERNAL, "engine: tensor '%s' ready without a request on this rank", x->name);
   switch (p->kind) {
     case ENG_ALLREDUCE:
       if (!r) { /* joined: zeros in, result discarded */

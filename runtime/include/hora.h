@@ -212,8 +212,9 @@ hora_result_t hora_barrier(hora_ctx_t *ctx);
 
 /* ---- async engine (runtime/engine) ----
  * Named non-blocking collectives in the style of Horovod. A call only queues the request and
- * returns a handle; one background thread per process (started by hora_init, stopped by
- * hora_finalize) owns all their communication. Each cycle (HORA_CYCLE_TIME_MS) it negotiates
+ * returns a handle; one background thread per context (started by hora_init, stopped by
+ * hora_finalize, beside a heartbeat thread that detects dead peers) owns all their
+ * communication. Each cycle (HORA_CYCLE_TIME_MS) it negotiates
  * which names every rank has submitted (rank 0 coordinates new names; names seen before take a
  * fast path through a response cache of HORA_CACHE_CAPACITY entries and one bitwise-AND
  * allreduce of a bit vector), packs ready allreduces with the same dtype, op, scale factors and
@@ -230,14 +231,14 @@ hora_result_t hora_barrier(hora_ctx_t *ctx);
  *    calling thread's hora_last_error()).
  *  - `name` is NUL-terminated, 1 .. 1024 bytes including the NUL; a name may be reused once the
  *    previous request with that name has completed on this rank (a second pending request with
- *    the same name is HORA_ERR_INVALID_ARGUMENT).
+ *    the same name completes with HORA_ERR_INVALID_ARGUMENT).
  *  - Non-blocking and thread-safe: any thread may submit, poll or wait. The buffers are read and
  *    written by the engine thread until the handle is done: do not touch them before that.
  *  - If the call returns an error, no handle is created, *handle is unchanged and the request
  *    never completes. On success *handle must be released with hora_handle_free.
  *  - Common errors: HORA_ERR_NOT_INITIALIZED (ctx NULL or finalized), HORA_ERR_INVALID_ARGUMENT
- *    (NULL name/handle, name empty or longer than 1023 bytes, a name already pending, NULL
- *    buffer with count > 0, unknown dtype/op/device, root out of range, sizes overflowing
+ *    (NULL name/handle, name empty or longer than 1023 bytes, NULL buffer with
+ *    count > 0, unknown dtype/op/device, root out of range, sizes overflowing
  *    size_t, partially overlapping buffers, scale factors other than 1.0 for integer dtypes),
  *    HORA_ERR_NOT_SUPPORTED (HORA_DEVICE_CUDA buffers in a build without CUDA),
  *    HORA_ERR_REMOTE (a peer was declared dead: see hora_wait), HORA_ERR_SHUTDOWN (hora_finalize
@@ -247,8 +248,11 @@ hora_result_t hora_barrier(hora_ctx_t *ctx);
  *    message lists the missing ranks); HORA_ERR_REMOTE (a rank sent no heartbeat for
  *    HORA_PEER_TIMEOUT_S seconds: it died or hangs; the message names it; every pending and later
  *    request of this process then fails the same way); HORA_ERR_SHUTDOWN (hora_finalize ran
- *    while the request was pending); HORA_ERR_MPI (the transport failed). On any error result
- *    the contents of the receive buffer are unspecified. */
+ *    while the request was pending); HORA_ERR_INVALID_ARGUMENT (this rank already had a pending
+ *    request with the same name, or a collective other than a SUM/AVERAGE allreduce was submitted
+ *    while some rank had joined: see hora_join); HORA_ERR_MPI (the transport failed; the engine
+ *    then fails every pending request the same way, since the ranks may be out of step). On any
+ *    error result the contents of the receive buffer are unspecified. */
 typedef struct hora_handle hora_handle_t;
 
 /* hora_allreduce_async: the non-blocking hora_allreduce of the tensor `name`:
