@@ -93,7 +93,11 @@ hora_result_t hora__timeline_open(const char *path, uint64_t max_bytes, eng_time
     free(t);
     return HORA_ERR(HORA_ERR_NO_MEMORY, "timeline: out of memory");
   }
-  snprintf(t->tmp, n, "%s.hora-tmp.%ld", path, (long)getpid());
+  /* Unique per process and per context (two contexts of one process would share the name). */
+  static atomic_int seq;
+  int k = atomic_fetch_add(&seq, 1);
+  if (k) snprintf(t->tmp, n, "%s.hora-tmp.%ld.%d", path, (long)getpid(), k);
+  else snprintf(t->tmp, n, "%s.hora-tmp.%ld", path, (long)getpid());
   t->f = fopen(t->tmp, "w");
   if (!t->f) {
     hora_result_t rc = HORA_ERR(HORA_ERR_IO, "HORA_TIMELINE: cannot create %s: %s", t->tmp, strerror(errno));
