@@ -186,7 +186,8 @@ static void *engine_main(void *arg) {
     if (stop) break;
     eng->idle_cycles = idle ? eng->idle_cycles + 1 : 0;
     if (eng->idle_cycles > IDLE_CYCLES_BEFORE_BACKOFF) {
-      sleep_for = sleep_for * 2 > IDLE_MAX_SLEEP_S ? IDLE_MAX_SLEEP_S : sleep_for * 2;
+      double d = sleep_for > 1e-4 ? sleep_for * 2 : 1e-4; /* also from HORA_CYCLE_TIME_MS=0 */
+      sleep_for = d > IDLE_MAX_SLEEP_S ? IDLE_MAX_SLEEP_S : d;
       if (sleep_for < cycle_s) sleep_for = cycle_s;
     } else {
       sleep_for = cycle_s;

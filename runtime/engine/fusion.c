@@ -179,6 +179,7 @@ static hora_result_t run_fused(hora_engine_t *eng, eng_resp_t **m, size_t k, siz
   double t0 = hora__now_s();
   for (size_t i = 0; i < k; i++) {
     size_t b = resp_bytes(m[i]);
+    if (!b) continue; /* an empty tensor may have NULL buffers */
     if (m[i]->req) d[nd++] = (hora_copy_desc_t){fb + off, m[i]->req->send, b};
     else memset(fb + off, 0, b);
     off += b;
@@ -193,7 +194,7 @@ static hora_result_t run_fused(hora_engine_t *eng, eng_resp_t **m, size_t k, siz
     nd = 0;
     for (size_t i = 0; i < k; i++) {
       size_t b = resp_bytes(m[i]);
-      if (m[i]->req) d[nd++] = (hora_copy_desc_t){m[i]->req->recv, fb + off, b};
+      if (m[i]->req && b) d[nd++] = (hora_copy_desc_t){m[i]->req->recv, fb + off, b};
       off += b;
     }
     rc = hora__batched_copy_host(d, nd, NULL);

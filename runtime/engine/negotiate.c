@@ -40,7 +40,7 @@ typedef struct {
 } buf_t;
 
 static void put(buf_t *b, const void *d, size_t n) {
-  if (b->oom) return;
+  if (b->oom || n == 0) return;
   if (b->n + n > b->cap) {
     size_t cap = b->cap ? b->cap * 2 : 4096;
     while (cap < b->n + n) cap *= 2;
