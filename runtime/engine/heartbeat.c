@@ -14,6 +14,9 @@
  * that is stopped (SIGSTOP) or stuck in a loop with its threads starved looks the same as a dead
  * one: that is intended.
  *
+ * A rank whose engine fails by itself (an MPI error) mutes its heartbeats, so that the other ranks,
+ * which may wait for it in a collective it will never finish, fail too instead of hanging.
+ *
  * Shutdown: each rank sends BYE after its last heartbeat; messages between two ranks arrive in
  * order, so once a rank has BYE from every peer it watches, nothing more is in flight on the
  * communicator and it can be freed. */
@@ -31,6 +34,7 @@ struct eng_hb {
   pthread_t thread;
   int started;
   atomic_int stop;
+  atomic_int mute; /* stop sending heartbeats (this rank's engine failed): peers will notice */
   double timeout_s, period_s;
 };
 
@@ -93,7 +97,7 @@ static void *hb_main(void *arg) {
       if (nbye >= npeers) break;
       continue;
     } else {
-      if (now >= next_send) {
+      if (now >= next_send && !atomic_load(&hb->mute)) {
         for (int r = 0; r < n; r++) {
           if (r == me || (me != 0 && r != 0)) continue;
           int done = 1;
@@ -165,6 +169,10 @@ hora_result_t hora__hb_start(hora_engine_t *eng, eng_hb_t **out) {
   }
   *out = hb;
   return HORA_SUCCESS;
+}
+
+void hora__hb_mute(eng_hb_t *hb) {
+  if (hb) atomic_store(&hb->mute, 1);
 }
 
 void hora__hb_stop(eng_hb_t *hb) {

@@ -7,6 +7,8 @@
  *                   WANT_STOP    "hora_finalize is waiting"          AND=1: stop after this cycle
  *                   IDLE         "nothing pending here"              AND=1: back off the cycle
  *                   NOT_JOINED   "I have not called hora_join"       AND=0: some rank joined
+ *                   JOINED       "I have called hora_join"           AND=1: all joined, the
+ *                                join completes this cycle: run no cached zeros
  *   hit bits      bit s: "my pending request matches cache slot s"  (see cache.c)
  *   valid bits    bit s: 0 = "my request for slot s's name has other parameters": erase s
  * Cached names whose hit bit survives the AND run this cycle, in slot order.
@@ -30,7 +32,7 @@
 
 #include "engine/engine.h"
 
-enum { F_NO_SLOW = 1, F_WANT_STOP = 2, F_IDLE = 4, F_NOT_JOINED = 8 };
+enum { F_NO_SLOW = 1, F_WANT_STOP = 2, F_IDLE = 4, F_NOT_JOINED = 8, F_JOINED = 16 };
 
 /* ---- a growable byte buffer for the wire format ---- */
 typedef struct {
@@ -424,6 +426,7 @@ hora_result_t hora__negotiate(hora_engine_t *eng, eng_resp_t **run_list, size_t 
   pthread_mutex_unlock(&eng->mu);
   if (nreq == 0 && !eng->joined) flags |= F_IDLE;
   if (!eng->joined) flags |= F_NOT_JOINED;
+  else flags |= F_JOINED;
   bits[0] = flags;
   if (eng->size > 1) {
     MPI_Request mr;
@@ -446,6 +449,8 @@ hora_result_t hora__negotiate(hora_engine_t *eng, eng_resp_t **run_list, size_t 
       if (reqs[i]->state == REQ_CACHED && reqs[i]->cache_pos == s) reqs[i]->state = REQ_NEW;
     hora__cache_erase(&eng->cache, s);
   }
+  if (flags & F_JOINED) /* every rank joined: the hits would all be zeros from everyone */
+    for (int w = 0; w < cw; w++) hit[w] = 0;
   size_t nhits = 0;
   for (int s = 0; s < cap; s++)
     if ((hit[s / 64] & valid[s / 64]) & (1ull << (s % 64))) nhits++;

@@ -177,6 +177,9 @@ void hora__engine_fail(hora_engine_t *eng, hora_result_t rc, const char *fmt, ..
   }
   eng->handles.next = eng->handles.prev = &eng->handles;
   pthread_cond_broadcast(&eng->cv);
+  /* A failure of our own (not a dead peer): go silent so that the peers, which may be waiting
+   * for us inside a collective, time out instead of hanging. */
+  if (rc != HORA_ERR_REMOTE) hora__hb_mute(eng->hb);
   pthread_mutex_unlock(&eng->mu);
   HORA_WARN(ENGINE, "%s", msg);
 }
