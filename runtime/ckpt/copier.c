@@ -79,6 +79,7 @@ static hora_result_t copy_step(hora_ckpt_t *ck, int64_t step) {
   hora__ck_step_dir(ck->local_dir, step, src_sd, sizeof src_sd);
   HORA_CHECK(hora__ck_manifest_read(src_sd, &m));
   struct stat st;
+  errno = 0;
   if (stat(ck->persist_dir, &st) != 0 || !S_ISDIR(st.st_mode))
     return HORA_ERR(HORA_ERR_IO, "persist_dir %s is not reachable: %s", ck->persist_dir,
                     errno ? strerror(errno) : "not a directory");
@@ -179,9 +180,19 @@ void *hora__ck_copier_main(void *arg) {
     ck->copying_step = step;
     pthread_mutex_unlock(&ck->mu);
 
-    hora_result_t rc = copy_step(ck, step);
+    hora_result_t rc;
     char msg[CK_MSG_MAX] = "";
-    if (rc != HORA_SUCCESS) hora__ck_keep_msg(msg);
+    struct stat st;
+    errno = 0;
+    if (ck->copy_failed_logged && (stat(ck->persist_dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
+      /* Still unreachable: the failure was logged already; keep the log quiet while retrying. */
+      rc = HORA_ERR_IO;
+      snprintf(msg, sizeof msg, "persist_dir %s is not reachable: %s", ck->persist_dir,
+               errno ? strerror(errno) : "not a directory");
+    } else {
+      rc = copy_step(ck, step);
+      if (rc != HORA_SUCCESS) hora__ck_keep_msg(msg);
+    }
 
     pthread_mutex_lock(&ck->mu);
     ck->copying_step = INT64_MIN;
