@@ -22,12 +22,22 @@
 #include "ckpt/ckpt.h"
 #include "core/crc32c.h"
 
-/* Copy src to dst (created), returning the CRC32C and size of what was read. */
+/* Copy src to dst (created) and return the CRC32C and size of what dst holds afterwards.
+ * The bytes move inside the kernel (copy_file_range, as cp does; read/write where the two file
+ * systems cannot do that); each chunk's writeback is started at once (sync_file_range), so the
+ * final fsync overlaps with the copy instead of following it, and each chunk is read back from
+ * dst and CRC'd while it is still in the page cache: the verification costs one CRC pass. */
 static hora_result_t copy_file(const char *src, const char *dst, uint32_t *crc, uint64_t *bytes) {
   size_t chunk = (size_t)hora__params()->ckpt_chunk_bytes;
   int in = open(src, O_RDONLY | O_CLOEXEC);
   if (in < 0) return HORA_ERR(HORA_ERR_IO, "open %s: %s", src, strerror(errno));
-  int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  struct stat st;
+  if (fstat(in, &st) != 0) {
+    int e = errno;
+    close(in);
+    return HORA_ERR(HORA_ERR_IO, "stat %s: %s", src, strerror(e));
+  }
+  int out = open(dst, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (out < 0) {
     int e = errno;
     close(in);
@@ -37,18 +47,58 @@ static hora_result_t copy_file(const char *src, const char *dst, uint32_t *crc, 
   unsigned char *b = malloc(chunk);
   hora_result_t rc = b ? HORA_SUCCESS : HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
   uint32_t c = 0;
-  uint64_t total = 0;
-  while (rc == HORA_SUCCESS) {
-    ssize_t r = read(in, b, chunk);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      rc = HORA_ERR(HORA_ERR_IO, "read %s: %s", src, strerror(errno));
+  uint64_t total = (uint64_t)st.st_size, off = 0;
+  int kernel_copy = 1;
+  while (rc == HORA_SUCCESS && off < total) {
+    size_t n = total - off < chunk ? (size_t)(total - off) : chunk;
+    ssize_t r;
+    if (kernel_copy) {
+      loff_t io = (loff_t)off, oo = (loff_t)off;
+      r = copy_file_range(in, &io, out, &oo, n, 0);
+      if (r < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP)) {
+        kernel_copy = 0;
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) {
+        rc = HORA_ERR(HORA_ERR_IO, "copy %s to %s: %s", src, dst, strerror(errno));
+        break;
+      }
+    } else {
+      r = pread(in, b, n, (off_t)off);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) {
+        rc = HORA_ERR(HORA_ERR_IO, "read %s: %s", src, strerror(errno));
+        break;
+      }
+      if (r > 0) {
+        size_t w = 0;
+        while (w < (size_t)r && rc == HORA_SUCCESS) {
+          ssize_t x = pwrite(out, b + w, (size_t)r - w, (off_t)(off + w));
+          if (x < 0 && errno == EINTR) continue;
+          if (x <= 0) rc = HORA_ERR(HORA_ERR_IO, "write %s: %s", dst, x < 0 ? strerror(errno) : "no progress");
+          else w += (size_t)x;
+        }
+      }
+    }
+    if (rc != HORA_SUCCESS) break;
+    if (r == 0) {
+      rc = HORA_ERR(HORA_ERR_IO, "%s ended at byte %" PRIu64 " of %" PRIu64 " (changed while copied)", src, off, total);
       break;
     }
-    if (r == 0) break;
-    c = hora__crc32c(c, b, (size_t)r);
-    total += (uint64_t)r;
-    rc = hora__ck_write_all(out, b, (size_t)r, dst);
+    sync_file_range(out, (off64_t)off, (off64_t)r, SYNC_FILE_RANGE_WRITE);
+    /* Read back what dst holds. */
+    size_t got = 0;
+    while (got < (size_t)r && rc == HORA_SUCCESS) {
+      ssize_t x = pread(out, b, (size_t)r - got, (off_t)(off + got));
+      if (x < 0 && errno == EINTR) continue;
+      if (x <= 0) rc = HORA_ERR(HORA_ERR_IO, "read back %s: %s", dst, x < 0 ? strerror(errno) : "short file");
+      else {
+        c = hora__crc32c(c, b, (size_t)x);
+        got += (size_t)x;
+      }
+    }
+    off += (uint64_t)r;
     hora__ck_test_delay();
   }
   if (rc == HORA_SUCCESS && fsync(out) != 0) rc = HORA_ERR(HORA_ERR_IO, "fsync %s: %s", dst, strerror(errno));
@@ -56,7 +106,7 @@ static hora_result_t copy_file(const char *src, const char *dst, uint32_t *crc, 
   close(in);
   free(b);
   *crc = c;
-  *bytes = total;
+  *bytes = off;
   return rc;
 }
 
@@ -109,16 +159,17 @@ static hora_result_t copy_step(hora_ckpt_t *ck, int64_t step) {
   double t0 = hora__now_s();
   HORA_CHECK_GOTO(hora__ck_fsync_dir(ck->persist_dir), rc, fail);
   HORA_CHECK_GOTO(copy_file(src, tmp, &crc, &bytes), rc, fail);
+  /* What persist_dir holds must match the manifest: a mismatch means the local file was
+   * damaged after its commit (it cannot be fixed by retrying) or the copy went wrong. */
   if (bytes != m.file_bytes || crc != m.file_crc) {
-    rc = HORA_ERR(HORA_ERR_DATA, "local %s does not match its manifest (%" PRIu64 " bytes, CRC32C %08" PRIx32
-                  "; manifest: %" PRIu64 ", %08" PRIx32 "): not copied", src, bytes, crc, m.file_bytes, m.file_crc);
-    goto fail;
-  }
-  /* Verify what persist_dir holds now, not what we meant to write. */
-  HORA_CHECK_GOTO(hora__ck_file_crc(tmp, (size_t)hora__params()->ckpt_chunk_bytes, &crc, &bytes), rc, fail);
-  if (bytes != m.file_bytes || crc != m.file_crc) {
-    rc = HORA_ERR(HORA_ERR_IO, "%s reads back as %" PRIu64 " bytes with CRC32C %08" PRIx32 ", expected %" PRIu64
-                  ", %08" PRIx32, tmp, bytes, crc, m.file_bytes, m.file_crc);
+    uint32_t lc = 0;
+    uint64_t lb = 0;
+    int local_bad = hora__ck_file_crc(src, (size_t)hora__params()->ckpt_chunk_bytes, &lc, &lb) != HORA_SUCCESS ||
+                    lc != m.file_crc || lb != m.file_bytes;
+    rc = HORA_ERR(local_bad ? HORA_ERR_DATA : HORA_ERR_IO,
+                  "%s reads back as %" PRIu64 " bytes with CRC32C %08" PRIx32 ", the manifest says %" PRIu64
+                  ", %08" PRIx32 "%s: not committed", tmp, bytes, crc, m.file_bytes, m.file_crc,
+                  local_bad ? " (the local file itself no longer matches)" : "");
     goto fail;
   }
   if (rename(tmp, fin) != 0) {
