@@ -5,8 +5,9 @@
  * HORA_COMPRESSION). The receive buffer is poisoned on the device before every call.
  *
  * Run by ctest with 1 rank (auto: NCCL) and 2-4 ranks sharing the GPU (HORA_GPU_PATH=staged, and
- * naive); --expect-path nccl|staged|naive checks which path the context took. Exits 77 on every
- * rank when any rank sees no GPU. */
+ * naive); --expect-path nccl|staged|naive checks which path the context took. Also the engine's
+ * entry points in runtime/comm and the async engine with device tensors. Exits 77 on every rank
+ * when any rank sees no GPU. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -296,6 +297,66 @@ static void test_async(void) {
   EXPECT(bad == 0, "hora__gpu_batched_copy: %ld wrong", bad);
 }
 
+/* The async engine with device tensors: it runs them through the same hooks on its own context.
+ * Several allreduces (different names, counts, ops) in flight at once, submitted in a
+ * rank-dependent order, then an allgather and an alltoall. */
+static void test_engine(void) {
+  enum { K = 3 };
+  const size_t ns[K] = {1, 1000, 70001};
+  const hora_op_t ops[K] = {HORA_SUM, HORA_AVERAGE, HORA_MAX};
+  float *d[K];
+  hora_handle_t *h[K];
+  for (int k = 0; k < K; k++) {
+    for (size_t i = 0; i < ns[k]; i++) ((float *)h_a)[i] = (float)input(HORA_FLOAT32, ops[k], rank, i);
+    CK(cudaMalloc((void **)&d[k], ns[k] * 4));
+    to_dev(d[k], h_a, ns[k] * 4);
+    h[k] = NULL;
+  }
+  for (int j = 0; j < K; j++) {
+    int k = (j + rank) % K;
+    char name[32];
+    snprintf(name, sizeof name, "grad.%d", k);
+    EXPECT_OK(hora_allreduce_async(ctx, name, d[k], d[k], ns[k], HORA_FLOAT32, ops[k], 1.0, 1.0, HORA_DEVICE_CUDA, &h[k]));
+  }
+  for (int k = 0; k < K; k++) {
+    if (!h[k]) continue;
+    EXPECT_OK(hora_wait(h[k]));
+    EXPECT_OK(hora_handle_free(h[k]));
+    to_host(h_b, d[k], ns[k] * 4);
+    char what[64];
+    snprintf(what, sizeof what, "engine allreduce grad.%d", k);
+    check_reduced(what, h_b, HORA_FLOAT32, ops[k], 0, ns[k], 1.0, 1.0);
+    cudaFree(d[k]);
+  }
+  size_t n = 333;
+  int32_t *hh = (int32_t *)h_a;
+  for (size_t i = 0; i < n * (size_t)size; i++) hh[i] = mv(rank, i);
+  to_dev(d_a, hh, n * (size_t)size * 4);
+  poison(d_b, n * (size_t)size * 4);
+  hora_handle_t *ha = NULL, *hb = NULL;
+  EXPECT_OK(hora_allgather_async(ctx, "ag", d_a, d_b, n, HORA_INT32, HORA_DEVICE_CUDA, &ha));
+  if (ha) {
+    EXPECT_OK(hora_wait(ha));
+    hora_handle_free(ha);
+  }
+  to_host(h_b, d_b, n * (size_t)size * 4);
+  long bad = 0;
+  for (int r = 0; r < size; r++)
+    for (size_t i = 0; i < n; i++) bad += ((int32_t *)h_b)[(size_t)r * n + i] != mv(r, i);
+  EXPECT(bad == 0, "engine allgather: %ld wrong", bad);
+  poison(d_b, n * (size_t)size * 4);
+  EXPECT_OK(hora_alltoall_async(ctx, "a2a", d_a, d_b, n, HORA_INT32, HORA_DEVICE_CUDA, &hb));
+  if (hb) {
+    EXPECT_OK(hora_wait(hb));
+    hora_handle_free(hb);
+  }
+  to_host(h_b, d_b, n * (size_t)size * 4);
+  bad = 0;
+  for (int p = 0; p < size; p++)
+    for (size_t i = 0; i < n; i++) bad += ((int32_t *)h_b)[(size_t)p * n + i] != mv(p, (size_t)rank * n + i);
+  EXPECT(bad == 0, "engine alltoall: %ld wrong", bad);
+}
+
 int main(int argc, char **argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -343,6 +404,7 @@ int main(int argc, char **argv) {
   test_reducescatter();
   test_movers();
   test_async();
+  test_engine();
   if (size == 1) {
     /* Host memory passed as device memory: a clear error, nothing written (1 rank: the check is
      * local, a second rank would wait for this one). */
