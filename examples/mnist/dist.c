@@ -61,6 +61,9 @@ hora_result_t mnist_ckpt_open(hora_ctx_t *ctx, const char *local_dir, const char
   if (rc != HORA_SUCCESS) return rc;
   o.local_dir = local_dir;
   o.persist_dir = persist_dir;
+  /* This model's checkpoint is a few hundred KB: copy every one to persist_dir at once, so a
+   * job killed without warning loses at most --ckpt-every steps. */
+  o.copy_interval_s = 0;
   mnist_ckpt_t *c = calloc(1, sizeof *c);
   if (!c) return HORA_ERR_NO_MEMORY;
   rc = hora_ckpt_open(ctx, &o, &c->ck);

@@ -529,6 +529,12 @@ int main(int argc, char **argv) {
   }
 
 done:
+  if (exit_code == 1) {
+    /* A rank that failed alone cannot take part in collectives (checkpoint close, finalize)
+     * with ranks still running: exit at once and let launch (or mpirun/srun) end the others. */
+    fflush(NULL);
+    _exit(exit_code);
+  }
   if (reader) hora_records_reader_close(reader);
   if (tb) hora_tb_close(tb);
   if (ck) {
@@ -541,12 +547,6 @@ done:
   mnist_model_destroy(&m);
   free(opt_m);
   free(opt_v);
-  if (exit_code == 1) {
-    /* A rank that failed alone cannot finalize collectively with ranks still running: exit and
-     * let launch (or mpirun) end the others. */
-    fflush(NULL);
-    _exit(exit_code);
-  }
   hora_finalize(ctx);
   return exit_code;
 }
