@@ -5,12 +5,12 @@
 # and ends with the line `test_accuracy=... images_per_s=... ranks=4`.
 # About 10 minutes on a 2-core machine (most of it training: 10 epochs of 60,000 images).
 #   bash examples/mnist/demo.sh            # from anywhere; the repository is found from this file
-# Variables: EPOCHS (10), BATCH (64 per rank), NP (4), BUILD_DIR (build), WORK (build/mnist-demo),
+# Variables: EPOCHS (10), BATCH (32 per rank), NP (4), BUILD_DIR (build), WORK (build/mnist-demo),
 # HORA_SKIP_INSTALL=1 (skip the apt step).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 EPOCHS=${EPOCHS:-10}
-BATCH=${BATCH:-64}
+BATCH=${BATCH:-32}
 NP=${NP:-4}
 BUILD_DIR=${BUILD_DIR:-build}
 WORK=${WORK:-$BUILD_DIR/mnist-demo}
