@@ -5,7 +5,8 @@
 # REPS times each; prints the medians and the ratio hora / PyTorch as a markdown table.
 #   bash examples/mnist/bench.sh [IDX_DIR]     (default: /usr/share/datasets/fashion-mnist)
 # Variables: PYTHON (python3 with torch and numpy), REPS (3), STEPS (150), BATCH (64),
-# RANKS ("1 2 4"), BUILD_DIR (build).
+# RANKS ("1 2 4"), BUILD_DIR (build), THREADS (threads per rank for both; default: mnist uses
+# the cores launch binds the rank to, PyTorch cores / ranks).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 IDX=${1:-/usr/share/datasets/fashion-mnist}
@@ -15,6 +16,7 @@ STEPS=${STEPS:-150}
 BATCH=${BATCH:-64}
 RANKS=${RANKS:-1 2 4}
 BUILD_DIR=${BUILD_DIR:-build}
+THREADS=${THREADS:-}
 [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 work=$(mktemp -d "${TMPDIR:-/tmp}/hora-mnist-bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -26,14 +28,15 @@ median() { sort -n | awk '{a[NR]=$1} END{print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a
 echo "| ranks | hora mnist images/s | PyTorch images/s | hora / PyTorch | runs (hora; PyTorch) |"
 echo "|---|---|---|---|---|"
 for np in $RANKS; do
-  h=() t=()
+  h=() t=() hx=() tx=()
+  if [ -n "$THREADS" ]; then hx=(--threads "$THREADS"); tx=(--cores $((THREADS * np))); fi
   for _ in $(seq "$REPS"); do
     line=$("$BUILD_DIR/bin/launch" -np "$np" "$BUILD_DIR/bin/mnist" --data "$work/data" --epochs 1 \
       --max-steps "$STEPS" --batch-size "$BATCH" --log-every 1000000 --ckpt-dir "$work/ck" \
-      | sed -n 's/.*test_accuracy=.* images_per_s=\([0-9]*\) ranks=.*/\1/p')
+      "${hx[@]}" | sed -n 's/.*test_accuracy=.* images_per_s=\([0-9]*\) ranks=.*/\1/p')
     h+=("$line")
     line=$("$PYTHON" examples/mnist/bench_torch.py --data "$IDX" --ranks "$np" --batch-size "$BATCH" \
-      --steps "$STEPS" | sed -n 's/^torch_images_per_s=\([0-9]*\) .*/\1/p')
+      --steps "$STEPS" "${tx[@]}" | sed -n 's/^torch_images_per_s=\([0-9]*\) .*/\1/p')
     t+=("$line")
   done
   hm=$(printf '%s\n' "${h[@]}" | median)
