@@ -162,6 +162,8 @@ def as_buf(x, what="tensor", writable=False):
     """The memory of x as a Buf; InvalidArgumentError naming `what` when x cannot be used."""
     if type(x) is np.ndarray or isinstance(x, np.ndarray):
         return _numpy_buf(x, what, writable)
+    if isinstance(x, np.generic) and not writable:
+        return _numpy_buf(np.asarray(x), what, writable)  # a NumPy scalar: a 0-d array
     if x is None:
         raise invalid(f"{what}: got None, expected a NumPy array or a tensor with __dlpack__")
     if hasattr(x, "__dlpack__"):
