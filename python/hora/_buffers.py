@@ -6,6 +6,7 @@ GPU; CuPy; JAX). The memory must be C-contiguous: a strided view is an InvalidAr
 says so (no hidden copy is made, since an in-place call on a copy would silently change nothing).
 """
 import ctypes
+import sys
 
 import numpy as np
 
@@ -108,11 +109,9 @@ def _numpy_buf(x, what, writable):
                       f"{x.strides}); pass np.ascontiguousarray(x)")
     if writable and not x.flags.writeable:
         raise invalid(f"{what}: the array is read-only and this call writes to it")
-    if x.size == 0:
-        ptr = NULL
-    else:
-        ptr = ffi.cast("void *", x.__array_interface__["data"][0])
-    return Buf(ptr, x.size, dt, HOST, x.shape, x, x)
+    # ffi.from_buffer is the cheapest way to the data pointer (about 0.2 us, against 1.5 us for
+    # __array_interface__); writability was checked above through the flags.
+    return Buf(ffi.from_buffer(x), x.size, dt, HOST, x.shape, x, x)
 
 
 def _dlpack_buf(x, what, writable):
@@ -158,10 +157,53 @@ def _dlpack_buf(x, what, writable):
     return Buf(ptr, count, dt, dev, shape, (x, capsule), x)
 
 
+_torch = [None, None, None]  # torch.Tensor, its dtype map and torch.strided, once imported
+
+
+def _torch_tensor_class():
+    mod = sys.modules.get("torch")
+    if mod is None:
+        return None
+    t = mod
+    _torch[1] = {t.uint8: lib.HORA_UINT8, t.int8: lib.HORA_INT8, t.int32: lib.HORA_INT32,
+                 t.int64: lib.HORA_INT64, t.float16: lib.HORA_FLOAT16,
+                 t.bfloat16: lib.HORA_BFLOAT16, t.float32: lib.HORA_FLOAT32,
+                 t.float64: lib.HORA_FLOAT64}
+    _torch[2] = t.strided
+    _torch[0] = t.Tensor
+    return t.Tensor
+
+
+def _torch_buf(x, what, writable):
+    """PyTorch tensors directly (data_ptr() and friends cost about 1 us; x.__dlpack__() costs
+    3 us and refuses tensors that require grad). The memory is the same either way."""
+    dt = _torch[1].get(x.dtype)
+    if dt is None:
+        raise invalid(f"{what}: torch dtype {x.dtype} is not supported by hora (uint8, int8, "
+                      f"int32, int64, float16, bfloat16, float32, float64)")
+    if x.layout is not _torch[2]:
+        raise invalid(f"{what}: {x.layout} tensors are not supported (dense tensors only)")
+    if not x.is_contiguous():
+        raise invalid(f"{what}: the tensor is not contiguous (shape {tuple(x.shape)}, strides "
+                      f"{x.stride()} in elements); pass x.contiguous()")
+    if x.is_cuda:
+        dev = CUDA
+    elif x.is_cpu:
+        dev = HOST
+    else:
+        raise invalid(f"{what}: tensors on {x.device} are not supported (CPU or CUDA only)")
+    n = x.numel()
+    ptr = ffi.cast("void *", x.data_ptr()) if n else NULL
+    return Buf(ptr, n, dt, dev, tuple(x.shape), x, x)
+
+
 def as_buf(x, what="tensor", writable=False):
     """The memory of x as a Buf; InvalidArgumentError naming `what` when x cannot be used."""
     if type(x) is np.ndarray or isinstance(x, np.ndarray):
         return _numpy_buf(x, what, writable)
+    tcls = _torch[0] or _torch_tensor_class()
+    if tcls is not None and isinstance(x, tcls):
+        return _torch_buf(x, what, writable)
     if isinstance(x, np.generic) and not writable:
         return _numpy_buf(np.asarray(x), what, writable)  # a NumPy scalar: a 0-d array
     if x is None:
@@ -172,35 +214,36 @@ def as_buf(x, what="tensor", writable=False):
                   f"__dlpack__ (PyTorch tensor, CuPy array, ...)")
 
 
-def _is_torch(x):
-    return type(x).__module__.startswith("torch")
-
-
 def empty_like(x, shape=None):
     """A new, uninitialized array of x's kind (NumPy, torch, or the array API namespace of x) with
     x's dtype and device, and `shape` (default x's shape)."""
     if isinstance(x, np.ndarray):
         return np.empty(x.shape if shape is None else shape, dtype=x.dtype)
-    if _is_torch(x):
-        import torch
-
-        return torch.empty(tuple(x.shape) if shape is None else shape, dtype=x.dtype,
-                           device=x.device)
+    if _torch[0] is not None and isinstance(x, _torch[0]):
+        torch = sys.modules["torch"]
+        if shape is None:
+            return torch.empty_like(x, memory_format=torch.contiguous_format)
+        return torch.empty(shape, dtype=x.dtype, device=x.device)
     ns = getattr(x, "__array_namespace__", None)
     if ns is not None:
         xp = ns()
         return xp.empty(x.shape if shape is None else shape, dtype=x.dtype,
                         device=getattr(x, "device", None))
-    # A host DLPack producer without an array namespace: NumPy can import it (copy-free).
-    return np.empty(np.from_dlpack(x).shape if shape is None else shape,
-                    dtype=np.from_dlpack(x).dtype)
+    # A DLPack producer without an array namespace: the output is a NumPy array (host only).
+    try:
+        a = np.from_dlpack(x)
+    except Exception as e:
+        raise invalid(f"cannot make an output array like {_typename(x)} ({e}); use the in-place "
+                      f"variant (allreduce_, broadcast_)") from e
+    return np.empty(a.shape if shape is None else shape, dtype=a.dtype)
 
 
 def copy_into(dst, src):
     """dst[...] = src for arrays of the same kind (used only where the op needs a copy)."""
     if isinstance(dst, np.ndarray):
         np.copyto(dst, src if isinstance(src, np.ndarray) else np.from_dlpack(src))
-    elif _is_torch(dst):
-        dst.copy_(src)
+    elif _torch[0] is not None and isinstance(dst, _torch[0]):
+        with sys.modules["torch"].no_grad():
+            dst.copy_(src)
     else:
         dst[...] = src

@@ -62,7 +62,51 @@ def test_torch_errors():
         hora.allreduce(torch.zeros(3, dtype=torch.bool))
     with pytest.raises(hora.InvalidArgumentError, match="not supported"):
         hora.allreduce(torch.zeros(3, dtype=torch.int16))
-    with pytest.raises(hora.InvalidArgumentError, match="__dlpack__"):
-        hora.allreduce(torch.zeros(3, requires_grad=True))
+    # hora's ops are not differentiable: a tensor that requires grad is read, the output is not
+    # part of the graph.
+    g = hora.allreduce(torch.ones(3, requires_grad=True), op=hora.Sum)
+    assert not g.requires_grad and g.tolist() == [hora.size()] * 3
+    with pytest.raises(hora.InvalidArgumentError, match="not supported"):
+        hora.allreduce(torch.zeros(3).to_sparse())
     out = hora.allreduce(x.t().contiguous(), op=hora.Min)
     assert out.shape == (4, 3)
+
+
+class OnlyDLPack:
+    """A producer that offers nothing but the DLPack protocol (like a foreign array library)."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, stream=None):
+        return self.t.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+@pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=str)
+def test_generic_dlpack_producer_zero_copy(dtype):
+    r, n = rank_size()
+    big = t_input(dtype, (5, 6), r, 95)
+    inner = big[1:4]  # rows 1..3: a non-zero data offset into `big`
+    hora.allreduce_(OnlyDLPack(inner), op=hora.Sum)
+    out = None
+    if dtype != torch.bfloat16:  # NumPy (the fallback output) has no bfloat16
+        out = hora.allreduce(OnlyDLPack(t_input(dtype, (2, 2), r, 96)), op=hora.Max)
+    want = sum(t_input(torch.float64, (5, 6), p, 95, dtype) for p in range(n))
+    torch.testing.assert_close(big[1:4].to(torch.float64), want[1:4], rtol=0, atol=0)
+    torch.testing.assert_close(big[0], t_input(dtype, (5, 6), r, 95)[0], rtol=0, atol=0)
+    torch.testing.assert_close(big[4], t_input(dtype, (5, 6), r, 95)[4], rtol=0, atol=0)
+    if out is not None:
+        assert isinstance(out, np.ndarray) and out.shape == (2, 2)
+        want = torch.stack([t_input(torch.float64, (2, 2), p, 96, dtype) for p in range(n)])
+        np.testing.assert_array_equal(out.astype(np.float64), want.amax(0).numpy())
+
+
+def test_generic_dlpack_non_contiguous():
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    with pytest.raises(hora.InvalidArgumentError, match="not contiguous"):
+        hora.allreduce_(OnlyDLPack(x.t()))
+    with pytest.raises(hora.InvalidArgumentError, match="not supported"):
+        hora.allreduce_(OnlyDLPack(torch.zeros(2, dtype=torch.bool)))
