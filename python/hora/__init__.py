@@ -21,3 +21,15 @@ from ._core import (  # noqa: F401
 from .records import RecordReader, RecordWriter, count_records  # noqa: F401
 
 __version__ = "0.1.0"
+
+# Parts that exist only when libhora was built with them (this package is compiled against the
+# header of the libhora it links, so the two always agree).
+from ._hora_cffi import lib as _lib  # noqa: E402
+
+if hasattr(_lib, "hora_allreduce_async"):
+    from ._async import (  # noqa: F401
+        Handle, allreduce_async, allreduce_async_, grouped_allreduce, grouped_allreduce_,
+        grouped_allreduce_async, grouped_allreduce_async_, join, poll, synchronize,
+    )
+if hasattr(_lib, "hora_ckpt_open"):
+    from .checkpoint import Checkpoint, should_stop, stop_on_signal  # noqa: F401
