@@ -1,5 +1,7 @@
 /* hora_init / hora_finalize and the layout (rank, local, cross). */
 #include <limits.h>
+#include <sched.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,6 +135,23 @@ static hora_result_t build_layout(hora_ctx_t *c, const hora_params_t *p) {
   HORA_MPI_CHECK(MPI_Allreduce(&c->local_size, &mn, 1, MPI_INT, MPI_MIN, c->world));
   HORA_MPI_CHECK(MPI_Allreduce(&c->local_size, &mx, 1, MPI_INT, MPI_MAX, c->world));
   c->uniform_local_size = (mn == mx);
+
+  /* CPUs the node's ranks may run on: the union of their affinity masks. More local ranks than
+   * CPUs (oversubscription, e.g. 4 ranks on 2 cores) makes algorithms that wait for every local
+   * rank at each step slow, and the allreduce `auto` choice avoids them at medium sizes. */
+  unsigned long mask[CPU_SETSIZE / (8 * sizeof(unsigned long))], all[CPU_SETSIZE / (8 * sizeof(unsigned long))];
+  memset(mask, 0, sizeof mask);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    for (long i = 0; i < n && i < CPU_SETSIZE; i++) CPU_SET((int)i, &set);
+  }
+  for (int i = 0; i < CPU_SETSIZE; i++)
+    if (CPU_ISSET(i, &set)) mask[i / (8 * sizeof(unsigned long))] |= 1ul << (i % (8 * sizeof(unsigned long)));
+  HORA_MPI_CHECK(MPI_Allreduce(mask, all, (int)(sizeof mask / sizeof *mask), MPI_UNSIGNED_LONG, MPI_BOR, c->local));
+  c->local_cpus = 0;
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) c->local_cpus += __builtin_popcountl(all[i]);
   return HORA_SUCCESS;
 }
 
