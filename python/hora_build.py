@@ -96,8 +96,8 @@ def _from_pkg_config():
                              check=True, capture_output=True, text=True).stdout.split()
     except (OSError, subprocess.CalledProcessError):
         return None
-    incs = [t[2:] for t in out if t.startswith("-I")]
-    libs = [t[2:] for t in out if t.startswith("-L")]
+    incs = [os.path.normpath(t[2:]) for t in out if t.startswith("-I")]
+    libs = [os.path.normpath(t[2:]) for t in out if t.startswith("-L")]
     return incs, libs
 
 
