@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 from cffi import FFI
 

@@ -1,7 +1,6 @@
 """Shared fixtures of the Python tests. They run under `mpirun -np N python3 -m pytest`: every
 rank runs every test in the same order, so each test must make the same hora calls on every rank
 (assertions come after the collectives, never between them)."""
-import os
 
 import numpy as np
 import pytest
