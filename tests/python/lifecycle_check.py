@@ -25,13 +25,21 @@ def test_2_init_is_idempotent():
 def test_3_use_after_shutdown_raises():
     x = np.ones(4, dtype=np.float64)
     reader_state = hora.allgather(np.array([hora.rank()], dtype=np.int64))
+    # A handle still pending at shutdown is completed by it, and stays usable afterwards.
+    pending = None
+    if hasattr(hora, "allreduce_async"):
+        pending = hora.allreduce_async(np.full(5, 3.0), op=hora.Sum, name="pending")
     hora.shutdown()
+    if pending is not None:
+        assert pending.done() and pending.wait().tolist() == [6.0] * 5
     hora.shutdown()  # no-op
     assert not hora.is_initialized()
-    for call in (hora.rank, hora.local_size, hora.barrier, lambda: hora.allreduce(x),
+    for call in [hora.rank, hora.local_size, hora.barrier, lambda: hora.allreduce(x),
                  lambda: hora.allreduce_(x), lambda: hora.broadcast(x, 0),
                  lambda: hora.allgather(x), lambda: hora.reducescatter(x),
-                 lambda: hora.alltoall(x), lambda: hora.RecordReader("*")):
+                 lambda: hora.alltoall(x), lambda: hora.RecordReader("*")] +
+                ([lambda: hora.allreduce_async(x), lambda: hora.join()]
+                 if hasattr(hora, "join") else []):
         with pytest.raises(hora.NotInitializedError, match="shut down"):
             call()
     assert reader_state.tolist() == [0, 1]
