@@ -34,12 +34,13 @@ def test_3_use_after_shutdown_raises():
         assert pending.done() and pending.wait().tolist() == [6.0] * 5
     hora.shutdown()  # no-op
     assert not hora.is_initialized()
-    for call in [hora.rank, hora.local_size, hora.barrier, lambda: hora.allreduce(x),
-                 lambda: hora.allreduce_(x), lambda: hora.broadcast(x, 0),
-                 lambda: hora.allgather(x), lambda: hora.reducescatter(x),
-                 lambda: hora.alltoall(x), lambda: hora.RecordReader("*")] +
-                ([lambda: hora.allreduce_async(x), lambda: hora.join()]
-                 if hasattr(hora, "join") else []):
+    calls = [hora.rank, hora.local_size, hora.barrier, lambda: hora.allreduce(x),
+             lambda: hora.allreduce_(x), lambda: hora.broadcast(x, 0),
+             lambda: hora.allgather(x), lambda: hora.reducescatter(x),
+             lambda: hora.alltoall(x), lambda: hora.RecordReader("*")]
+    if hasattr(hora, "join"):
+        calls += [lambda: hora.allreduce_async(x), lambda: hora.join()]
+    for call in calls:
         with pytest.raises(hora.NotInitializedError, match="shut down"):
             call()
     assert reader_state.tolist() == [0, 1]
