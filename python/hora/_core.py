@@ -36,7 +36,7 @@ _state = _State()
 
 def _ctx():
     c = _state.ctx
-    if c is None:
+    if c is None:  # not initialized, or shut down
         if _state.was_shut_down:
             raise NotInitializedError("hora was shut down (hora.shutdown()); call hora.init() "
                                       "again before using it", lib.HORA_ERR_NOT_INITIALIZED)
@@ -173,13 +173,19 @@ def cross_size():
 
 
 def _op(op):
-    if op not in _OP_NAMES or isinstance(op, bool):
+    if type(op) is int and 0 <= op <= 4:  # the common case, checked first (hot path)
+        return op
+    if isinstance(op, np.integer):
+        op = int(op)
+    if op not in _OP_NAMES or isinstance(op, bool) or not isinstance(op, int):
         raise invalid(f"op {op!r} is not one of hora.Sum, hora.Average, hora.Min, hora.Max, "
                       f"hora.Product")
     return op
 
 
 def _scale(v, what):
+    if type(v) is float:
+        return v
     try:
         f = float(v)
     except (TypeError, ValueError):
