@@ -19,6 +19,9 @@ Average = lib.HORA_AVERAGE
 Min = lib.HORA_MIN
 Max = lib.HORA_MAX
 Product = lib.HORA_PRODUCT
+_NP_TO_HORA = B.NP_TO_HORA
+_HOST = B.HOST
+_from_buffer = ffi.from_buffer
 _OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
 
 
@@ -207,7 +210,20 @@ def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_fac
     tensor: NumPy array or DLPack tensor, C-contiguous, same shape and dtype on every rank.
     Average divides by the world size (integers: truncating). Scale factors apply to floating
     dtypes only (integers need 1.0). Collective. Returns tensor."""
-    ctx = _ctx()
+    ctx = _state.ctx or _ctx()
+    # Hot path of a training loop: a contiguous, writable NumPy array of a hora dtype is handled
+    # inline (about 0.5 us less than the general path below, which also explains rejections).
+    if type(tensor) is np.ndarray:
+        dt = _NP_TO_HORA.get(tensor.dtype)
+        fl = tensor.flags
+        if dt is not None and fl.c_contiguous and fl.writeable:
+            p = _from_buffer(tensor)
+            rc = lib.hora_allreduce(ctx, p, p, tensor.size, dt, _op(op),
+                                    _scale(prescale_factor, "prescale_factor"),
+                                    _scale(postscale_factor, "postscale_factor"), _HOST)
+            if rc:
+                check(rc, "hora.allreduce_")
+            return tensor
     b = B.as_buf(tensor, "allreduce_(tensor)", writable=True)
     check(lib.hora_allreduce(ctx, b.ptr, b.ptr, b.count, b.dtype, _op(op),
                              _scale(prescale_factor, "prescale_factor"),
@@ -219,7 +235,17 @@ def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_fac
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Allreduce into a new array of tensor's kind, shape and dtype (see allreduce_). `name` is
     accepted for Horovod compatibility (the blocking call does not need it). Collective."""
-    ctx = _ctx()
+    ctx = _state.ctx or _ctx()
+    if type(tensor) is np.ndarray:  # hot path, as in allreduce_
+        dt = _NP_TO_HORA.get(tensor.dtype)
+        if dt is not None and tensor.flags.c_contiguous:
+            out = np.empty(tensor.shape, tensor.dtype)
+            rc = lib.hora_allreduce(ctx, _from_buffer(tensor), _from_buffer(out), tensor.size,
+                                    dt, _op(op), _scale(prescale_factor, "prescale_factor"),
+                                    _scale(postscale_factor, "postscale_factor"), _HOST)
+            if rc:
+                check(rc, "hora.allreduce")
+            return out
     b = B.as_buf(tensor, "allreduce(tensor)")
     out = B.empty_like(tensor)
     o = B.as_buf(out, "allreduce output", writable=True)
