@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/ctx.h"
+#include "engine/engine_init.h"
 #include "trace/trace.h"
 
 /* Live contexts, looked up by address so that a stale pointer is reported instead of being
@@ -193,6 +194,22 @@ static void ctx_free_comms(hora_ctx_t *c) {
   if (c->world != MPI_COMM_NULL) MPI_Comm_free(&c->world);
 }
 
+/* Run and free the module finalizers, newest first; returns the first error. */
+static hora_result_t run_finalizers(hora_ctx_t *ctx) {
+  hora_result_t first = HORA_SUCCESS;
+  for (;;) {
+    pthread_mutex_lock(&ctx->lock);
+    struct hora_finalizer *f = ctx->finalizers;
+    if (f) ctx->finalizers = f->next;
+    pthread_mutex_unlock(&ctx->lock);
+    if (!f) break;
+    hora_result_t rc = f->fn(ctx, f->arg);
+    if (rc != HORA_SUCCESS && first == HORA_SUCCESS) first = rc;
+    free(f);
+  }
+  return first;
+}
+
 static void log_nondefault_params(void) {
   for (size_t i = 0; i < hora__param_count; i++) {
     const char *v = getenv(hora__param_info[i].env);
@@ -263,8 +280,14 @@ HORA_EXPORT hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t 
   if (!(opts && opts->mpi_comm)) HORA_CHECK_GOTO(check_world(c, p, mpirun_started), rc, fail_ctx);
   HORA_CHECK_GOTO(build_layout(c, p), rc, fail_ctx);
   if (p->device >= 0) c->device = (int)p->device;
+  /* The async engine starts here, not lazily: it duplicates communicators, which is collective
+   * on the world and must not interleave with the program's own collectives (engine/engine.c).
+   * The reference is weak so that core builds without the engine (the records fuzzer); in a
+   * static link the engine is present whenever the program uses an async call. */
+  if (hora__engine_on_init) HORA_CHECK_GOTO(hora__engine_on_init(c), rc, fail_ctx);
   if (!live_add(c)) {
     rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: more than %d live contexts", MAX_LIVE);
+    run_finalizers(c);
     goto fail_ctx;
   }
   if (c->rank == 0) {
@@ -293,18 +316,8 @@ HORA_EXPORT hora_result_t hora_init(hora_ctx_t **ctx) { return hora_init_ex(NULL
 HORA_EXPORT hora_result_t hora_finalize(hora_ctx_t *ctx) {
   if (!ctx) return HORA_SUCCESS;
   HORA_CHECK(hora__ctx_check(ctx, "hora_finalize"));
-  hora_result_t first = HORA_SUCCESS;
   /* Run module finalizers, newest first, while the context is still live for them. */
-  for (;;) {
-    pthread_mutex_lock(&ctx->lock);
-    struct hora_finalizer *f = ctx->finalizers;
-    if (f) ctx->finalizers = f->next;
-    pthread_mutex_unlock(&ctx->lock);
-    if (!f) break;
-    hora_result_t rc = f->fn(ctx, f->arg);
-    if (rc != HORA_SUCCESS && first == HORA_SUCCESS) first = rc;
-    free(f);
-  }
+  hora_result_t first = run_finalizers(ctx);
   live_remove(ctx);
   int owned = ctx->mpi_owned;
   ctx_free_comms(ctx);
