@@ -16,7 +16,7 @@ import threading
 import weakref
 
 from . import _buffers as B
-from ._core import Average, _add_finalizer, _ctx, _op, _scale
+from ._core import Average, _add_finalizer, _ctx, _op, _root, _scale
 from ._errors import check, invalid, make_error
 from ._hora_cffi import ffi, lib
 
@@ -136,6 +136,17 @@ def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscal
                              postscale_factor, out)
 
 
+def broadcast_async_(tensor, root_rank, name=None):
+    """Start an in-place broadcast of root_rank's tensor into every rank's; returns a Handle
+    whose wait() returns tensor. Matched across ranks by name, like allreduce_async."""
+    ctx = _ctx()
+    b = B.as_buf(tensor, "broadcast_async_(tensor)", writable=True)
+    hp = ffi.new("hora_handle_t **")
+    check(lib.hora_broadcast_async(ctx, _name(name, "broadcast"), b.ptr, b.count, b.dtype,
+                                   _root(root_rank), b.device, hp), "hora.broadcast_async_")
+    return Handle(hp[0], b, tensor)
+
+
 def synchronize(handle):
     """Horovod's hora.synchronize(handle): handle.wait()."""
     if not isinstance(handle, Handle):
@@ -224,6 +235,6 @@ def join():
     return last[0]
 
 
-__all__ = ["Handle", "allreduce_async", "allreduce_async_", "grouped_allreduce",
+__all__ = ["Handle", "allreduce_async", "allreduce_async_", "broadcast_async_", "grouped_allreduce",
            "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "join",
            "poll", "synchronize"]

@@ -50,14 +50,20 @@ def broadcast_parameters(params, root_rank=0):
     """Copy root_rank's tensors into every rank's, in place (model.state_dict() or
     model.named_parameters()). Entries are matched by name (sorted), so every rank must pass the
     same names. Collective."""
+    items = _tensors_of(params)
+    for name, t in items:
+        if not isinstance(t, torch.Tensor):
+            raise invalid(f"broadcast_parameters: {name!r} is a {type(t).__name__}, not a tensor")
     with torch.no_grad():
-        for name, t in _tensors_of(params):
-            if not isinstance(t, torch.Tensor):
-                raise invalid(f"broadcast_parameters: {name!r} is a {type(t).__name__}, not a "
-                              "tensor")
-            buf = t if t.is_contiguous() else t.contiguous()
-            hora.broadcast_(buf.detach(), root_rank, name=f"broadcast.{name}")
-            if buf is not t:
+        # All broadcasts in flight at once (the engine runs them back to back), then wait.
+        pending = []
+        for name, t in items:
+            buf = t.detach() if t.is_contiguous() else t.detach().contiguous()
+            pending.append((t, buf, hora.broadcast_async_(buf, root_rank,
+                                                          name=f"broadcast.{name}")))
+        for t, buf, h in pending:
+            h.wait()
+            if buf.data_ptr() != t.data_ptr():
                 t.copy_(buf)
 
 

@@ -116,3 +116,15 @@ def test_join():
         assert last != 0
     if got is not None:
         assert got.tolist() == [n - 1] * 4
+
+
+def test_broadcast_async():
+    r, n = rank_size()
+    xs = [np.full(5, r + 10 * i, dtype=np.int64) for i in range(3)]
+    hs = [hora.broadcast_async_(x, root_rank=i % n, name=f"bcast{i}")
+          for i, x in reversed(list(enumerate(xs)))]  # submitted in reverse order
+    assert all(h.wait() is x for h, x in zip(hs, reversed(xs)))
+    for i, x in enumerate(xs):
+        assert x.tolist() == [i % n + 10 * i] * 5
+    with pytest.raises(hora.InvalidArgumentError, match="root"):
+        hora.broadcast_async_(xs[0], root_rank=n)
