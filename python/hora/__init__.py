@@ -33,4 +33,4 @@ if hasattr(_lib, "hora_allreduce_async"):
         grouped_allreduce_async, grouped_allreduce_async_, join, poll, synchronize,
     )
 if hasattr(_lib, "hora_ckpt_open"):
-    from .checkpoint import Checkpoint, should_stop, stop_on_signal  # noqa: F401
+    from .checkpoint import EXIT_REQUEUE, Checkpoint, should_stop, stop_on_signal  # noqa: F401

@@ -125,6 +125,12 @@ class Checkpoint:
         check(rc, "Checkpoint.meta")
         return ffi.string(v[0]).decode()
 
+    def source(self):
+        """The step directory the last successful restore read (local or persistent)."""
+        v = ffi.new("const char **")
+        check(lib.hora_ckpt_restore_source(self._live(), v), "Checkpoint.source")
+        return ffi.string(v[0]).decode()
+
     def flush(self):
         """Wait until the last checkpoint is durable in persist_dir. Collective."""
         check(lib.hora_ckpt_flush(self._live()), "Checkpoint.flush")
@@ -146,6 +152,10 @@ class Checkpoint:
         return False
 
 
+# Exit status after a preemption checkpoint: the sbatch script requeues the job when it sees it.
+EXIT_REQUEUE = lib.HORA_EXIT_REQUEUE
+
+
 def stop_on_signal():
     """Install hora's SIGUSR1/SIGTERM handlers (Slurm's preemption and time-limit signals): they
     only set a flag that should_stop() reads."""
@@ -154,7 +164,8 @@ def stop_on_signal():
 
 def should_stop():
     """True on every rank once any rank got SIGUSR1/SIGTERM (after stop_on_signal()). Collective:
-    call it at the same point of every step, then save and exit with hora.EXIT_REQUEUE."""
+    call it at the same point of every step, then save, flush, hora.shutdown() and
+    sys.exit(hora.EXIT_REQUEUE)."""
     s = ffi.new("int *")
     check(lib.hora_should_stop(_ctx(), s), "hora.should_stop")
     return bool(s[0])
