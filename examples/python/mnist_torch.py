@@ -10,6 +10,11 @@ ranks, from --seed), gradients are averaged by hora (an async allreduce starts f
 parameter's gradient hook during backward; step() waits), and rank 0 prints the loss and the test
 accuracy, evaluated over all ranks' shards of the test set.
 
+With --ckpt-dir (node-local) and optionally --persist-dir, the model and optimizer are saved
+after every epoch through hora.Checkpoint and restored at start (resume after preemption): on
+SIGUSR1/SIGTERM from Slurm every rank stops at the same step boundary, saves, and exits with
+hora.EXIT_REQUEUE so that the sbatch script can requeue the job.
+
 Model (as in keras.io/examples/vision/mnist_convnet): conv 32 3x3 relu, maxpool 2, conv 64 3x3
 relu, maxpool 2, flatten, dropout 0.5, dense 10 (softmax in the loss). Adam with the learning
 rate scaled by the world size, as Horovod recommends.
@@ -18,6 +23,7 @@ import argparse
 import gzip
 import os
 import struct
+import sys
 import time
 
 import numpy as np
@@ -82,6 +88,8 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3, help="learning rate of one rank")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: keep)")
+    ap.add_argument("--ckpt-dir", help="node-local checkpoint folder (enables save/resume)")
+    ap.add_argument("--persist-dir", help="persistent folder the checkpoints are copied to")
     a = ap.parse_args()
 
     hora.init()
@@ -101,11 +109,26 @@ def main():
     ht.broadcast_parameters(model.state_dict(), root_rank=0)
     ht.broadcast_optimizer_state(opt, root_rank=0)
 
+    # Checkpoint: model weights and optimizer state as flat arrays, restored on every rank.
+    ck, start_epoch = None, 0
+    if a.ckpt_dir:
+        ck = hora.Checkpoint(a.ckpt_dir, a.persist_dir, keep=2)
+        hora.stop_on_signal()
+        opt.step()  # creates the optimizer state (zero gradients: Adam leaves weights unchanged)
+        state = checkpoint_state(model, opt)
+        epoch_done = ck.restore(state)
+        if epoch_done is not None:
+            start_epoch = epoch_done
+            if rank == 0:
+                print(f"resumed after epoch {epoch_done} from {ck.source()}", flush=True)
+
     gen = torch.Generator().manual_seed(a.seed)
     steps = len(xtr) // a.batch_size
     for epoch in range(a.epochs):
+        perm = torch.randperm(len(xtr), generator=gen)  # same on every rank, every run
+        if epoch < start_epoch:
+            continue  # done before the restart: only the permutation is replayed
         model.train()
-        perm = torch.randperm(len(xtr), generator=gen)  # same on every rank
         t0, loss_sum = time.perf_counter(), 0.0
         for s in range(steps):
             idx = perm[s * a.batch_size + rank * local_batch:][:local_batch]
@@ -126,7 +149,25 @@ def main():
             print(f"epoch {epoch + 1}/{a.epochs}: loss {mean_loss:.4f}, test accuracy "
                   f"{total[0] / total[1]:.4f} ({total[0]}/{total[1]}), {dt:.1f} s, "
                   f"{steps * a.batch_size / dt:.0f} images/s on {size} ranks", flush=True)
+        if ck is not None:
+            ck.save(epoch + 1, checkpoint_state(model, opt), meta={"epoch": str(epoch + 1)})
+            if hora.should_stop():  # Slurm asked us to stop: make the save durable, requeue
+                ck.close()
+                hora.shutdown()
+                sys.exit(hora.EXIT_REQUEUE)
+    if ck is not None:
+        ck.close()
     hora.shutdown()
+
+
+def checkpoint_state(model, opt):
+    """name -> tensor views of everything to save and restore (weights, Adam moments, steps)."""
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    for i, p in enumerate(p for g in opt.param_groups for p in g["params"]):
+        for k, v in opt.state[p].items():
+            if torch.is_tensor(v):
+                state[f"opt.{i}.{k}"] = v.reshape(1) if v.dim() == 0 else v
+    return state
 
 
 if __name__ == "__main__":
