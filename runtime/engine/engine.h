@@ -128,7 +128,8 @@ typedef struct eng_coord {
   uint8_t *have;    /* per rank: submitted */
   int nhave;
   double first_seen, last_warn;
-  struct eng_coord *next;
+  struct eng_coord *next;  /* list in the order names were first seen */
+  struct eng_coord *hnext; /* hash chain of eng->cidx */
 } eng_coord_t;
 
 /* A response as rank 0 broadcasts it. */
@@ -185,6 +186,9 @@ typedef struct hora_engine {
   int any_joined;       /* some rank had joined at the last bit-vector allreduce */
   eng_req_t *join_req;
   eng_coord_t *coord;   /* rank 0: names submitted by some ranks */
+  eng_coord_t *coord_tail;
+  eng_coord_t **cidx;   /* rank 0: name -> entry (chained hashing, power-of-two buckets) */
+  size_t ncidx, ncoord;
   uint8_t *coord_joined; /* rank 0: per rank */
   uint64_t *coord_join_seq;
   uint64_t join_seq;
@@ -233,6 +237,8 @@ void hora__stall_check(hora_engine_t *eng, double now);
 /* stall.c: "1,3-5" style list of the ranks whose flag is `want` (flags has size entries). */
 void hora__rank_list(const uint8_t *flags, int size, int want, char *out, size_t outsz);
 /* negotiate.c: queue a response for the next broadcast (rank 0). */
+/* Unlink *pp (an entry of eng->coord) from the list and the index, and free it. */
+void hora__coord_remove(hora_engine_t *eng, eng_coord_t **pp);
 hora_result_t hora__coord_respond(hora_engine_t *eng, const char *name, const eng_params_t *p,
                                   hora_result_t rc, const char *msg);
 

@@ -27,6 +27,7 @@
  *
  * All MPI calls here are non-blocking and waited for with hora__engine_mpi_wait, so a dead peer
  * (heartbeat.c) ends the wait instead of hanging the thread. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,7 +136,10 @@ void hora__coord_free(hora_engine_t *eng) {
     n = c->next;
     coord_entry_free(c);
   }
-  eng->coord = NULL;
+  eng->coord = eng->coord_tail = NULL;
+  free(eng->cidx);
+  eng->cidx = NULL;
+  eng->ncidx = eng->ncoord = 0;
   for (size_t i = 0; i < eng->noutbox; i++) {
     free(eng->outbox[i].name);
     free(eng->outbox[i].msg);
@@ -147,6 +151,56 @@ void hora__coord_free(hora_engine_t *eng) {
   free(eng->coord_join_seq);
   eng->coord_joined = NULL;
   eng->coord_join_seq = NULL;
+}
+
+/* The coordinator's name index: a table of a thousand names meets every rank's list of new names
+ * at once in the first step, so lookups must not walk the list. */
+static size_t cbucket(const hora_engine_t *eng, const char *name) {
+  return (size_t)(hora__eng_hash(name, strlen(name)) & (eng->ncidx - 1));
+}
+
+static eng_coord_t *coord_find(hora_engine_t *eng, const char *name) {
+  if (!eng->ncidx) return NULL;
+  for (eng_coord_t *c = eng->cidx[cbucket(eng, name)]; c; c = c->hnext)
+    if (strcmp(c->name, name) == 0) return c;
+  return NULL;
+}
+
+static hora_result_t coord_index(hora_engine_t *eng, eng_coord_t *c) {
+  if (eng->ncoord + 1 > eng->ncidx) {
+    size_t nb = eng->ncidx ? eng->ncidx * 2 : 256;
+    eng_coord_t **b = calloc(nb, sizeof *b);
+    if (!b) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory in the coordinator");
+    for (size_t i = 0; i < eng->ncidx; i++)
+      for (eng_coord_t *x = eng->cidx[i], *nx; x; x = nx) {
+        nx = x->hnext;
+        size_t k = (size_t)(hora__eng_hash(x->name, strlen(x->name)) & (nb - 1));
+        x->hnext = b[k];
+        b[k] = x;
+      }
+    free(eng->cidx);
+    eng->cidx = b;
+    eng->ncidx = nb;
+  }
+  size_t k = cbucket(eng, c->name);
+  c->hnext = eng->cidx[k];
+  eng->cidx[k] = c;
+  eng->ncoord++;
+  return HORA_SUCCESS;
+}
+
+void hora__coord_remove(hora_engine_t *eng, eng_coord_t **pp) {
+  eng_coord_t *c = *pp;
+  for (eng_coord_t **hp = &eng->cidx[cbucket(eng, c->name)]; *hp; hp = &(*hp)->hnext)
+    if (*hp == c) {
+      *hp = c->hnext;
+      break;
+    }
+  eng->ncoord--;
+  *pp = c->next;
+  if (eng->coord_tail == c)
+    eng->coord_tail = pp == &eng->coord ? NULL : (eng_coord_t *)((char *)pp - offsetof(eng_coord_t, next));
+  coord_entry_free(c);
 }
 
 /* The value of one field as text, for comparing and for the mismatch message. */
@@ -230,11 +284,7 @@ static hora_result_t coord_add(hora_engine_t *eng, int rank, char *name, const e
     eng->coord_join_seq[rank] = ++eng->join_seq;
     return HORA_SUCCESS;
   }
-  eng_coord_t *c, **tail = &eng->coord;
-  for (c = eng->coord; c; c = c->next) {
-    if (strcmp(c->name, name) == 0) break;
-    tail = &c->next;
-  }
+  eng_coord_t *c = coord_find(eng, name);
   if (!c) {
     c = calloc(1, sizeof *c);
     if (c) {
@@ -248,7 +298,13 @@ static hora_result_t coord_add(hora_engine_t *eng, int rank, char *name, const e
     }
     c->name = name;
     c->first_seen = c->last_warn = now;
-    *tail = c;
+    if (coord_index(eng, c) != HORA_SUCCESS) {
+      coord_entry_free(c);
+      return HORA_ERR_NO_MEMORY;
+    }
+    if (eng->coord_tail) eng->coord_tail->next = c;
+    else eng->coord = c;
+    eng->coord_tail = c;
   } else {
     free(name);
   }
@@ -290,8 +346,7 @@ static hora_result_t coord_ready(hora_engine_t *eng) {
       }
     }
     HORA_CHECK(hora__coord_respond(eng, c->name, &c->p[first], rc, rc ? msg : NULL));
-    *pp = c->next;
-    coord_entry_free(c);
+    hora__coord_remove(eng, pp);
   }
   if (njoined == n) {
     int last = 0;
