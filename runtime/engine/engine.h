@@ -202,10 +202,16 @@ typedef struct hora_engine {
   size_t zeros_bytes;
   eng_timeline_t *tl;
   double stall_fallback_s; /* cached requests older than this go to the coordinator */
+  /* Counters for tests and logs (written by the engine thread only). */
+  _Atomic uint64_t stat_cycles, stat_slow_cycles, stat_cache_hits, stat_fused_groups;
   double last_stall_check;
 } hora_engine_t;
 
 /* engine.c */
+/* Counters of this context's engine: cycles, cycles with a rank-0 round, responses taken from the
+ * cache, fused groups of more than one tensor. For tests. */
+hora_result_t hora__engine_stats(hora_ctx_t *ctx, uint64_t *cycles, uint64_t *slow_cycles,
+                                 uint64_t *cache_hits, uint64_t *fused_groups);
 hora_result_t hora__engine_get(hora_ctx_t *ctx, const char *fn, hora_engine_t **out);
 /* Fail `rc` with a message for every live handle and mark the engine failed (thread-safe). */
 void hora__engine_fail(hora_engine_t *eng, hora_result_t rc, const char *fmt, ...) HORA_PRINTF(3, 4);

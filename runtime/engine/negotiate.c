@@ -530,8 +530,10 @@ hora_result_t hora__negotiate(hora_engine_t *eng, eng_resp_t **run_list, size_t 
     nlist++;
   }
 
+  atomic_fetch_add(&eng->stat_cache_hits, nlist);
   /* ---- step 2: rank 0 coordination ---- */
   if (!(flags & F_NO_SLOW)) {
+    atomic_fetch_add(&eng->stat_slow_cycles, 1);
     for (size_t i = 0; i < nreq; i++) {
       eng_req_t *r = reqs[i];
       if (r->state != REQ_NEW) continue;
