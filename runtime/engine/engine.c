@@ -271,6 +271,9 @@ static hora_result_t engine_finalize(hora_ctx_t *ctx, void *arg) {
     return HORA_ERR(fail_rc, "hora_finalize: the async engine is stuck after a failure (%s)", msg);
   }
   pthread_join(eng->thread, NULL);
+  HORA_INFO(ENGINE, "async engine stopped: %llu cycles, %llu with a rank-0 round, %llu cache hits, "
+            "%llu fused groups", (unsigned long long)eng->stat_cycles, (unsigned long long)eng->stat_slow_cycles,
+            (unsigned long long)eng->stat_cache_hits, (unsigned long long)eng->stat_fused_groups);
   engine_free(eng, !dead);
   if (dead) return HORA_ERR(fail_rc, "hora_finalize: %s", msg);
   return HORA_SUCCESS;
