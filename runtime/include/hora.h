@@ -121,7 +121,11 @@ typedef struct {
  * Checks the world size against SLURM_NTASKS (inside an srun step) and HORA_SIZE (set by
  * launch); a difference means the processes were started without a working PMI and each one is
  * its own single-rank world.
- * Errors: HORA_ERR_INVALID_ARGUMENT (ctx NULL, a malformed HORA_* variable: the message names it),
+ * CUDA builds: picks this rank's GPU (HORA_DEVICE, else local rank modulo the number of visible
+ * GPUs), makes it current on the calling thread (cudaSetDevice) and logs it at INFO; a rank that
+ * sees no GPU starts normally (its device collectives return HORA_ERR_NOT_SUPPORTED).
+ * Errors: HORA_ERR_INVALID_ARGUMENT (ctx NULL, a malformed HORA_* variable: the message names it;
+ *   HORA_DEVICE at or beyond the number of visible GPUs), HORA_ERR_CUDA (cudaSetDevice failed),
  *   HORA_ERR_LAYOUT (world size differs from SLURM_NTASKS or HORA_SIZE; the message says how to
  *   start the job), HORA_ERR_MPI (MPI could not start or lacks MPI_THREAD_MULTIPLE),
  *   HORA_ERR_NO_MEMORY. On error *ctx is left unchanged and nothing stays allocated. */
@@ -144,8 +148,9 @@ hora_result_t hora_local_rank(hora_ctx_t *ctx, int *local_rank); /* rank among t
 hora_result_t hora_local_size(hora_ctx_t *ctx, int *local_size); /* ranks on this node */
 hora_result_t hora_cross_rank(hora_ctx_t *ctx, int *cross_rank); /* index of this node */
 hora_result_t hora_cross_size(hora_ctx_t *ctx, int *cross_size); /* number of nodes */
-/* CUDA device ordinal this rank uses. HORA_ERR_NOT_SUPPORTED when the build has no CUDA or the
- * rank has no GPU (then *device is unchanged). */
+/* CUDA device ordinal this rank uses (chosen by hora_init: HORA_DEVICE, else local rank modulo
+ * the visible GPU count). Local. HORA_ERR_NOT_SUPPORTED when the build has no CUDA or the rank has
+ * no GPU (then *device is unchanged). */
 hora_result_t hora_device_index(hora_ctx_t *ctx, int *device);
 
 /* ---------------------------------------------------------------------------------------------
@@ -358,9 +363,168 @@ hora_result_t hora_handle_free(hora_handle_t *handle);
  * error. */
 hora_result_t hora_join(hora_ctx_t *ctx, int *last_rank);
 
-/* ---- GPU (runtime/comm) ---- */
+/* ---- GPU (runtime/comm) ----
+ * Device buffers (device = HORA_DEVICE_CUDA) are accepted by every blocking collective above in
+ * CUDA builds. They must be memory of this rank's GPU (hora_device_index). Transport:
+ * HORA_GPU_PATH (auto: NCCL unless the build lacks it or two ranks of a node share a GPU, then an
+ * MPI ring staged through pinned host memory with the reduction on the GPU; see docs/gpu.md).
+ * hora enqueues on its own blocking streams, so it orders after the caller's work on the legacy
+ * default stream; work on other streams must be complete before the call. The call returns when
+ * the result is in recvbuf. HORA_COMPRESSION=fp16|bf16 sends float32 allreduce payloads as 16-bit
+ * floats. The first device collective of a context creates its GPU state (collective).
+ * Extra errors for device buffers: HORA_ERR_INVALID_ARGUMENT (a buffer is host memory or memory of
+ * another GPU; checked locally, so the other ranks wait until HORA_PEER_TIMEOUT_S),
+ * HORA_ERR_NOT_SUPPORTED (no CUDA in the build, some rank has no
+ * GPU, or HORA_GPU_PATH=nccl where NCCL cannot run; returned on every rank), HORA_ERR_CUDA (a CUDA
+ * call or kernel failed), HORA_ERR_NCCL (NCCL failed), HORA_ERR_TIMEOUT (no completion within
+ * HORA_PEER_TIMEOUT_S; the NCCL communicator is aborted), HORA_ERR_REMOTE (NCCL reported a remote
+ * or system error, or the communicator was aborted earlier). */
 
-/* ---- checkpoints (runtime/ckpt) ---- */
+/* ---- checkpoints (runtime/ckpt) ----
+ * Two-phase checkpoints (docs/checkpoint.md): hora_ckpt_save copies the named tensors of rank 0
+ * into a staging buffer and returns; a writer thread writes them to node-local disk
+ * (local_dir/step-<N>/), a copier thread copies committed steps to persistent storage
+ * (persist_dir/step-<N>/). Every file reaches its final name through a temporary name, fsync,
+ * rename and a directory fsync; the manifest (manifest.json, with the file's size and CRC32C)
+ * is written last, so a step directory without a valid manifest is never used. Files are
+ * safetensors (loadable by Python's `safetensors` package) with CRC32C values per tensor and
+ * for the data section in `__metadata__`. `keep` versions stay in each place; an older version
+ * is removed only after a newer one verified in the same place.
+ * Threads: one checkpointer is used by one thread at a time (the training loop). */
+typedef struct hora_ckpt hora_ckpt_t;
+
+/* Options of hora_ckpt_open. Call hora_ckpt_opts_init, then set the fields you need. Fields only
+ * ever grow at the end. */
+typedef struct {
+  size_t size;             /* sizeof(hora_ckpt_opts_t) */
+  const char *local_dir;   /* NULL: $SLURM_TMPDIR/hora-ckpt, else /tmp/hora-$SLURM_JOB_ID, else /tmp/hora-ckpt-<uid> */
+  const char *persist_dir; /* NULL: no copier, local only */
+  int keep;                /* versions kept in each place; 0: 2; 1 is an error */
+  double copy_interval_s;  /* < 0: default 600; 0: copy after every save */
+} hora_ckpt_opts_t;
+
+/* hora_ckpt_opts_init: set opts->size and every default (local_dir and persist_dir NULL, keep 2,
+ * copy_interval_s 600). Local. Errors: HORA_ERR_INVALID_ARGUMENT (opts NULL). */
+hora_result_t hora_ckpt_opts_init(hora_ckpt_opts_t *opts);
+
+/* One tensor to save or restore. */
+typedef struct {
+  const char *name;        /* unique within a checkpoint */
+  void *data;              /* save: read from; restore: written to */
+  size_t count;            /* elements */
+  hora_dtype_t dtype;
+  hora_device_t device;
+  int ndim;                /* 0: 1-D [count]; else shape[0..ndim-1], product == count */
+  const int64_t *shape;
+} hora_tensor_t;
+
+/* One user metadata entry (both strings NUL-terminated; copied by hora_ckpt_save). */
+typedef struct { const char *key; const char *value; } hora_kv_t;
+
+/* Exit status a program uses after a preemption checkpoint (hora_should_stop, then save and
+ * flush): the sbatch script requeues the job when srun returns it (examples/slurm/requeue.sbatch,
+ * or RequeueExit=3 in slurm.conf). */
+#define HORA_EXIT_REQUEUE 3
+
+/* hora_ckpt_open: create a checkpointer. Collective (every rank, same options; only rank 0's
+ * directories are used). Blocking: rank 0 creates local_dir and persist_dir (with parents)
+ * if missing, removes temporary files an interrupted earlier run left in them, and starts the
+ * writer thread and, with a persist_dir, the copier thread. hora_finalize closes checkpointers
+ * still open. opts NULL means the defaults (see hora_ckpt_opts_t).
+ * Errors: HORA_ERR_NOT_INITIALIZED (ctx not live), HORA_ERR_INVALID_ARGUMENT (ck NULL, opts->size
+ *   too small, keep 1 or negative, copy_interval_s NaN, an empty directory string),
+ *   HORA_ERR_IO (a directory cannot be created or is not a directory: the message names it;
+ *   every rank returns it), HORA_ERR_MPI, HORA_ERR_NO_MEMORY. On error *ck is unchanged. */
+hora_result_t hora_ckpt_open(hora_ctx_t *ctx, const hora_ckpt_opts_t *opts, hora_ckpt_t **ck);
+
+/* hora_ckpt_save: checkpoint `step`. Collective; only rank 0's tensors and metadata are read
+ * (data-parallel replicas hold the same state), other ranks may pass NULL/0.
+ * Rank 0 copies the ntensors tensors (host memory with memcpy; device memory with
+ * cudaMemcpyAsync into pinned staging, then one stream synchronize) and returns as soon as
+ * the copy is complete: the caller may overwrite its buffers right after. The file is written
+ * in the background (tensors in the order given, back to back). One snapshot exists at a
+ * time: a save that finds the previous checkpoint still being written waits for it (and logs a
+ * warning saying how long). Saving a step that is already committed writes a new version of
+ * it beside the old file and replaces the manifest by rename.
+ * Metadata: nmeta key/value strings, stored in the file's `__metadata__` besides hora's own
+ * hora.step, hora.world_size, hora.version, hora.crc32c.<tensor> and hora.data_crc32c.
+ * Errors (every rank returns rank 0's result):
+ *   HORA_ERR_INVALID_ARGUMENT: ck NULL; tensors or meta NULL with a nonzero count; a tensor name
+ *     NULL, empty, longer than 1024 bytes, "__metadata__" or repeated; unknown dtype or device;
+ *     data NULL with count > 0; ndim outside 0..64, shape NULL, or a shape whose product is not
+ *     count; count * element size overflowing; a meta key NULL, empty, repeated or starting
+ *     with "hora."; a meta value NULL.
+ *   HORA_ERR_IO: local_dir has less free space than the new file needs (the previous
+ *     checkpoints are kept), or the background write of an EARLIER save failed (disk full,
+ *     quota, RLIMIT_FSIZE; the message names that step). Such a deferred error is returned
+ *     once, by the next save, flush or close; a save that returns it takes no snapshot, so
+ *     call it again to checkpoint this step. Training can go on after any of these errors.
+ *   HORA_ERR_NOT_SUPPORTED (device tensors in a build without CUDA), HORA_ERR_CUDA,
+ *   HORA_ERR_NO_MEMORY (the staging buffer, as large as all tensors, cannot be allocated),
+ *   HORA_ERR_MPI. On error no snapshot is taken and nothing on disk changes. */
+hora_result_t hora_ckpt_save(hora_ckpt_t *ck, int64_t step, const hora_tensor_t *tensors,
+                             size_t ntensors, const hora_kv_t *meta, size_t nmeta);
+
+/* hora_ckpt_restore: load the newest valid checkpoint into every rank's tensors. Collective;
+ * every rank passes the same names, dtypes and counts. Rank 0 looks in local_dir, then in
+ * persist_dir, and takes the highest step whose manifest parses and whose file has the
+ * manifest's size and CRC32C and every tensor CRC32C of its header (for the same step, the local
+ * copy); torn or corrupt candidates are skipped with a warning naming them and the reason. It
+ * then broadcasts step, metadata and bytes to all ranks. The checkpoint may hold more tensors
+ * than asked for. Device tensors are filled with cudaMemcpy from host staging.
+ * On success *step is the checkpoint's step (resume at *step + 1), and hora_ckpt_meta_get and
+ * hora_ckpt_restore_source describe it.
+ * Errors (every rank returns the same code):
+ *   HORA_ERR_NOT_FOUND: no valid checkpoint in either place (a fresh start); nothing is written.
+ *   HORA_ERR_MISMATCH: the checkpoint lacks a requested tensor, or has another dtype, count or
+ *     shape (when ndim > 0) for it, or the ranks' tensors differ in total size; nothing is
+ *     written.
+ *   HORA_ERR_INVALID_ARGUMENT (ck or step NULL, tensors NULL with ntensors > 0, a NULL name,
+ *   data NULL with count > 0, unknown dtype or device; nothing written), HORA_ERR_NO_MEMORY (the
+ *   file is read whole into memory on rank 0, and every other rank receives the requested
+ *   bytes in one buffer), HORA_ERR_NOT_SUPPORTED / HORA_ERR_CUDA (device tensors; tensors may
+ *   be partly written), HORA_ERR_MPI. *step is unchanged on error. */
+hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora_tensor_t *tensors,
+                                size_t ntensors);
+
+/* hora_ckpt_meta_get: value of user metadata `key` of the last successful restore, on every
+ * rank. Local. *value stays valid until the next restore or close.
+ * Errors: HORA_ERR_INVALID_ARGUMENT (NULL argument), HORA_ERR_NOT_FOUND (no such key, or no
+ * restore yet). */
+hora_result_t hora_ckpt_meta_get(hora_ckpt_t *ck, const char *key, const char **value);
+
+/* hora_ckpt_restore_source: the step directory the last successful restore used (for example
+ * "/scratch/run1/step-300"), on every rank. Local. *dir stays valid until the next restore or
+ * close. Errors: HORA_ERR_INVALID_ARGUMENT (NULL argument), HORA_ERR_NOT_FOUND (no restore yet). */
+hora_result_t hora_ckpt_restore_source(hora_ckpt_t *ck, const char **dir);
+
+/* hora_ckpt_flush: wait until every saved checkpoint is committed in local_dir and, with a
+ * persist_dir, until the newest one is durable there (the copier is woken at once, whatever
+ * copy_interval_s says). Collective; blocking. While persist_dir is unreachable the copier
+ * retries every HORA_CKPT_RETRY_S; flush gives up after HORA_CKPT_FLUSH_TIMEOUT_S.
+ * Errors (every rank returns rank 0's result): HORA_ERR_INVALID_ARGUMENT (ck NULL), HORA_ERR_IO
+ *   (a deferred write error, see hora_ckpt_save, or the copy kept failing until the timeout:
+ *   the message says why), HORA_ERR_DATA (the local file no longer matched its manifest, so it
+ *   was not copied), HORA_ERR_MPI. */
+hora_result_t hora_ckpt_flush(hora_ckpt_t *ck);
+
+/* hora_ckpt_close: flush, stop the threads and free the checkpointer. Collective. ck NULL is a
+ * no-op. The checkpointer is freed in every case; returns the flush's error. */
+hora_result_t hora_ckpt_close(hora_ckpt_t *ck);
+
+/* hora_ckpt_on_signal: install handlers for SIGUSR1 (Slurm's `--signal=USR1@T`, `scancel -s
+ * USR1`) and SIGTERM that only set a process-wide flag; hora_finalize restores the previous
+ * handlers. Local; call it on every rank after hora_init. Idempotent.
+ * Errors: HORA_ERR_NOT_INITIALIZED (ctx not live), HORA_ERR_INTERNAL (sigaction failed),
+ * HORA_ERR_NO_MEMORY. */
+hora_result_t hora_ckpt_on_signal(hora_ctx_t *ctx);
+
+/* hora_should_stop: *stop = 1 on every rank if any rank has received SIGUSR1 or SIGTERM since
+ * hora_ckpt_on_signal, else 0 everywhere (an MPI_Allreduce of one int, so call it at a step
+ * boundary: every rank stops at the same step). Once 1 it stays 1. Collective; blocking.
+ * The intended sequence: save, flush, hora_finalize, exit(HORA_EXIT_REQUEUE).
+ * Errors: HORA_ERR_NOT_INITIALIZED, HORA_ERR_INVALID_ARGUMENT (stop NULL), HORA_ERR_MPI. */
+hora_result_t hora_should_stop(hora_ctx_t *ctx, int *stop);
 
 /* ---- record files (runtime/data) ----
  * TFRecord-framed files (docs/data.md): each record is

@@ -1,0 +1,272 @@
+/* The copier thread (rank 0, only with a persist_dir): copies the newest committed local step to
+ * persist_dir when it is due (copy_interval_s after the previous copy, after every save with
+ * interval 0, and at once when a flush waits):
+ *
+ *   local step-N/<file> ──read, CRC32C──► persist step-N/.tmp-<file>.PID ──fsync──► re-read,
+ *   CRC32C == manifest? ──► rename to <file>, fsync dir ──► manifest.json (tmp, fsync, rename,
+ *   fsync dir) ──► `latest` (tmp, rename) ──► prune persist_dir to `keep` versions
+ *
+ * persist_dir itself is never created by the copier (only by hora_ckpt_open): if it disappears
+ * (an unmounted file system), copying into an empty mount point would be wrong; the copier logs
+ * the failure once, retries every HORA_CKPT_RETRY_S, and resumes when it is back. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/ckpt.h"
+#include "core/crc32c.h"
+
+/* Copy src to dst (created) and return the CRC32C and size of what dst holds afterwards.
+ * The bytes move inside the kernel (copy_file_range, as cp does; read/write where the two file
+ * systems cannot do that); each chunk's writeback is started at once (sync_file_range), so the
+ * final fsync overlaps with the copy instead of following it, and each chunk is read back from
+ * dst and CRC'd while it is still in the page cache: the verification costs one CRC pass. */
+static hora_result_t copy_file(const char *src, const char *dst, uint32_t *crc, uint64_t *bytes) {
+  size_t chunk = (size_t)hora__params()->ckpt_chunk_bytes;
+  int in = open(src, O_RDONLY | O_CLOEXEC);
+  if (in < 0) return HORA_ERR(HORA_ERR_IO, "open %s: %s", src, strerror(errno));
+  struct stat st;
+  if (fstat(in, &st) != 0) {
+    int e = errno;
+    close(in);
+    return HORA_ERR(HORA_ERR_IO, "stat %s: %s", src, strerror(e));
+  }
+  int out = open(dst, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out < 0) {
+    int e = errno;
+    close(in);
+    return HORA_ERR(HORA_ERR_IO, "create %s: %s", dst, strerror(e));
+  }
+  posix_fadvise(in, 0, 0, POSIX_FADV_SEQUENTIAL);
+  unsigned char *b = malloc(chunk);
+  hora_result_t rc = b ? HORA_SUCCESS : HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+  uint32_t c = 0;
+  uint64_t total = (uint64_t)st.st_size, off = 0;
+  int kernel_copy = 1;
+  while (rc == HORA_SUCCESS && off < total) {
+    size_t n = total - off < chunk ? (size_t)(total - off) : chunk;
+    ssize_t r;
+    if (kernel_copy) {
+      loff_t io = (loff_t)off, oo = (loff_t)off;
+      r = copy_file_range(in, &io, out, &oo, n, 0);
+      if (r < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP)) {
+        kernel_copy = 0;
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) {
+        rc = HORA_ERR(HORA_ERR_IO, "copy %s to %s: %s", src, dst, strerror(errno));
+        break;
+      }
+    } else {
+      r = pread(in, b, n, (off_t)off);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) {
+        rc = HORA_ERR(HORA_ERR_IO, "read %s: %s", src, strerror(errno));
+        break;
+      }
+      if (r > 0) {
+        size_t w = 0;
+        while (w < (size_t)r && rc == HORA_SUCCESS) {
+          ssize_t x = pwrite(out, b + w, (size_t)r - w, (off_t)(off + w));
+          if (x < 0 && errno == EINTR) continue;
+          if (x <= 0) rc = HORA_ERR(HORA_ERR_IO, "write %s: %s", dst, x < 0 ? strerror(errno) : "no progress");
+          else w += (size_t)x;
+        }
+      }
+    }
+    if (rc != HORA_SUCCESS) break;
+    if (r == 0) {
+      rc = HORA_ERR(HORA_ERR_IO, "%s ended at byte %" PRIu64 " of %" PRIu64 " (changed while copied)", src, off, total);
+      break;
+    }
+    sync_file_range(out, (off64_t)off, (off64_t)r, SYNC_FILE_RANGE_WRITE);
+    /* Read back what dst holds. */
+    size_t got = 0;
+    while (got < (size_t)r && rc == HORA_SUCCESS) {
+      ssize_t x = pread(out, b, (size_t)r - got, (off_t)(off + got));
+      if (x < 0 && errno == EINTR) continue;
+      if (x <= 0) rc = HORA_ERR(HORA_ERR_IO, "read back %s: %s", dst, x < 0 ? strerror(errno) : "short file");
+      else {
+        c = hora__crc32c(c, b, (size_t)x);
+        got += (size_t)x;
+      }
+    }
+    off += (uint64_t)r;
+    hora__ck_test_delay();
+  }
+  if (rc == HORA_SUCCESS && fsync(out) != 0) rc = HORA_ERR(HORA_ERR_IO, "fsync %s: %s", dst, strerror(errno));
+  if (close(out) != 0 && rc == HORA_SUCCESS) rc = HORA_ERR(HORA_ERR_IO, "close %s: %s", dst, strerror(errno));
+  close(in);
+  free(b);
+  *crc = c;
+  *bytes = off;
+  return rc;
+}
+
+/* The local manifest with "file" set to `file` (the persistent copy may carry another name). */
+static hora_result_t manifest_for(const char *stepdir, const char *file, char **out) {
+  char p[4600];
+  snprintf(p, sizeof p, "%s/%s", stepdir, CK_MANIFEST);
+  json_error_t e;
+  json_t *root = json_load_file(p, 0, &e);
+  if (!root) return HORA_ERR(HORA_ERR_DATA, "%s: %s", p, e.text);
+  json_object_set_new(root, "file", json_string(file));
+  *out = json_dumps(root, JSON_INDENT(1));
+  json_decref(root);
+  return *out ? HORA_SUCCESS : HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+}
+
+static hora_result_t copy_step(hora_ckpt_t *ck, int64_t step) {
+  char src_sd[4096], dst_sd[4096], src[4600], tmp[4600], fin[4600];
+  ck_manifest_t m, old;
+  hora__ck_step_dir(ck->local_dir, step, src_sd, sizeof src_sd);
+  HORA_CHECK(hora__ck_manifest_read(src_sd, &m));
+  struct stat st;
+  errno = 0;
+  if (stat(ck->persist_dir, &st) != 0 || !S_ISDIR(st.st_mode))
+    return HORA_ERR(HORA_ERR_IO, "persist_dir %s is not reachable: %s", ck->persist_dir,
+                    errno ? strerror(errno) : "not a directory");
+  hora__ck_step_dir(ck->persist_dir, step, dst_sd, sizeof dst_sd);
+  int committed = hora__ck_has_manifest(dst_sd) && hora__ck_manifest_read(dst_sd, &old) == HORA_SUCCESS;
+  if (committed && old.file_crc == m.file_crc && old.file_bytes == m.file_bytes &&
+      hora__ck_validate(dst_sd, 0, &old, NULL, NULL) == HORA_SUCCESS) {
+    HORA_INFO(CKPT, "step %" PRId64 " is already in %s", step, ck->persist_dir);
+    goto latest;
+  }
+  int created = 0;
+  if (!committed) {
+    if (access(dst_sd, F_OK) == 0) HORA_CHECK(hora__ck_remove_step(dst_sd));
+    if (mkdir(dst_sd, 0755) != 0) return HORA_ERR(HORA_ERR_IO, "mkdir %s: %s", dst_sd, strerror(errno));
+    created = 1;
+  }
+  const char *file = (committed && strcmp(old.file, m.file) == 0)
+                         ? (strcmp(m.file, CK_DATA) == 0 ? "state.1.safetensors" : CK_DATA)
+                         : m.file;
+  snprintf(src, sizeof src, "%s/%s", src_sd, m.file);
+  snprintf(tmp, sizeof tmp, "%s/" CK_TMP_PREFIX "%s.%ld", dst_sd, file, (long)getpid());
+  snprintf(fin, sizeof fin, "%s/%s", dst_sd, file);
+  hora_result_t rc;
+  char *manifest = NULL;
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
+  double t0 = hora__now_s();
+  HORA_CHECK_GOTO(hora__ck_fsync_dir(ck->persist_dir), rc, fail);
+  HORA_CHECK_GOTO(copy_file(src, tmp, &crc, &bytes), rc, fail);
+  /* What persist_dir holds must match the manifest: a mismatch means the local file was
+   * damaged after its commit (it cannot be fixed by retrying) or the copy went wrong. */
+  if (bytes != m.file_bytes || crc != m.file_crc) {
+    uint32_t lc = 0;
+    uint64_t lb = 0;
+    int local_bad = hora__ck_file_crc(src, (size_t)hora__params()->ckpt_chunk_bytes, &lc, &lb) != HORA_SUCCESS ||
+                    lc != m.file_crc || lb != m.file_bytes;
+    rc = HORA_ERR(local_bad ? HORA_ERR_DATA : HORA_ERR_IO,
+                  "%s reads back as %" PRIu64 " bytes with CRC32C %08" PRIx32 ", the manifest says %" PRIu64
+                  ", %08" PRIx32 "%s: not committed", tmp, bytes, crc, m.file_bytes, m.file_crc,
+                  local_bad ? " (the local file itself no longer matches)" : "");
+    goto fail;
+  }
+  if (rename(tmp, fin) != 0) {
+    rc = HORA_ERR(HORA_ERR_IO, "rename %s to %s: %s", tmp, fin, strerror(errno));
+    goto fail;
+  }
+  tmp[0] = 0;
+  HORA_CHECK_GOTO(hora__ck_fsync_dir(dst_sd), rc, fail);
+  HORA_CHECK_GOTO(manifest_for(src_sd, file, &manifest), rc, fail);
+  HORA_CHECK_GOTO(hora__ck_write_small(dst_sd, CK_MANIFEST, manifest, strlen(manifest)), rc, fail);
+  free(manifest);
+  manifest = NULL;
+  if (committed && strcmp(old.file, file) != 0) {
+    char p[4600];
+    snprintf(p, sizeof p, "%s/%s", dst_sd, old.file);
+    unlink(p);
+    (void)hora__ck_fsync_dir(dst_sd);
+  }
+  ck->last_copy_dur_s = hora__now_s() - t0;
+  HORA_INFO(CKPT, "step %" PRId64 " copied to %s (%" PRIu64 " bytes, %.3f s)", step, ck->persist_dir, bytes,
+            ck->last_copy_dur_s);
+latest:;
+  char latest[64];
+  int ln = snprintf(latest, sizeof latest, "step-%" PRId64 "\n", step);
+  HORA_CHECK(hora__ck_write_small(ck->persist_dir, CK_LATEST, latest, (size_t)ln));
+  hora__ck_prune(ck->persist_dir, ck->keep, step, INT64_MIN);
+  return HORA_SUCCESS;
+fail:
+  free(manifest);
+  if (tmp[0]) unlink(tmp);
+  if (created) hora__ck_remove_step(dst_sd);
+  return rc;
+}
+
+void *hora__ck_copier_main(void *arg) {
+  hora_ckpt_t *ck = arg;
+  pthread_mutex_lock(&ck->mu);
+  for (;;) {
+    double now = hora__now_s();
+    int need = ck->commit_seq > ck->copied_seq;
+    /* Stopping (close, after its flush): leave when nothing is left or the last try failed. */
+    if (ck->stop && (!need || ck->copy_rc != HORA_SUCCESS)) break;
+    int urgent = ck->flush_waiters > 0 || ck->stop;
+    double due = ck->copy_interval_s == 0 || urgent ? now : ck->last_copy_s + ck->copy_interval_s;
+    if (ck->copy_rc != HORA_SUCCESS && ck->copy_retry_at > due) due = ck->copy_retry_at;
+    if (!need || now < due) {
+      double wait = need ? due - now : 3600.0;
+      if (wait > 1.0) wait = 1.0; /* re-check the clock; flush and save signal the cv anyway */
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      long ns = ts.tv_nsec + (long)(wait * 1e9);
+      ts.tv_sec += ns / 1000000000L;
+      ts.tv_nsec = ns % 1000000000L;
+      pthread_cond_timedwait(&ck->cv, &ck->mu, &ts);
+      continue;
+    }
+    uint64_t seq = ck->commit_seq;
+    int64_t step = ck->committed_step;
+    ck->copying_step = step;
+    pthread_mutex_unlock(&ck->mu);
+
+    hora_result_t rc;
+    char msg[CK_MSG_MAX] = "";
+    struct stat st;
+    errno = 0;
+    if (ck->copy_failed_logged && (stat(ck->persist_dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
+      /* Still unreachable: the failure was logged already; keep the log quiet while retrying. */
+      rc = HORA_ERR_IO;
+      snprintf(msg, sizeof msg, "persist_dir %s is not reachable: %s", ck->persist_dir,
+               errno ? strerror(errno) : "not a directory");
+    } else {
+      rc = copy_step(ck, step);
+      if (rc != HORA_SUCCESS) hora__ck_keep_msg(msg);
+    }
+
+    pthread_mutex_lock(&ck->mu);
+    ck->copying_step = INT64_MIN;
+    ck->copy_rc = rc;
+    if (rc == HORA_SUCCESS) {
+      ck->copied_seq = seq;
+      ck->last_copy_s = hora__now_s();
+      if (ck->copy_failed_logged) HORA_WARN(CKPT, "copies to %s work again (step %" PRId64 ")", ck->persist_dir, step);
+      ck->copy_failed_logged = 0;
+      ck->copy_msg[0] = 0;
+    } else {
+      snprintf(ck->copy_msg, sizeof ck->copy_msg, "copy of step %" PRId64 " to %s failed: %s", step,
+               ck->persist_dir, msg);
+      if (!ck->copy_failed_logged)
+        HORA_WARN(CKPT, "%s (retrying every %.1f s)", ck->copy_msg, (double)hora__params()->ckpt_retry_s);
+      ck->copy_failed_logged = 1;
+      ck->copy_retry_at = hora__now_s() + hora__params()->ckpt_retry_s;
+      /* A local file that does not match its manifest cannot be fixed by retrying: that step
+       * is given up (the next save brings a new one). */
+      if (rc == HORA_ERR_DATA) ck->copied_seq = seq;
+    }
+    pthread_cond_broadcast(&ck->cv);
+  }
+  pthread_mutex_unlock(&ck->mu);
+  return NULL;
+}

@@ -1,0 +1,93 @@
+/* Preemption: SIGUSR1 (Slurm's --signal=USR1@T) and SIGTERM (scancel, the time limit's first
+ * signal) set a process-wide flag; hora_should_stop turns the flags of all ranks into one
+ * collective answer (MPI_Allreduce MAX), so every rank leaves its loop at the same step.
+ * The handler only stores to a volatile sig_atomic_t (async-signal-safe). */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/ctx.h"
+
+static volatile sig_atomic_t got_signal = 0;
+
+typedef struct {
+  struct sigaction old_usr1, old_term;
+  int installed;
+  MPI_Comm comm; /* dup of the world for hora_should_stop (made on its first call) */
+  int announced;
+} signal_state_t;
+
+static void on_signal(int sig) { got_signal = sig; }
+
+static hora_result_t signal_finalizer(hora_ctx_t *ctx, void *arg) {
+  signal_state_t *st = arg;
+  if (st->installed) {
+    sigaction(SIGUSR1, &st->old_usr1, NULL);
+    sigaction(SIGTERM, &st->old_term, NULL);
+  }
+  if (st->comm != MPI_COMM_NULL) MPI_Comm_free(&st->comm);
+  pthread_mutex_lock(&ctx->lock);
+  ctx->signal = NULL;
+  pthread_mutex_unlock(&ctx->lock);
+  free(st);
+  return HORA_SUCCESS;
+}
+
+/* The context's signal state, created (with its finalizer) on first use. */
+static hora_result_t get_state(hora_ctx_t *ctx, signal_state_t **out) {
+  pthread_mutex_lock(&ctx->lock);
+  signal_state_t *st = ctx->signal;
+  pthread_mutex_unlock(&ctx->lock);
+  if (!st) {
+    st = calloc(1, sizeof *st);
+    if (!st) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+    st->comm = MPI_COMM_NULL;
+    hora_result_t rc = hora__ctx_add_finalizer(ctx, signal_finalizer, st);
+    if (rc != HORA_SUCCESS) {
+      free(st);
+      return rc;
+    }
+    pthread_mutex_lock(&ctx->lock);
+    ctx->signal = st;
+    pthread_mutex_unlock(&ctx->lock);
+  }
+  *out = st;
+  return HORA_SUCCESS;
+}
+
+HORA_EXPORT hora_result_t hora_ckpt_on_signal(hora_ctx_t *ctx) {
+  HORA_CHECK(hora__ctx_check(ctx, "hora_ckpt_on_signal"));
+  signal_state_t *st;
+  HORA_CHECK(get_state(ctx, &st));
+  if (st->installed) return HORA_SUCCESS;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  if (sigaction(SIGUSR1, &sa, &st->old_usr1) != 0 || sigaction(SIGTERM, &sa, &st->old_term) != 0)
+    return HORA_ERR(HORA_ERR_INTERNAL, "hora_ckpt_on_signal: sigaction failed");
+  st->installed = 1;
+  HORA_INFO(CKPT, "SIGUSR1 and SIGTERM now request a checkpoint and a stop (hora_should_stop)");
+  return HORA_SUCCESS;
+}
+
+HORA_EXPORT hora_result_t hora_should_stop(hora_ctx_t *ctx, int *stop) {
+  HORA_CHECK(hora__ctx_check(ctx, "hora_should_stop"));
+  if (!stop) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_should_stop: stop is NULL");
+  signal_state_t *st;
+  HORA_CHECK(get_state(ctx, &st));
+  if (st->comm == MPI_COMM_NULL) {
+    HORA_MPI_CHECK(MPI_Comm_dup(ctx->world, &st->comm));
+    MPI_Comm_set_errhandler(st->comm, MPI_ERRORS_RETURN);
+  }
+  int mine = got_signal, any = 0;
+  HORA_MPI_CHECK(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, st->comm));
+  if (any && !st->announced) {
+    st->announced = 1;
+    if (ctx->rank == 0)
+      HORA_WARN(CKPT, "stop requested (signal %d reached at least one rank): every rank stops at this step", any);
+  }
+  *stop = any != 0;
+  return HORA_SUCCESS;
+}

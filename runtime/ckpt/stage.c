@@ -1,0 +1,115 @@
+/* Snapshot memory. The writer's staging buffer is allocated once and reused (a fresh gigabyte
+ * of malloc'd memory costs page faults on every save); in CUDA builds it is pinned
+ * (cudaHostAlloc) as soon as a save contains device tensors, so that their device-to-host
+ * copies run as DMA with cudaMemcpyAsync on a stream of our own, overlapping the memcpy of the
+ * host tensors. Only CUDA runtime API calls are used here (no kernels). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/ckpt.h"
+
+#if HORA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+static hora_result_t cuda_err(cudaError_t e, const char *what) {
+  return HORA_ERR(e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? HORA_ERR_NOT_SUPPORTED : HORA_ERR_CUDA,
+                  "checkpoint: %s: %s", what, cudaGetErrorString(e));
+}
+#endif
+
+hora_result_t hora__ck_stage_reserve(ck_stage_t *st, size_t bytes, int pinned) {
+#if !HORA_HAVE_CUDA
+  pinned = 0;
+#endif
+  if (st->p && st->cap >= bytes && (st->pinned || !pinned)) return HORA_SUCCESS;
+  hora__ck_stage_free(st);
+  size_t cap = bytes ? bytes : 1;
+#if HORA_HAVE_CUDA
+  if (pinned) {
+    void *p = NULL;
+    cudaError_t e = cudaHostAlloc(&p, cap, cudaHostAllocDefault);
+    if (e != cudaSuccess) return cuda_err(e, "cudaHostAlloc of the staging buffer");
+    st->p = p;
+    st->cap = cap;
+    st->pinned = 1;
+    return HORA_SUCCESS;
+  }
+#endif
+  st->p = malloc(cap);
+  if (!st->p) return HORA_ERR(HORA_ERR_NO_MEMORY, "checkpoint: cannot allocate a %zu-byte staging buffer", cap);
+  st->cap = cap;
+  st->pinned = 0;
+  return HORA_SUCCESS;
+}
+
+void hora__ck_stage_free(ck_stage_t *st) {
+  if (!st->p) return;
+#if HORA_HAVE_CUDA
+  if (st->pinned)
+    cudaFreeHost(st->p);
+  else
+#endif
+    free(st->p);
+  st->p = NULL;
+  st->cap = 0;
+  st->pinned = 0;
+}
+
+/* Copies between user tensors and a staging buffer; dir 0: tensors -> buf, 1: buf -> tensors. */
+static hora_result_t copy_tensors(hora_tensor_t *t, size_t n, const size_t *off, unsigned char *buf, int dir,
+                                  int device) {
+  int any_dev = 0;
+  for (size_t i = 0; i < n; i++) any_dev |= t[i].device == HORA_DEVICE_CUDA && t[i].count;
+#if HORA_HAVE_CUDA
+  cudaStream_t s = NULL;
+  cudaError_t e;
+  if (any_dev) {
+    if (device >= 0 && (e = cudaSetDevice(device)) != cudaSuccess) return cuda_err(e, "cudaSetDevice");
+    if ((e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess)
+      return cuda_err(e, "cudaStreamCreate");
+    for (size_t i = 0; i < n; i++) {
+      if (t[i].device != HORA_DEVICE_CUDA || !t[i].count) continue;
+      size_t bytes = t[i].count * hora__dtype_size(t[i].dtype);
+      e = dir == 0 ? cudaMemcpyAsync(buf + off[i], t[i].data, bytes, cudaMemcpyDefault, s)
+                   : cudaMemcpyAsync(t[i].data, buf + off[i], bytes, cudaMemcpyDefault, s);
+      if (e != cudaSuccess) {
+        cudaStreamSynchronize(s);
+        cudaStreamDestroy(s);
+        return HORA_ERR(HORA_ERR_CUDA, "checkpoint: copying tensor '%s' %s the device: %s", t[i].name,
+                        dir == 0 ? "from" : "to", cudaGetErrorString(e));
+      }
+    }
+  }
+#else
+  (void)device;
+  if (any_dev)
+    return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "checkpoint: device tensors need a CUDA build of hora (this one has none)");
+#endif
+  /* Host tensors while the device copies run. */
+  for (size_t i = 0; i < n; i++) {
+    if (t[i].device == HORA_DEVICE_CUDA || !t[i].count) continue;
+    size_t bytes = t[i].count * hora__dtype_size(t[i].dtype);
+    if (dir == 0)
+      memcpy(buf + off[i], t[i].data, bytes);
+    else
+      memcpy(t[i].data, buf + off[i], bytes);
+  }
+#if HORA_HAVE_CUDA
+  if (any_dev) {
+    e = cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    if (e != cudaSuccess) return cuda_err(e, "cudaStreamSynchronize after the tensor copies");
+  }
+#endif
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__ck_gather(const hora_tensor_t *t, size_t n, const size_t *offsets, unsigned char *dst,
+                              int device) {
+  return copy_tensors((hora_tensor_t *)t, n, offsets, dst, 0, device);
+}
+
+hora_result_t hora__ck_scatter(hora_tensor_t *t, size_t n, const size_t *offsets, const unsigned char *src,
+                               int device) {
+  return copy_tensors(t, n, offsets, (unsigned char *)src, 1, device);
+}

@@ -1,0 +1,201 @@
+/* hora-bench ckpt: what a checkpoint costs the training loop, against baselines measured in the
+ * same run on the same disk with the same bytes:
+ *   async_stall_ms  time hora_ckpt_save blocks the caller (the snapshot copy into staging)
+ *   sync_write_ms   baseline: write() of the same bytes to a file in the same directory + fsync
+ *                   (what a training loop that saves synchronously waits for)
+ *   copier_gbs      the copier's throughput local_dir -> persist_dir (read, CRC32C, write, fsync,
+ *                   read back and verify, rename, manifest)
+ *   cp_gbs          baseline: `cp SRC DST && sync DST` of the same file between the same dirs
+ * Each figure is the median of --reps repetitions; the copy variants alternate.
+ *   hora-bench ckpt [--state-mib N] [--tensors K] [--dir DIR] [--persist-dir DIR] [--reps R]
+ *                   [--json FILE]
+ * Targets (docs/benchmarks.md): async_stall_ms / sync_write_ms <= 0.1, copier_gbs / cp_gbs >= 0.9. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "ckpt/ckpt.h"
+#include "hora.h"
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* write() + fsync of the tensors' bytes to a new file; seconds. */
+static double sync_write(const char *path, void **bufs, const size_t *bytes, int k) {
+  double t0 = bench_now_s();
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return -1;
+  for (int i = 0; i < k; i++)
+    if (hora__ck_write_all(fd, bufs[i], bytes[i], path) != HORA_SUCCESS) {
+      close(fd);
+      return -1;
+    }
+  if (fsync(fd) != 0) {
+    close(fd);
+    return -1;
+  }
+  close(fd);
+  double dt = bench_now_s() - t0;
+  unlink(path);
+  return dt;
+}
+
+int hora_bench_ckpt(int argc, char **argv) {
+  long mib = 256, k = 8, reps = 3;
+  const char *dir = NULL, *pdir = NULL, *json = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--state-mib") && i + 1 < argc) mib = atol(argv[++i]);
+    else if (!strcmp(argv[i], "--tensors") && i + 1 < argc) k = atol(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atol(argv[++i]);
+    else if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
+    else if (!strcmp(argv[i], "--persist-dir") && i + 1 < argc) pdir = argv[++i];
+    else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+    else {
+      fprintf(strcmp(argv[i], "--help") ? stderr : stdout,
+              "usage: hora-bench ckpt [--state-mib N (256)] [--tensors K (8)] [--dir DIR] [--persist-dir DIR]\n"
+              "                       [--reps R (3)] [--json FILE]\n"
+              "  DIR: local_dir (default $TMPDIR or /tmp, hora-bench-ckpt-PID/local); persist-dir defaults to\n"
+              "  a sibling on the same disk\n");
+      return strcmp(argv[i], "--help") ? 2 : 0;
+    }
+  }
+  if (mib <= 0 || k <= 0 || reps <= 0) {
+    fprintf(stderr, "hora-bench ckpt: --state-mib, --tensors and --reps must be positive\n");
+    return 2;
+  }
+  char base[4096], L[4200], P[4200], syncf[4300];
+  const char *tmp = getenv("TMPDIR");
+  snprintf(base, sizeof base, "%s/hora-bench-ckpt-%ld", tmp && *tmp ? tmp : "/tmp", (long)getpid());
+  snprintf(L, sizeof L, "%s/local", dir ? dir : base);
+  snprintf(P, sizeof P, "%s", pdir ? pdir : "");
+  if (!pdir) snprintf(P, sizeof P, "%s/persist", dir ? dir : base);
+  snprintf(syncf, sizeof syncf, "%s/sync-baseline.bin", L);
+
+  hora_ctx_t *ctx;
+  if (hora_init(&ctx) != HORA_SUCCESS) {
+    fprintf(stderr, "hora-bench ckpt: hora_init: %s\n", hora_last_error());
+    return 1;
+  }
+  size_t total = (size_t)mib << 20;
+  void **bufs = calloc((size_t)k, sizeof *bufs);
+  size_t *bytes = calloc((size_t)k, sizeof *bytes);
+  hora_tensor_t *t = calloc((size_t)k, sizeof *t);
+  char (*names)[32] = calloc((size_t)k, sizeof *names);
+  for (long i = 0; i < k; i++) {
+    bytes[i] = total / (size_t)k + (i == k - 1 ? total % (size_t)k : 0);
+    bufs[i] = malloc(bytes[i]);
+    if (!bufs[i]) {
+      fprintf(stderr, "hora-bench ckpt: out of memory for %ld MiB of state\n", mib);
+      return 1;
+    }
+    unsigned char *c = bufs[i];
+    uint64_t x = 0x9E3779B97F4A7C15ull + (uint64_t)i;
+    for (size_t j = 0; j < bytes[i]; j++) { /* not compressible, every page touched */
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      c[j] = (unsigned char)x;
+    }
+    snprintf(names[i], sizeof names[i], "layer%ld/w", i);
+    t[i] = (hora_tensor_t){names[i], bufs[i], bytes[i], HORA_UINT8, HORA_DEVICE_HOST, 0, NULL};
+  }
+  hora_ckpt_opts_t o;
+  hora_ckpt_opts_init(&o);
+  o.local_dir = L;
+  o.persist_dir = P;
+  o.copy_interval_s = 1e9; /* copies only when flushed: the phases are timed one at a time */
+  hora_ckpt_t *ck;
+  if (hora_ckpt_open(ctx, &o, &ck) != HORA_SUCCESS) {
+    fprintf(stderr, "hora-bench ckpt: %s\n", hora_last_error());
+    return 1;
+  }
+  double *stall = calloc((size_t)reps, sizeof(double)), *syncw = calloc((size_t)reps, sizeof(double));
+  double *wr = calloc((size_t)reps, sizeof(double)), *cop = calloc((size_t)reps, sizeof(double));
+  double *cp = calloc((size_t)reps, sizeof(double));
+  uint64_t file_bytes = 0;
+  int failed = 0;
+  /* Warm-up save: the staging buffer is allocated once and reused by later saves. */
+  if (hora_ckpt_save(ck, 0, t, (size_t)k, NULL, 0) != HORA_SUCCESS || hora_ckpt_flush(ck) != HORA_SUCCESS) {
+    fprintf(stderr, "hora-bench ckpt: %s\n", hora_last_error());
+    return 1;
+  }
+  for (long r = 0; r < reps && !failed; r++) {
+    syncw[r] = sync_write(syncf, bufs, bytes, (int)k);
+    double t0 = bench_now_s();
+    if (hora_ckpt_save(ck, r + 1, t, (size_t)k, NULL, 0) != HORA_SUCCESS) failed = 1;
+    stall[r] = bench_now_s() - t0;
+    /* flush: the write finishes, then the copier runs (timed inside the copier). */
+    if (hora_ckpt_flush(ck) != HORA_SUCCESS) failed = 1;
+    hora__ck_stats(ck, NULL, &wr[r], &cop[r], &file_bytes);
+    /* Baseline copy of the same committed file to the same persistent directory. */
+    char cmd[14000], src[4400], dst[4400];
+    snprintf(src, sizeof src, "%s/step-%ld/%s", L, r + 1, CK_DATA);
+    snprintf(dst, sizeof dst, "%s/cp-baseline.safetensors", P);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s' && sync '%s'", src, dst, dst);
+    t0 = bench_now_s();
+    if (system(cmd) != 0) failed = 1;
+    cp[r] = bench_now_s() - t0;
+    unlink(dst);
+    if (syncw[r] < 0) failed = 1;
+  }
+  if (failed) {
+    fprintf(stderr, "hora-bench ckpt: a step failed: %s\n", hora_last_error());
+    return 1;
+  }
+  double s_ms = median(stall, (int)reps) * 1e3, w_ms = median(syncw, (int)reps) * 1e3;
+  double bg_ms = median(wr, (int)reps) * 1e3;
+  double copier_gbs = (double)file_bytes / median(cop, (int)reps) / 1e9;
+  double cp_gbs = (double)file_bytes / median(cp, (int)reps) / 1e9;
+  char sz[32];
+  printf("hora-bench ckpt: %s of state in %ld tensors, local_dir %s, persist_dir %s, median of %ld\n",
+         bench_fmt_size(total, sz, sizeof sz), k, L, P, reps);
+  printf("  %-44s %10.1f ms\n", "sync write + fsync (baseline)", w_ms);
+  printf("  %-44s %10.1f ms   ratio %.3f (target <= 0.1)\n", "hora_ckpt_save stall (async_stall_ms)", s_ms,
+         s_ms / w_ms);
+  printf("  %-44s %10.1f ms\n", "background write + fsync + verify", bg_ms);
+  printf("  %-44s %10.3f GB/s\n", "cp + sync (baseline)", cp_gbs);
+  printf("  %-44s %10.3f GB/s ratio %.3f (target >= 0.9)\n", "copier (copier_gbs)", copier_gbs, copier_gbs / cp_gbs);
+  if (json) {
+    FILE *f = fopen(json, "w");
+    if (!f) {
+      fprintf(stderr, "hora-bench ckpt: cannot write %s: %s\n", json, strerror(errno));
+      return 1;
+    }
+    fprintf(f, "{\"benchmark\":\"ckpt\",\"state_mib\":%ld,\"tensors\":%ld,\"reps\":%ld,\"file_bytes\":%" PRIu64
+            ",\"async_stall_ms\":%.3f,\"sync_write_ms\":%.3f,\"stall_ratio\":%.4f,\"background_write_ms\":%.3f,"
+            "\"copier_gbs\":%.4f,\"cp_gbs\":%.4f,\"copy_ratio\":%.4f}\n", mib, k, reps, file_bytes, s_ms, w_ms,
+            s_ms / w_ms, bg_ms, copier_gbs, cp_gbs, copier_gbs / cp_gbs);
+    fclose(f);
+  }
+  hora_ckpt_close(ck);
+  hora_finalize(ctx);
+  if (!dir) {
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", base);
+    if (system(cmd) != 0) fprintf(stderr, "hora-bench ckpt: could not remove %s\n", base);
+  }
+  for (long i = 0; i < k; i++) free(bufs[i]);
+  free(bufs);
+  free(bytes);
+  free(t);
+  free(names);
+  free(stall);
+  free(syncw);
+  free(wr);
+  free(cop);
+  free(cp);
+  return 0;
+}
