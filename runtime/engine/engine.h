@@ -3,7 +3,8 @@
  *   api.c        public *_async calls: check arguments, build requests, push them on the queue
  *   queue.c      handles, the submission queue, this rank's table of pending requests
  *   engine.c     the background thread: start at hora_init, the cycle, stop at hora_finalize
- *   negotiate.c  one cycle's agreement: the bit-vector allreduce and rank 0's coordination
+ *   negotiate.c  one cycle's agreement: the bit-vector allreduce and rank 0's round trip
+ *   coord.c      rank 0's table of names, agreement (mismatch) checks, responses
  *   cache.c      the response cache (identical on every rank)
  *   fusion.c     grouping of ready responses, pack/unpack, running the collectives
  *   stall.c      rank 0's stall inspector (warnings and HORA_STALL_SHUTDOWN_S)
@@ -243,6 +244,10 @@ void hora__stall_check(hora_engine_t *eng, double now);
 /* stall.c: "1,3-5" style list of the ranks whose flag is `want` (flags has size entries). */
 void hora__rank_list(const uint8_t *flags, int size, int want, char *out, size_t outsz);
 /* negotiate.c: queue a response for the next broadcast (rank 0). */
+/* coord.c: record one rank's new request (takes `name`); a JOIN marks the rank joined. */
+hora_result_t hora__coord_add(hora_engine_t *eng, int rank, char *name, const eng_params_t *p, double now);
+/* coord.c: move every ready name (and a completed join) to the outbox, checking agreement. */
+hora_result_t hora__coord_ready(hora_engine_t *eng);
 /* Unlink *pp (an entry of eng->coord) from the list and the index, and free it. */
 void hora__coord_remove(hora_engine_t *eng, eng_coord_t **pp);
 hora_result_t hora__coord_respond(hora_engine_t *eng, const char *name, const eng_params_t *p,
