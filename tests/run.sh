@@ -31,7 +31,7 @@ cmake --build "$BUILD_DIR-asan" -j "$JOBS"
   ctest --output-on-failure -j "${CTEST_JOBS:-2}" -L 'unit|mpi' -LE 'slow|slurm' --timeout 600) || status=1
 
 echo "== engine tests under ThreadSanitizer"
-sh tests/engine/tsan.sh "$ROOT/$BUILD_DIR-tsan" || status=1
+sh tests/engine/tsan.sh "$BUILD_DIR-tsan" || status=1
 
 if [ $status = 0 ]; then echo "== all tests passed"; else echo "== SOME TESTS FAILED"; fi
 exit $status
