@@ -188,6 +188,9 @@ static hora_result_t check_world(hora_ctx_t *c, const hora_params_t *p, int mpir
   return HORA_SUCCESS;
 }
 
+/* runtime/comm/gpu.h */
+hora_result_t hora__gpu_on_init(hora_ctx_t *ctx) __attribute__((weak));
+
 static void ctx_free_comms(hora_ctx_t *c) {
   if (c->cross != MPI_COMM_NULL) MPI_Comm_free(&c->cross);
   if (c->local != MPI_COMM_NULL) MPI_Comm_free(&c->local);
@@ -280,6 +283,10 @@ HORA_EXPORT hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t 
   if (!(opts && opts->mpi_comm)) HORA_CHECK_GOTO(check_world(c, p, mpirun_started), rc, fail_ctx);
   HORA_CHECK_GOTO(build_layout(c, p), rc, fail_ctx);
   if (p->device >= 0) c->device = (int)p->device;
+  /* The GPU of this rank (runtime/comm; a no-op without CUDA), before the engine starts. Weak:
+   * comm/gpu.c is linked into every program that links a collective (it defines hora__gpu_hooks,
+   * which algo/coll.c uses), and programs built from core alone (the record fuzzer) need none. */
+  if (hora__gpu_on_init) HORA_CHECK_GOTO(hora__gpu_on_init(c), rc, fail_ctx);
   /* The async engine starts here, not lazily: it duplicates communicators, which is collective
    * on the world and must not interleave with the program's own collectives (engine/engine.c).
    * The reference is weak so that core builds without the engine (the records fuzzer); in a

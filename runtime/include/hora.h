@@ -121,7 +121,11 @@ typedef struct {
  * Checks the world size against SLURM_NTASKS (inside an srun step) and HORA_SIZE (set by
  * launch); a difference means the processes were started without a working PMI and each one is
  * its own single-rank world.
- * Errors: HORA_ERR_INVALID_ARGUMENT (ctx NULL, a malformed HORA_* variable: the message names it),
+ * CUDA builds: picks this rank's GPU (HORA_DEVICE, else local rank modulo the number of visible
+ * GPUs), makes it current on the calling thread (cudaSetDevice) and logs it at INFO; a rank that
+ * sees no GPU starts normally (its device collectives return HORA_ERR_NOT_SUPPORTED).
+ * Errors: HORA_ERR_INVALID_ARGUMENT (ctx NULL, a malformed HORA_* variable: the message names it;
+ *   HORA_DEVICE at or beyond the number of visible GPUs), HORA_ERR_CUDA (cudaSetDevice failed),
  *   HORA_ERR_LAYOUT (world size differs from SLURM_NTASKS or HORA_SIZE; the message says how to
  *   start the job), HORA_ERR_MPI (MPI could not start or lacks MPI_THREAD_MULTIPLE),
  *   HORA_ERR_NO_MEMORY. On error *ctx is left unchanged and nothing stays allocated. */
@@ -144,8 +148,9 @@ hora_result_t hora_local_rank(hora_ctx_t *ctx, int *local_rank); /* rank among t
 hora_result_t hora_local_size(hora_ctx_t *ctx, int *local_size); /* ranks on this node */
 hora_result_t hora_cross_rank(hora_ctx_t *ctx, int *cross_rank); /* index of this node */
 hora_result_t hora_cross_size(hora_ctx_t *ctx, int *cross_size); /* number of nodes */
-/* CUDA device ordinal this rank uses. HORA_ERR_NOT_SUPPORTED when the build has no CUDA or the
- * rank has no GPU (then *device is unchanged). */
+/* CUDA device ordinal this rank uses (chosen by hora_init: HORA_DEVICE, else local rank modulo
+ * the visible GPU count). Local. HORA_ERR_NOT_SUPPORTED when the build has no CUDA or the rank has
+ * no GPU (then *device is unchanged). */
 hora_result_t hora_device_index(hora_ctx_t *ctx, int *device);
 
 /* ---------------------------------------------------------------------------------------------
@@ -250,9 +255,10 @@ hora_result_t hora_barrier(hora_ctx_t *ctx);
  *    request of this process then fails the same way); HORA_ERR_SHUTDOWN (hora_finalize ran
  *    while the request was pending); HORA_ERR_INVALID_ARGUMENT (this rank already had a pending
  *    request with the same name, or a collective other than a SUM/AVERAGE allreduce was submitted
- *    while some rank had joined: see hora_join); HORA_ERR_MPI (the transport failed; the engine
- *    then fails every pending request the same way, since the ranks may be out of step). On any
- *    error result the contents of the receive buffer are unspecified. */
+ *    while some rank had joined: see hora_join); HORA_ERR_NOT_SUPPORTED (device buffers in a
+ *    CUDA build whose GPU path does not provide this collective); HORA_ERR_MPI (the transport
+ *    failed; the engine then fails every pending request the same way, since the ranks may be out
+ *    of step). On any error result the contents of the receive buffer are unspecified. */
 typedef struct hora_handle hora_handle_t;
 
 /* hora_allreduce_async: the non-blocking hora_allreduce of the tensor `name`:
@@ -357,7 +363,22 @@ hora_result_t hora_handle_free(hora_handle_t *handle);
  * error. */
 hora_result_t hora_join(hora_ctx_t *ctx, int *last_rank);
 
-/* ---- GPU (runtime/comm) ---- */
+/* ---- GPU (runtime/comm) ----
+ * Device buffers (device = HORA_DEVICE_CUDA) are accepted by every blocking collective above in
+ * CUDA builds. They must be memory of this rank's GPU (hora_device_index). Transport:
+ * HORA_GPU_PATH (auto: NCCL unless the build lacks it or two ranks of a node share a GPU, then an
+ * MPI ring staged through pinned host memory with the reduction on the GPU; see docs/gpu.md).
+ * hora enqueues on its own blocking streams, so it orders after the caller's work on the legacy
+ * default stream; work on other streams must be complete before the call. The call returns when
+ * the result is in recvbuf. HORA_COMPRESSION=fp16|bf16 sends float32 allreduce payloads as 16-bit
+ * floats. The first device collective of a context creates its GPU state (collective).
+ * Extra errors for device buffers: HORA_ERR_INVALID_ARGUMENT (a buffer is host memory or memory of
+ * another GPU; checked locally, so the other ranks wait until HORA_PEER_TIMEOUT_S),
+ * HORA_ERR_NOT_SUPPORTED (no CUDA in the build, some rank has no
+ * GPU, or HORA_GPU_PATH=nccl where NCCL cannot run; returned on every rank), HORA_ERR_CUDA (a CUDA
+ * call or kernel failed), HORA_ERR_NCCL (NCCL failed), HORA_ERR_TIMEOUT (no completion within
+ * HORA_PEER_TIMEOUT_S; the NCCL communicator is aborted), HORA_ERR_REMOTE (NCCL reported a remote
+ * or system error, or the communicator was aborted earlier). */
 
 /* ---- checkpoints (runtime/ckpt) ----
  * Two-phase checkpoints (docs/checkpoint.md): hora_ckpt_save copies the named tensors of rank 0
