@@ -8,17 +8,21 @@
 Run with `launch` (inside an sbatch script: `srun launch python train.py`) or `mpirun -np N
 python train.py`. See docs/python.md.
 """
-from ._errors import (  # noqa: F401
+from ._preload import preload as _preload
+
+_preload()  # before libhora is loaded: see _preload.py
+
+from ._errors import (  # noqa: E402,F401
     CUDAError, DataError, HoraError, InternalError, InvalidArgumentError, IOError, LayoutError,
     MismatchError, MPIError, NCCLError, NoMemoryError, NotFoundError, NotInitializedError,
     NotSupportedError, RemoteError, ShutdownError, TimeoutError,
 )
-from ._core import (  # noqa: F401
+from ._core import (  # noqa: E402,F401
     Average, Max, Min, Product, Sum,
     allgather, allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_, cross_rank,
     cross_size, init, is_initialized, local_rank, local_size, rank, reducescatter, shutdown, size,
 )
-from .records import RecordReader, RecordWriter, count_records  # noqa: F401
+from .records import RecordReader, RecordWriter, count_records  # noqa: E402,F401
 
 __version__ = "0.1.0"
 

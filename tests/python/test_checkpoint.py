@@ -4,6 +4,7 @@ import glob
 import os
 import signal
 import tempfile
+import threading
 
 import numpy as np
 import pytest
@@ -140,7 +141,10 @@ def test_should_stop_after_a_signal():
     hora.stop_on_signal()
     before = hora.should_stop()
     if r == n - 1:
-        os.kill(os.getpid(), signal.SIGUSR1)  # what `scancel -s USR1` does to one task
+        # What `scancel -s USR1` does to one task. Directed at this thread, so that the handler
+        # has run before pthread_kill returns (a process-directed signal may land on another
+        # thread later).
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
     after = hora.should_stop()
     assert before is False and after is True
     assert hora.EXIT_REQUEUE == 3
