@@ -104,8 +104,8 @@ def _name(name, kind):
     if not isinstance(name, str):
         raise invalid(f"{kind}: name must be a str, got {type(name).__name__}")
     b = name.encode()
-    if not b or len(b) > 1024 or b"\0" in b:
-        raise invalid(f"{kind}: name must be 1 to 1024 bytes without NUL, got {name!r}")
+    if not b or len(b) > 1023 or b"\0" in b:
+        raise invalid(f"{kind}: name must be 1 to 1023 bytes without NUL, got {name!r}")
     return b
 
 
