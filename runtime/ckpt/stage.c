@@ -56,8 +56,8 @@ void hora__ck_stage_free(ck_stage_t *st) {
   st->pinned = 0;
 }
 
-/* Host copies, split over threads: one thread cannot reach a node's memory bandwidth (on a
- * 2-core VM two threads copy 1 GiB about 20% faster; on a many-core node the gain is several x).
+/* Host copies, optionally split over HORA_CKPT_SNAPSHOT_THREADS threads: one thread cannot reach
+ * a many-core node's memory bandwidth. On a loaded 2-core VM one thread was best (default 1).
  * Worker w copies bytes [w*T/W, (w+1)*T/W) of the staging layout, crossing tensor borders. */
 typedef struct {
   hora_tensor_t *t;
