@@ -171,6 +171,7 @@ static void test_errors(hora_ctx_t *ctx, const char *L) {
 }
 
 int main(void) {
+  setenv("HORA_CKPT_SNAPSHOT_THREADS", "3", 1); /* the >64 MiB case below copies with 3 threads */
   hora_ctx_t *ctx = NULL;
   if (hora_init(&ctx) != HORA_SUCCESS) {
     fprintf(stderr, "hora_init: %s\n", hora_last_error());
