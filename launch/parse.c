@@ -157,6 +157,10 @@ int launch_hostlist_expand(const char *s, char ***names, size_t *count, char *er
     size_t nparts = 0;
     const char *q = item;
     int rc = 0;
+    /* Product of the alternatives parsed so far in this item: a bracket may expand to at most
+     * (names left) / prod alternatives, so that no input materializes more than
+     * LAUNCH_MAX_NAMES strings before the limit is reported. */
+    size_t prod = 1;
     while (*q && rc == 0) {
       part_t *np = realloc(parts, (nparts + 1) * sizeof(*parts));
       if (!np) {
@@ -168,7 +172,8 @@ int launch_hostlist_expand(const char *s, char ***names, size_t *count, char *er
       nparts++;
       if (*q == '[') {
         q++;
-        rc = parse_bracket(&q, item, &parts[nparts - 1].alts, LAUNCH_MAX_NAMES, err, errlen);
+        rc = parse_bracket(&q, item, &parts[nparts - 1].alts, (LAUNCH_MAX_NAMES - out.n) / prod, err, errlen);
+        if (rc == 0) prod *= parts[nparts - 1].alts.n;
       } else {
         const char *lit = q;
         while (*q && *q != '[') {
@@ -294,6 +299,10 @@ int launch_tasks_per_node_parse(const char *s, int **counts, size_t *n, char *er
   return 0;
 }
 
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
 int launch_gpu_list_parse(const char *s, char ***ids, size_t *count, char *err, size_t errlen) {
   strv_t out = {0};
   const char *p = s ? s : "";
@@ -344,12 +353,21 @@ int launch_gpu_list_parse(const char *s, char ***ids, size_t *count, char *err, 
       }
     }
   }
-  for (size_t i = 0; i < out.n; i++)
-    for (size_t j = i + 1; j < out.n; j++)
-      if (strcmp(out.v[i], out.v[j]) == 0) {
-        fail(err, errlen, "GPU list '%s' names GPU %s twice", s, out.v[i]);
+  /* Duplicates: sort a copy of the pointers and compare neighbours (n log n; a pairwise check
+   * is quadratic, and "0-65535" alone is 65536 entries). */
+  if (out.n > 1) {
+    char **sorted = malloc(out.n * sizeof(*sorted));
+    if (!sorted) goto oom;
+    memcpy(sorted, out.v, out.n * sizeof(*sorted));
+    qsort(sorted, out.n, sizeof(*sorted), cmp_str);
+    for (size_t i = 1; i < out.n; i++)
+      if (strcmp(sorted[i - 1], sorted[i]) == 0) {
+        fail(err, errlen, "GPU list '%s' names GPU %s twice", s, sorted[i]);
+        free(sorted);
         goto bad;
       }
+    free(sorted);
+  }
   *ids = out.v;
   *count = out.n;
   return 0;

@@ -445,5 +445,5 @@ HORA_EXPORT hora_result_t hora_barrier(hora_ctx_t *ctx) {
   return HORA_SUCCESS;
 }
 
-/* Filled in by runtime/comm when the build has CUDA (see comm/README.md). */
-hora_gpu_hooks_t hora__gpu_hooks;
+/* hora__gpu_hooks is defined by runtime/comm/gpu.c (NULL entries in builds without CUDA), so that
+ * linking the collectives links the device path and its device selection at init. */

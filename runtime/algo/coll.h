@@ -24,8 +24,8 @@ hora_result_t hora__reducescatter_host(hora_ctx_t *ctx, const void *sendbuf, voi
 /* Every rank returns an error if any rank's `mine` is an error (MPI_MAX of the codes). */
 hora_result_t hora__agree(hora_ctx_t *ctx, const char *fn, hora_result_t mine);
 
-/* Device-buffer collectives, installed by runtime/comm in CUDA builds (NULL otherwise). The
- * arguments are already validated; they are blocking like the public calls. */
+/* Device-buffer collectives, defined by runtime/comm/gpu.c (NULL entries in builds without CUDA).
+ * The arguments are already validated; they are blocking like the public calls. */
 typedef struct {
   hora_result_t (*allreduce)(hora_ctx_t *, const void *, void *, size_t, hora_dtype_t, hora_op_t,
                              double, double);

@@ -2,7 +2,8 @@
  *
  * `auto` (docs/design.md, "Host collectives"; figures in docs/benchmarks.md):
  *   one node      : MPI_Allreduce below AUTO_SHM_MIN_BYTES (one MPI call has the lowest latency
- *                   for a few cache lines), shared memory from there on.
+ *                   for a few cache lines; AUTO_SHM_MIN_BYTES_OVERSUBSCRIBED when the node has
+ *                   more ranks than CPUs), shared memory from there on.
  *   several nodes : MPI_Allreduce below AUTO_NET_MIN_BYTES; hierarchical when every node has the
  *                   same number of ranks (> 1), else the flat ring.
  * A forced algorithm that cannot run on the layout falls back: shm across nodes -> hier (or ring),
@@ -16,6 +17,10 @@
 /* Crossovers measured with `hora-bench allreduce` on one node (2 and 4 ranks): below these sizes
  * MPI_Allreduce's latency wins; above, hora's algorithms win. */
 #define AUTO_SHM_MIN_BYTES ((size_t)2048)
+/* With more local ranks than CPUs the shared-memory algorithm's per-step waits for every local
+ * rank cost a scheduler time slice each; MPI_Allreduce stays ahead up to about 256 KiB (4 ranks
+ * on 2 cores) and shared memory wins again from 512 KiB on. */
+#define AUTO_SHM_MIN_BYTES_OVERSUBSCRIBED ((size_t)512 * 1024)
 #define AUTO_NET_MIN_BYTES ((size_t)16384)
 
 static const char *const names[HORA_ALGO_COUNT] = {"auto", "ring", "shm", "hier", "mpi"};
@@ -45,7 +50,11 @@ hora_algo_t hora__algo_resolve(hora_ctx_t *ctx, size_t count, hora_dtype_t dtype
   hora_algo_t want = algo;
   switch (algo) {
     case HORA_ALGO_AUTO:
-      if (one_node) return bytes < AUTO_SHM_MIN_BYTES ? HORA_ALGO_MPI : HORA_ALGO_SHM;
+      if (one_node) {
+        size_t min = ctx->local_size > ctx->local_cpus ? AUTO_SHM_MIN_BYTES_OVERSUBSCRIBED
+                                                       : AUTO_SHM_MIN_BYTES;
+        return bytes < min ? HORA_ALGO_MPI : HORA_ALGO_SHM;
+      }
       if (bytes < AUTO_NET_MIN_BYTES) return HORA_ALGO_MPI;
       return hier_possible(ctx) ? HORA_ALGO_HIER : HORA_ALGO_RING;
     case HORA_ALGO_SHM:

@@ -1,10 +1,13 @@
 /* hora_init / hora_finalize and the layout (rank, local, cross). */
 #include <limits.h>
+#include <sched.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/ctx.h"
+#include "engine/engine_init.h"
 #include "trace/trace.h"
 
 /* Live contexts, looked up by address so that a stale pointer is reported instead of being
@@ -133,6 +136,23 @@ static hora_result_t build_layout(hora_ctx_t *c, const hora_params_t *p) {
   HORA_MPI_CHECK(MPI_Allreduce(&c->local_size, &mn, 1, MPI_INT, MPI_MIN, c->world));
   HORA_MPI_CHECK(MPI_Allreduce(&c->local_size, &mx, 1, MPI_INT, MPI_MAX, c->world));
   c->uniform_local_size = (mn == mx);
+
+  /* CPUs the node's ranks may run on: the union of their affinity masks. More local ranks than
+   * CPUs (oversubscription, e.g. 4 ranks on 2 cores) makes algorithms that wait for every local
+   * rank at each step slow, and the allreduce `auto` choice avoids them at medium sizes. */
+  unsigned long mask[CPU_SETSIZE / (8 * sizeof(unsigned long))], all[CPU_SETSIZE / (8 * sizeof(unsigned long))];
+  memset(mask, 0, sizeof mask);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    for (long i = 0; i < n && i < CPU_SETSIZE; i++) CPU_SET((int)i, &set);
+  }
+  for (int i = 0; i < CPU_SETSIZE; i++)
+    if (CPU_ISSET(i, &set)) mask[i / (8 * sizeof(unsigned long))] |= 1ul << (i % (8 * sizeof(unsigned long)));
+  HORA_MPI_CHECK(MPI_Allreduce(mask, all, (int)(sizeof mask / sizeof *mask), MPI_UNSIGNED_LONG, MPI_BOR, c->local));
+  c->local_cpus = 0;
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) c->local_cpus += __builtin_popcountl(all[i]);
   return HORA_SUCCESS;
 }
 
@@ -168,10 +188,29 @@ static hora_result_t check_world(hora_ctx_t *c, const hora_params_t *p, int mpir
   return HORA_SUCCESS;
 }
 
+/* runtime/comm/gpu.h */
+hora_result_t hora__gpu_on_init(hora_ctx_t *ctx) __attribute__((weak));
+
 static void ctx_free_comms(hora_ctx_t *c) {
   if (c->cross != MPI_COMM_NULL) MPI_Comm_free(&c->cross);
   if (c->local != MPI_COMM_NULL) MPI_Comm_free(&c->local);
   if (c->world != MPI_COMM_NULL) MPI_Comm_free(&c->world);
+}
+
+/* Run and free the module finalizers, newest first; returns the first error. */
+static hora_result_t run_finalizers(hora_ctx_t *ctx) {
+  hora_result_t first = HORA_SUCCESS;
+  for (;;) {
+    pthread_mutex_lock(&ctx->lock);
+    struct hora_finalizer *f = ctx->finalizers;
+    if (f) ctx->finalizers = f->next;
+    pthread_mutex_unlock(&ctx->lock);
+    if (!f) break;
+    hora_result_t rc = f->fn(ctx, f->arg);
+    if (rc != HORA_SUCCESS && first == HORA_SUCCESS) first = rc;
+    free(f);
+  }
+  return first;
 }
 
 static void log_nondefault_params(void) {
@@ -244,8 +283,18 @@ HORA_EXPORT hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t 
   if (!(opts && opts->mpi_comm)) HORA_CHECK_GOTO(check_world(c, p, mpirun_started), rc, fail_ctx);
   HORA_CHECK_GOTO(build_layout(c, p), rc, fail_ctx);
   if (p->device >= 0) c->device = (int)p->device;
+  /* The GPU of this rank (runtime/comm; a no-op without CUDA), before the engine starts. Weak:
+   * comm/gpu.c is linked into every program that links a collective (it defines hora__gpu_hooks,
+   * which algo/coll.c uses), and programs built from core alone (the record fuzzer) need none. */
+  if (hora__gpu_on_init) HORA_CHECK_GOTO(hora__gpu_on_init(c), rc, fail_ctx);
+  /* The async engine starts here, not lazily: it duplicates communicators, which is collective
+   * on the world and must not interleave with the program's own collectives (engine/engine.c).
+   * The reference is weak so that core builds without the engine (the records fuzzer); in a
+   * static link the engine is present whenever the program uses an async call. */
+  if (hora__engine_on_init) HORA_CHECK_GOTO(hora__engine_on_init(c), rc, fail_ctx);
   if (!live_add(c)) {
     rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: more than %d live contexts", MAX_LIVE);
+    run_finalizers(c);
     goto fail_ctx;
   }
   if (c->rank == 0) {
@@ -274,18 +323,8 @@ HORA_EXPORT hora_result_t hora_init(hora_ctx_t **ctx) { return hora_init_ex(NULL
 HORA_EXPORT hora_result_t hora_finalize(hora_ctx_t *ctx) {
   if (!ctx) return HORA_SUCCESS;
   HORA_CHECK(hora__ctx_check(ctx, "hora_finalize"));
-  hora_result_t first = HORA_SUCCESS;
   /* Run module finalizers, newest first, while the context is still live for them. */
-  for (;;) {
-    pthread_mutex_lock(&ctx->lock);
-    struct hora_finalizer *f = ctx->finalizers;
-    if (f) ctx->finalizers = f->next;
-    pthread_mutex_unlock(&ctx->lock);
-    if (!f) break;
-    hora_result_t rc = f->fn(ctx, f->arg);
-    if (rc != HORA_SUCCESS && first == HORA_SUCCESS) first = rc;
-    free(f);
-  }
+  hora_result_t first = run_finalizers(ctx);
   live_remove(ctx);
   int owned = ctx->mpi_owned;
   ctx_free_comms(ctx);

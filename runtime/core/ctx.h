@@ -25,6 +25,7 @@ struct hora_ctx {
   int local_rank, local_size;
   int cross_rank, cross_size; /* node index and node count */
   int uniform_local_size;     /* 1 if every node has the same local_size */
+  int local_cpus;             /* CPUs in the union of this node's ranks' affinity masks */
   int device;                 /* CUDA ordinal, or -1 */
   int mpi_owned;              /* hora called MPI_Init and must call MPI_Finalize */
   pthread_mutex_t lock;       /* guards the finalizer list and module slots */

@@ -121,7 +121,11 @@ typedef struct {
  * Checks the world size against SLURM_NTASKS (inside an srun step) and HORA_SIZE (set by
  * launch); a difference means the processes were started without a working PMI and each one is
  * its own single-rank world.
- * Errors: HORA_ERR_INVALID_ARGUMENT (ctx NULL, a malformed HORA_* variable: the message names it),
+ * CUDA builds: picks this rank's GPU (HORA_DEVICE, else local rank modulo the number of visible
+ * GPUs), makes it current on the calling thread (cudaSetDevice) and logs it at INFO; a rank that
+ * sees no GPU starts normally (its device collectives return HORA_ERR_NOT_SUPPORTED).
+ * Errors: HORA_ERR_INVALID_ARGUMENT (ctx NULL, a malformed HORA_* variable: the message names it;
+ *   HORA_DEVICE at or beyond the number of visible GPUs), HORA_ERR_CUDA (cudaSetDevice failed),
  *   HORA_ERR_LAYOUT (world size differs from SLURM_NTASKS or HORA_SIZE; the message says how to
  *   start the job), HORA_ERR_MPI (MPI could not start or lacks MPI_THREAD_MULTIPLE),
  *   HORA_ERR_NO_MEMORY. On error *ctx is left unchanged and nothing stays allocated. */
@@ -144,8 +148,9 @@ hora_result_t hora_local_rank(hora_ctx_t *ctx, int *local_rank); /* rank among t
 hora_result_t hora_local_size(hora_ctx_t *ctx, int *local_size); /* ranks on this node */
 hora_result_t hora_cross_rank(hora_ctx_t *ctx, int *cross_rank); /* index of this node */
 hora_result_t hora_cross_size(hora_ctx_t *ctx, int *cross_size); /* number of nodes */
-/* CUDA device ordinal this rank uses. HORA_ERR_NOT_SUPPORTED when the build has no CUDA or the
- * rank has no GPU (then *device is unchanged). */
+/* CUDA device ordinal this rank uses (chosen by hora_init: HORA_DEVICE, else local rank modulo
+ * the visible GPU count). Local. HORA_ERR_NOT_SUPPORTED when the build has no CUDA or the rank has
+ * no GPU (then *device is unchanged). */
 hora_result_t hora_device_index(hora_ctx_t *ctx, int *device);
 
 /* ---------------------------------------------------------------------------------------------
@@ -210,9 +215,169 @@ hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf, const size_t 
 /* barrier: returns once every rank has entered it. */
 hora_result_t hora_barrier(hora_ctx_t *ctx);
 
-/* ---- async engine (runtime/engine) ---- */
+/* ---- async engine (runtime/engine) ----
+ * Named non-blocking collectives in the style of Horovod. A call only queues the request and
+ * returns a handle; one background thread per context (started by hora_init, stopped by
+ * hora_finalize, beside a heartbeat thread that detects dead peers) owns all their
+ * communication. Each cycle (HORA_CYCLE_TIME_MS) it negotiates
+ * which names every rank has submitted (rank 0 coordinates new names; names seen before take a
+ * fast path through a response cache of HORA_CACHE_CAPACITY entries and one bitwise-AND
+ * allreduce of a bit vector), packs ready allreduces with the same dtype, op, scale factors and
+ * device into one fusion buffer of up to HORA_FUSION_THRESHOLD bytes, runs one collective per
+ * group on its own duplicate of the world communicator (so it never interleaves with blocking
+ * collectives called from other threads), unpacks and completes the handles. docs/design.md
+ * ("Async engine") describes the protocol.
+ *
+ * Rules that hold for every *_async call below:
+ *  - Collective by name: every rank must submit a request with the same `name`, in any order
+ *    relative to its other async requests, with matching count, dtype, op, root and device. A
+ *    disagreement completes the handle on every rank with HORA_ERR_MISMATCH and a message that
+ *    names the tensor, the field and which ranks hold which value (hora_wait sets it as the
+ *    calling thread's hora_last_error()).
+ *  - `name` is NUL-terminated, 1 .. 1024 bytes including the NUL; a name may be reused once the
+ *    previous request with that name has completed on this rank (a second pending request with
+ *    the same name completes with HORA_ERR_INVALID_ARGUMENT).
+ *  - Non-blocking and thread-safe: any thread may submit, poll or wait. The buffers are read and
+ *    written by the engine thread until the handle is done: do not touch them before that.
+ *  - If the call returns an error, no handle is created, *handle is unchanged and the request
+ *    never completes. On success *handle must be released with hora_handle_free.
+ *  - Common errors: HORA_ERR_NOT_INITIALIZED (ctx NULL or finalized), HORA_ERR_INVALID_ARGUMENT
+ *    (NULL name/handle, name empty or longer than 1023 bytes, NULL buffer with
+ *    count > 0, unknown dtype/op/device, root out of range, sizes overflowing
+ *    size_t, partially overlapping buffers, scale factors other than 1.0 for integer dtypes),
+ *    HORA_ERR_NOT_SUPPORTED (HORA_DEVICE_CUDA buffers in a build without CUDA),
+ *    HORA_ERR_REMOTE (a peer was declared dead: see hora_wait), HORA_ERR_SHUTDOWN (hora_finalize
+ *    has begun), HORA_ERR_NO_MEMORY.
+ *  - Completion results (returned by hora_wait): HORA_SUCCESS; HORA_ERR_MISMATCH (see above);
+ *    HORA_ERR_TIMEOUT (some ranks never submitted this name within HORA_STALL_SHUTDOWN_S; the
+ *    message lists the missing ranks); HORA_ERR_REMOTE (a rank sent no heartbeat for
+ *    HORA_PEER_TIMEOUT_S seconds: it died or hangs; the message names it; every pending and later
+ *    request of this process then fails the same way); HORA_ERR_SHUTDOWN (hora_finalize ran
+ *    while the request was pending); HORA_ERR_INVALID_ARGUMENT (this rank already had a pending
+ *    request with the same name, or a collective other than a SUM/AVERAGE allreduce was submitted
+ *    while some rank had joined: see hora_join); HORA_ERR_MPI (the transport failed; the engine
+ *    then fails every pending request the same way, since the ranks may be out of step). On any
+ *    error result the contents of the receive buffer are unspecified. */
+typedef struct hora_handle hora_handle_t;
 
-/* ---- GPU (runtime/comm) ---- */
+/* hora_allreduce_async: the non-blocking hora_allreduce of the tensor `name`:
+ * recvbuf[i] = postscale * OP_r(prescale * sendbuf_r[i]) for i in [0, count) (count elements
+ * of dtype); HORA_AVERAGE divides by the world size. sendbuf == recvbuf means in place. Small
+ * tensors are fused with other ready allreduces of the same dtype, op, prescale, postscale and
+ * device; the reduction is the host algorithm of hora_allreduce (HORA_ALLREDUCE_ALGO) run on the
+ * fusion buffer. Ranks that called hora_join contribute zeros (SUM and AVERAGE only).
+ * Errors: the common ones above. */
+hora_result_t hora_allreduce_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
+                                   void *recvbuf, size_t count, hora_dtype_t dtype, hora_op_t op,
+                                   double prescale, double postscale, hora_device_t device,
+                                   hora_handle_t **handle);
+
+/* hora_grouped_allreduce_async: ntensors allreduces (names[i], sendbufs[i], recvbufs[i],
+ * counts[i] elements) with one dtype, op, scale factors and device, submitted at once and
+ * completed through ONE handle that is done when all of them are (Horovod's
+ * grouped_allreduce). The group is negotiated and fused together, so its tensors normally travel
+ * in one collective. Every rank must submit the same names (the grouping itself may differ).
+ * The handle's result is the first error of any member, else HORA_SUCCESS.
+ * Errors: the common ones above, and HORA_ERR_INVALID_ARGUMENT for ntensors == 0, a NULL array,
+ * or the same name twice in the group (the message gives the index). */
+hora_result_t hora_grouped_allreduce_async(hora_ctx_t *ctx, const char *const *names,
+                                           const void *const *sendbufs, void *const *recvbufs,
+                                           const size_t *counts, size_t ntensors,
+                                           hora_dtype_t dtype, hora_op_t op, double prescale,
+                                           double postscale, hora_device_t device,
+                                           hora_handle_t **handle);
+
+/* hora_allgather_async: the non-blocking hora_allgather of `name`: every rank contributes
+ * `count` elements; recvbuf (size*count elements) receives rank r's block at offset r*count.
+ * In place when sendbuf == recvbuf + rank*count (elements). Not fused.
+ * Errors: the common ones above; a joined rank (hora_join) makes it HORA_ERR_INVALID_ARGUMENT
+ * on every rank (only allreduce proceeds with joined ranks). */
+hora_result_t hora_allgather_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
+                                   void *recvbuf, size_t count, hora_dtype_t dtype,
+                                   hora_device_t device, hora_handle_t **handle);
+
+/* hora_allgatherv_async: the non-blocking hora_allgatherv of `name`: rank r contributes
+ * recvcounts[r] elements (sendcount must equal recvcounts[rank]); recvbuf holds sum(recvcounts)
+ * elements in rank order. recvcounts (`size` entries) is copied at the call and must be the
+ * same on every rank (HORA_ERR_MISMATCH, field "recvcounts", when it is not). Not fused.
+ * Errors: the common ones above, HORA_ERR_INVALID_ARGUMENT for recvcounts NULL or
+ * sendcount != recvcounts[rank]. */
+hora_result_t hora_allgatherv_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
+                                    size_t sendcount, void *recvbuf, const size_t *recvcounts,
+                                    hora_dtype_t dtype, hora_device_t device,
+                                    hora_handle_t **handle);
+
+/* hora_broadcast_async: the non-blocking hora_broadcast of `name`: buf (count elements) of rank
+ * `root` is copied into every rank's buf. Every rank must name the same root (HORA_ERR_MISMATCH,
+ * field "root"). Not fused. Errors: the common ones above (root outside [0, size) is
+ * HORA_ERR_INVALID_ARGUMENT). */
+hora_result_t hora_broadcast_async(hora_ctx_t *ctx, const char *name, void *buf, size_t count,
+                                   hora_dtype_t dtype, int root, hora_device_t device,
+                                   hora_handle_t **handle);
+
+/* hora_reducescatter_async: the non-blocking hora_reducescatter of `name`: sendbuf holds
+ * size*recvcount elements; rank r receives in recvbuf (recvcount elements) the reduction over
+ * ranks of block r (HORA_AVERAGE divides by the world size). In place when
+ * recvbuf == sendbuf + rank*recvcount (elements). Not fused. Errors: the common ones above. */
+hora_result_t hora_reducescatter_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
+                                       void *recvbuf, size_t recvcount, hora_dtype_t dtype,
+                                       hora_op_t op, hora_device_t device,
+                                       hora_handle_t **handle);
+
+/* hora_alltoall_async: the non-blocking hora_alltoall of `name`: sendbuf holds size blocks of
+ * `count` elements, block p goes to rank p; recvbuf (size*count elements) receives at block p
+ * what rank p sent. Not in place (any overlap is HORA_ERR_INVALID_ARGUMENT). Not fused.
+ * Errors: the common ones above. */
+hora_result_t hora_alltoall_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
+                                  void *recvbuf, size_t count, hora_dtype_t dtype,
+                                  hora_device_t device, hora_handle_t **handle);
+
+/* hora_poll: *done = 1 if the request has completed (successfully or not), else 0. Local;
+ * never blocks; thread-safe. Errors: HORA_ERR_INVALID_ARGUMENT (handle or done NULL). */
+hora_result_t hora_poll(hora_handle_t *handle, int *done);
+
+/* hora_wait: block until the request has completed and return its own result (see the
+ * completion results above; the detailed message becomes the calling thread's
+ * hora_last_error()). Local; thread-safe; may be called again after completion (it returns the
+ * same result). Bounded in time: a dead peer completes it with HORA_ERR_REMOTE within about
+ * HORA_PEER_TIMEOUT_S. Errors besides the request's own: HORA_ERR_INVALID_ARGUMENT (handle
+ * NULL). The handle stays valid until hora_handle_free. */
+hora_result_t hora_wait(hora_handle_t *handle);
+
+/* hora_handle_free: release a handle. If the request is still pending it first waits for it
+ * (the buffers must stay valid until then), so freeing never leaves the engine writing into
+ * memory the caller has reclaimed. Local. handle NULL is a no-op. Returns HORA_SUCCESS (the
+ * request's own result is only reported by hora_wait). */
+hora_result_t hora_handle_free(hora_handle_t *handle);
+
+/* hora_join: Horovod's join, for ranks that ran out of data. Collective over the world, but
+ * ranks call it at different times: after a rank has called it (and while it blocks), the other
+ * ranks' SUM and AVERAGE allreduces proceed with zeros from the joined rank (AVERAGE still
+ * divides by the world size); any other collective submitted while a rank is joined fails with
+ * HORA_ERR_INVALID_ARGUMENT. Returns on every rank once all ranks have joined, with *last_rank
+ * the rank that joined last (ties: the highest rank). Blocking; call it from one thread per rank
+ * after that rank's own async requests have been submitted.
+ * Errors: HORA_ERR_NOT_INITIALIZED, HORA_ERR_INVALID_ARGUMENT (last_rank NULL, or this rank has
+ * already joined), HORA_ERR_REMOTE (a peer died), HORA_ERR_SHUTDOWN. *last_rank is unchanged on
+ * error. */
+hora_result_t hora_join(hora_ctx_t *ctx, int *last_rank);
+
+/* ---- GPU (runtime/comm) ----
+ * Device buffers (device = HORA_DEVICE_CUDA) are accepted by every blocking collective above in
+ * CUDA builds. They must be memory of this rank's GPU (hora_device_index). Transport:
+ * HORA_GPU_PATH (auto: NCCL unless the build lacks it or two ranks of a node share a GPU, then an
+ * MPI ring staged through pinned host memory with the reduction on the GPU; see docs/gpu.md).
+ * hora enqueues on its own blocking streams, so it orders after the caller's work on the legacy
+ * default stream; work on other streams must be complete before the call. The call returns when
+ * the result is in recvbuf. HORA_COMPRESSION=fp16|bf16 sends float32 allreduce payloads as 16-bit
+ * floats. The first device collective of a context creates its GPU state (collective).
+ * Extra errors for device buffers: HORA_ERR_INVALID_ARGUMENT (a buffer is host memory or memory of
+ * another GPU; checked locally, so the other ranks wait until HORA_PEER_TIMEOUT_S),
+ * HORA_ERR_NOT_SUPPORTED (no CUDA in the build, some rank has no
+ * GPU, or HORA_GPU_PATH=nccl where NCCL cannot run; returned on every rank), HORA_ERR_CUDA (a CUDA
+ * call or kernel failed), HORA_ERR_NCCL (NCCL failed), HORA_ERR_TIMEOUT (no completion within
+ * HORA_PEER_TIMEOUT_S; the NCCL communicator is aborted), HORA_ERR_REMOTE (NCCL reported a remote
+ * or system error, or the communicator was aborted earlier). */
 
 /* ---- checkpoints (runtime/ckpt) ----
  * Two-phase checkpoints (docs/checkpoint.md): hora_ckpt_save copies the named tensors of rank 0

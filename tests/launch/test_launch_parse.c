@@ -163,6 +163,22 @@ int main(void) {
   expect_gpus_bad("3-1");
   expect_gpus_bad("0;1");
   expect_gpus_bad("1,");
+  expect_gpus_bad("0-3,7,2");
+  {
+    /* The largest range the parser accepts: must parse (in n log n; a pairwise duplicate check
+     * took minutes here and timed the fuzzer out) and keep its order; a duplicate at the end of
+     * a long list is still found. */
+    char **v = NULL, e[256] = "";
+    size_t n = 0;
+    CHECK(launch_gpu_list_parse("0-65535", &v, &n, e, sizeof e) == 0, "0-65535: %s", e);
+    CHECK(n == 65536 && strcmp(v[0], "0") == 0 && strcmp(v[65535], "65535") == 0,
+          "0-65535 gave %zu entries", n);
+    launch_strv_free(v, n);
+    expect_gpus_bad("0-65534,17");
+  }
+  /* Several large brackets in one item: rejected before more than LAUNCH_MAX_NAMES strings exist. */
+  expect_hosts_bad("a[0-999999][0-999999][0-999999][0-999999]", "more than");
+  expect_hosts_bad("a[0-999999],b[0-99999]", "more than");
 
   char **h = NULL, err[256];
   int *sl = NULL;

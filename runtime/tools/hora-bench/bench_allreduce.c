@@ -25,8 +25,13 @@ static void usage(FILE *f) {
           "  --warmup N       untimed iterations first (default 3)\n"
           "  --repeat R       measure every (size, algorithm) R times, interleaved, and report the\n"
           "                   median (default 1)\n"
-          "  --json FILE      also write one JSON object per line per (size, algorithm)\n");
+          "  --json FILE      also write one JSON object per line per (size, algorithm)\n"
+          "  --device D       host (default) or cuda: the GPU path's kernels, staged vs naive and\n"
+          "                   NCCL overhead (see `hora-bench allreduce --device cuda --help`)\n");
 }
+
+/* bench_allreduce_cuda.c */
+int hora__bench_allreduce_cuda(int argc, char **argv);
 
 static const char *const dnames[] = {"u8", "i8", "i32", "i64", "f16", "bf16", "f32", "f64"};
 static const char *const tnames[] = {"uint8", "int8", "int32", "int64", "half", "bfloat16", "float", "double"};
@@ -118,6 +123,14 @@ int hora_bench_allreduce(int argc, char **argv) {
   int64_t minb = 4, maxb = 256ll << 20;
   const char *algos = "ring,shm,hier,auto,mpi", *json = NULL, *dname = "f32", *oname = "sum";
   int iters = 0, warmup = 3, repeat = 1;
+  for (int i = 1; i + 1 < argc; i++)
+    if (!strcmp(argv[i], "--device")) {
+      if (!strcmp(argv[i + 1], "cuda")) return hora__bench_allreduce_cuda(argc, argv);
+      if (strcmp(argv[i + 1], "host") != 0) {
+        fprintf(stderr, "hora-bench allreduce: --device %s: want host or cuda\n", argv[i + 1]);
+        return 2;
+      }
+    }
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -139,6 +152,7 @@ int hora_bench_allreduce(int argc, char **argv) {
     else if (!strcmp(a, "--warmup")) warmup = atoi(v);
     else if (!strcmp(a, "--repeat")) repeat = atoi(v);
     else if (!strcmp(a, "--json")) json = v;
+    else if (!strcmp(a, "--device")) continue; /* host (cuda returned above) */
     else {
       fprintf(stderr, "hora-bench allreduce: unknown option %s\n", a);
       usage(stderr);

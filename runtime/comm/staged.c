@@ -1,0 +1,444 @@
+/* Device collectives over MPI, for when NCCL cannot be used (two ranks on one GPU, which NCCL
+ * refuses, or a build without NCCL).
+ *
+ * Staged ring allreduce (HORA_GPU_PATH=staged): the ring of algo/ring.c, with every chunk moving
+ * device -> pinned host -> MPI -> pinned host -> device and the reduction done by the CUDA kernel.
+ * The buffer (count elements) is cut into n blocks (one per rank), each block into chunks of at
+ * most HORA_STAGED_CHUNK_BYTES. Reduce-scatter, then allgather, n-1 steps each; step s of rank r:
+ *
+ *   reduce-scatter: send block (r-s) mod n, receive block (r-s-1) mod n and reduce it into buf
+ *   allgather:      send block (r+1-s) mod n, receive block (r-s) mod n and store it in buf
+ *
+ * Every (phase, step, chunk) is one item; items go through these stages, and up to
+ * HORA_STAGED_SLOTS items are in flight at once, each in its own slot of pinned send/receive
+ * buffers and a device temporary:
+ *
+ *   reduce-scatter item:
+ *     d2h stream:   [wait for item i-nc] D2H chunk -> h_send[slot]       (ev_d2h)
+ *     MPI:          Irecv h_recv[slot] <- left     Isend h_send[slot] -> right (after ev_d2h)
+ *     main stream:  H2D h_recv[slot] -> d_tmp[slot]; reduce buf += d_tmp (ev_h2d)
+ *   allgather item (h_whole: a pinned copy of the whole buffer, each block at its final place):
+ *     step 0:       D2H own reduced chunk -> h_whole, Isend from there
+ *     step s > 0:   Isend straight from h_whole what item i-nc received (no device copy)
+ *     MPI:          Irecv h_whole[chunk] <- left
+ *     main stream:  H2D h_whole[chunk] -> buf                               (ev_h2d)
+ *
+ * so the copies in both directions, the network and the reduce kernel of different chunks run at
+ * the same time. Item i sends what item i-nc (same chunk, previous step) produced, hence the wait
+ * on ev_h2d of i-nc (nc = chunks per block). Items retire in order; item i is started once item
+ * i-SLOTS has retired, so its slot is free. Messages between two ranks are matched in order on a
+ * communicator of their own (a dup of the world).
+ *
+ * Cost per rank: 2(n-1)/n * bytes over the network (like the host ring); over PCIe, bytes D2H
+ * ((n-1)/n in the reduce-scatter, 1/n for the own block) and 2(n-1)/n H2D; plus one chunk of
+ * latency per stage to fill the pipeline. The naive path copies the whole buffer to the host,
+ * runs MPI_Allreduce and copies it back: the same D2H bytes, but nothing overlaps.
+ *
+ * The other collectives take the simple route (whole buffer to pinned host memory, the host
+ * collective of algo/coll.c, back to the device); only allreduce, the training hot path, is
+ * pipelined. */
+#include <limits.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo/coll.h"
+#include "comm/gpu.h"
+#include "hora_kernels.h"
+
+#if HORA_HAVE_CUDA
+
+#define STAGED_TAG 0x57a6
+
+typedef struct {
+  size_t item;
+  int d2h_posted, sent, recvd;
+  int host_ready; /* the send data is already in host memory (allgather forwarding): no D2H */
+  MPI_Request sreq, rreq;
+} slot_t;
+
+/* First element of block b when count elements are cut into n blocks (sizes differ by <= 1). */
+static size_t block_start(size_t count, int n, int b) {
+  size_t q = count / (size_t)n, r = count % (size_t)n;
+  return q * (size_t)b + ((size_t)b < r ? (size_t)b : r);
+}
+
+typedef struct {
+  size_t count, ce, nc, nitems;
+  int n, r;
+} ring_t;
+
+/* The chunk an item sends and receives: element offsets and lengths, and whether it reduces. */
+static void item_geom(const ring_t *R, size_t i, size_t *soff, size_t *slen, size_t *roff, size_t *rlen,
+                      int *reduce, int *step) {
+  size_t per_phase = (size_t)(R->n - 1) * R->nc;
+  int ag = i >= per_phase;
+  size_t j = ag ? i - per_phase : i;
+  int s = (int)(j / R->nc);
+  size_t c = j % R->nc;
+  int n = R->n, r = R->r;
+  int sb = ag ? ((r + 1 - s) % n + n) % n : ((r - s) % n + n) % n;
+  int rb = ag ? ((r - s) % n + n) % n : ((r - s - 1) % n + n) % n;
+  size_t b0, b1, o;
+  b0 = block_start(R->count, n, sb), b1 = block_start(R->count, n, sb + 1);
+  o = b0 + c * R->ce;
+  *soff = o < b1 ? o : b1;
+  *slen = o < b1 ? (b1 - o < R->ce ? b1 - o : R->ce) : 0;
+  b0 = block_start(R->count, n, rb), b1 = block_start(R->count, n, rb + 1);
+  o = b0 + c * R->ce;
+  *roff = o < b1 ? o : b1;
+  *rlen = o < b1 ? (b1 - o < R->ce ? b1 - o : R->ce) : 0;
+  *reduce = !ag;
+  *step = s;
+}
+
+static void cancel_all(slot_t *sl, size_t from, size_t to) {
+  for (size_t i = from; i < to; i++) {
+    slot_t *s = &sl[i % HORA_STAGED_SLOTS];
+    if (s->rreq != MPI_REQUEST_NULL) {
+      MPI_Cancel(&s->rreq);
+      MPI_Request_free(&s->rreq);
+    }
+    if (s->sreq != MPI_REQUEST_NULL) MPI_Request_free(&s->sreq);
+  }
+}
+
+hora_result_t hora__staged_allreduce(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, size_t count,
+                                     hora_dtype_t dtype, hora_op_t op) {
+  const size_t es = hora__dtype_size(dtype);
+  ring_t R = {.count = count, .n = ctx->size, .r = ctx->rank};
+  if (R.n == 1 || count == 0) return HORA_SUCCESS;
+  size_t chunk_bytes = hora__params()->staged_chunk_bytes;
+  if (chunk_bytes > ((size_t)1 << 30)) chunk_bytes = (size_t)1 << 30; /* one MPI message fits an int */
+  size_t maxblk = (count + (size_t)R.n - 1) / (size_t)R.n;
+  R.ce = chunk_bytes / es ? chunk_bytes / es : 1;
+  if (R.ce > maxblk) R.ce = maxblk;
+  R.nc = (maxblk + R.ce - 1) / R.ce;
+  R.nitems = 2 * (size_t)(R.n - 1) * R.nc;
+  const size_t slot_bytes = R.ce * es;
+  size_t cur = g->slot_bytes;
+  if (cur < slot_bytes) {
+    size_t c1 = cur, c2 = cur, c3 = cur;
+    HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_send, &c1, slot_bytes * HORA_STAGED_SLOTS));
+    HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_recv, &c2, slot_bytes * HORA_STAGED_SLOTS));
+    HORA_CHECK(hora__gpu_dev_buf(g, &g->d_tmp, &c3, slot_bytes * HORA_STAGED_SLOTS));
+    g->slot_bytes = slot_bytes;
+  }
+  /* The allgather phase lands every block at its final place in a whole-buffer pinned area. */
+  HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, count * es));
+  /* Everything enqueued on the main stream so far (prescale, copies, casts) precedes the D2H. */
+  HORA_CUDA_CHECK(cudaEventRecord(g->ev_h2d[0], g->stream));
+  HORA_CUDA_CHECK(cudaStreamWaitEvent(g->d2h, g->ev_h2d[0], 0));
+
+  const int left = (R.r - 1 + R.n) % R.n, right = (R.r + 1) % R.n;
+  char *const d = buf;
+  char *const hs = g->h_send, *const hr = g->h_recv, *const dt = g->d_tmp, *const hw = g->h_whole;
+  slot_t sl[HORA_STAGED_SLOTS];
+  for (int k = 0; k < HORA_STAGED_SLOTS; k++) {
+    sl[k].sreq = sl[k].rreq = MPI_REQUEST_NULL;
+    sl[k].item = (size_t)-1;
+  }
+  const double timeout = hora__params()->peer_timeout_s;
+  double last = hora__now_s();
+  size_t retired = 0, started = 0;
+  hora_result_t rc = HORA_SUCCESS;
+  unsigned idle = 0;
+
+  while (retired < R.nitems) {
+    int progress = 0;
+    /* Start items whose slot is free: post the receive now, the D2H when its input is ready. */
+    while (started < R.nitems && started < retired + HORA_STAGED_SLOTS) {
+      slot_t *s = &sl[started % HORA_STAGED_SLOTS];
+      size_t so, sn, ro, rn;
+      int red;
+      int step;
+      item_geom(&R, started, &so, &sn, &ro, &rn, &red, &step);
+      s->item = started;
+      s->d2h_posted = s->sent = s->recvd = s->host_ready = 0;
+      /* Reduce-scatter receives into the slot; allgather straight into its final place in hw. */
+      char *rp = red ? hr + (started % HORA_STAGED_SLOTS) * slot_bytes : hw + ro * es;
+      int mrc = MPI_Irecv(rp, (int)(rn * es), MPI_BYTE, left, STAGED_TAG, g->comm, &s->rreq);
+      if (mrc != MPI_SUCCESS) {
+        rc = hora__mpi_error(mrc, "MPI_Irecv (staged ring)", __FILE__, __LINE__);
+        goto fail;
+      }
+      started++;
+      progress = 1;
+    }
+    for (size_t i = retired; i < started; i++) {
+      const size_t k = i % HORA_STAGED_SLOTS;
+      slot_t *s = &sl[k];
+      size_t so, sn, ro, rn;
+      int red;
+      int step;
+      item_geom(&R, i, &so, &sn, &ro, &rn, &red, &step);
+      /* Send data: reduce-scatter and the first allgather step copy it from the device (into the
+       * slot, or into hw at its final place); later allgather steps forward what item i-nc
+       * received into hw, without touching the device. */
+      const int forward = !red && step > 0;
+      char *sp = red ? hs + k * slot_bytes : hw + so * es;
+      char *rp = red ? hr + k * slot_bytes : hw + ro * es;
+      if (!s->d2h_posted && forward) {
+        if ((i - R.nc < retired || sl[(i - R.nc) % HORA_STAGED_SLOTS].recvd) &&
+            (i == retired || sl[(i - 1) % HORA_STAGED_SLOTS].d2h_posted)) {
+          s->d2h_posted = s->host_ready = 1;
+          progress = 1;
+        }
+      }
+      if (!s->d2h_posted) {
+        /* Input: what item i-nc received (already retired, or at least its H2D enqueued). */
+        int ready = 1;
+        if (i >= R.nc && i - R.nc >= retired) {
+          slot_t *dep = &sl[(i - R.nc) % HORA_STAGED_SLOTS];
+          ready = dep->recvd;
+          if (ready) {
+            cudaError_t e = cudaStreamWaitEvent(g->d2h, g->ev_h2d[(i - R.nc) % HORA_STAGED_SLOTS], 0);
+            if (e != cudaSuccess) {
+              rc = hora__cuda_error(e, "cudaStreamWaitEvent (staged ring)", __FILE__, __LINE__);
+              goto fail;
+            }
+          }
+        }
+        /* Keep the D2H order equal to the item order: the send order on the wire depends on it. */
+        if (ready && (i == retired || sl[(i - 1) % HORA_STAGED_SLOTS].d2h_posted)) {
+          cudaError_t e = cudaMemcpyAsync(sp, d + so * es, sn * es, cudaMemcpyDeviceToHost, g->d2h);
+          if (e == cudaSuccess) e = cudaEventRecord(g->ev_d2h[k], g->d2h);
+          if (e != cudaSuccess) {
+            rc = hora__cuda_error(e, "D2H copy (staged ring)", __FILE__, __LINE__);
+            goto fail;
+          }
+          s->d2h_posted = 1;
+          progress = 1;
+        }
+      }
+      if (s->d2h_posted && !s->sent && (i == retired || sl[(i - 1) % HORA_STAGED_SLOTS].sent)) {
+        cudaError_t e = s->host_ready ? cudaSuccess : cudaEventQuery(g->ev_d2h[k]);
+        if (e == cudaSuccess) {
+          int mrc = MPI_Isend(sp, (int)(sn * es), MPI_BYTE, right, STAGED_TAG, g->comm, &s->sreq);
+          if (mrc != MPI_SUCCESS) {
+            rc = hora__mpi_error(mrc, "MPI_Isend (staged ring)", __FILE__, __LINE__);
+            goto fail;
+          }
+          s->sent = 1;
+          progress = 1;
+        } else if (e != cudaErrorNotReady) {
+          rc = hora__cuda_error(e, "D2H copy (staged ring)", __FILE__, __LINE__);
+          goto fail;
+        }
+      }
+      if (!s->recvd) {
+        int done = 0;
+        int mrc = MPI_Test(&s->rreq, &done, MPI_STATUS_IGNORE);
+        if (mrc != MPI_SUCCESS) {
+          rc = hora__mpi_error(mrc, "MPI_Test (staged ring receive)", __FILE__, __LINE__);
+          goto fail;
+        }
+        if (done) {
+          cudaError_t e;
+          char *dst = d + ro * es;
+          if (red) {
+            e = cudaMemcpyAsync(dt + k * slot_bytes, rp, rn * es, cudaMemcpyHostToDevice, g->stream);
+            if (e == cudaSuccess) {
+              rc = hora__reduce_cuda(dst, dst, dt + k * slot_bytes, rn, dtype, op, g->stream);
+              if (rc != HORA_SUCCESS) goto fail;
+            }
+          } else {
+            e = cudaMemcpyAsync(dst, rp, rn * es, cudaMemcpyHostToDevice, g->stream);
+          }
+          if (e == cudaSuccess) e = cudaEventRecord(g->ev_h2d[k], g->stream);
+          if (e != cudaSuccess) {
+            rc = hora__cuda_error(e, "H2D copy (staged ring)", __FILE__, __LINE__);
+            goto fail;
+          }
+          s->recvd = 1;
+          progress = 1;
+        }
+      }
+    }
+    /* Retire in order: sent, received, and its H2D (and reduce) finished. */
+    while (retired < started) {
+      slot_t *s = &sl[retired % HORA_STAGED_SLOTS];
+      if (!s->sent || !s->recvd) break;
+      int done = 0;
+      int mrc = MPI_Test(&s->sreq, &done, MPI_STATUS_IGNORE);
+      if (mrc != MPI_SUCCESS) {
+        rc = hora__mpi_error(mrc, "MPI_Test (staged ring send)", __FILE__, __LINE__);
+        goto fail;
+      }
+      if (!done) break;
+      cudaError_t e = cudaEventQuery(g->ev_h2d[retired % HORA_STAGED_SLOTS]);
+      if (e == cudaErrorNotReady) break;
+      if (e != cudaSuccess) {
+        rc = hora__cuda_error(e, "H2D copy or reduce (staged ring)", __FILE__, __LINE__);
+        goto fail;
+      }
+      retired++;
+      progress = 1;
+    }
+    if (progress) {
+      last = hora__now_s();
+      idle = 0;
+    } else if (++idle > 64) {
+      if (timeout > 0 && (idle & 255) == 0 && hora__now_s() - last > timeout) {
+        rc = HORA_ERR(HORA_ERR_TIMEOUT,
+                      "staged device allreduce: no progress for HORA_PEER_TIMEOUT_S=%g s (rank %d or %d "
+                      "is dead or stuck)", timeout, left, right);
+        goto fail;
+      }
+      sched_yield();
+    }
+  }
+  return HORA_SUCCESS;
+
+fail:
+  cancel_all(sl, retired, started);
+  cudaStreamSynchronize(g->d2h);
+  cudaStreamSynchronize(g->stream);
+  return rc;
+}
+
+/* ---- naive path and the whole-buffer staging of the other collectives ---- */
+
+static hora_result_t d2h(hora_ctx_t *ctx, hora_gpu_t *g, void *h, const void *dev, size_t bytes) {
+  if (!bytes) return HORA_SUCCESS;
+  HORA_CUDA_CHECK(cudaMemcpyAsync(h, dev, bytes, cudaMemcpyDeviceToHost, g->stream));
+  return hora__gpu_wait(ctx, g, g->stream, "device-to-host copy");
+}
+static hora_result_t h2d(hora_ctx_t *ctx, hora_gpu_t *g, void *dev, const void *h, size_t bytes) {
+  if (!bytes) return HORA_SUCCESS;
+  HORA_CUDA_CHECK(cudaMemcpyAsync(dev, h, bytes, cudaMemcpyHostToDevice, g->stream));
+  return hora__gpu_wait(ctx, g, g->stream, "host-to-device copy");
+}
+
+hora_result_t hora__naive_allreduce(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, size_t count,
+                                    hora_dtype_t dtype, hora_op_t op) {
+  size_t bytes = count * hora__dtype_size(dtype);
+  HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, bytes));
+  HORA_CHECK(d2h(ctx, g, g->h_whole, buf, bytes));
+  HORA_CHECK(hora__allreduce_mpi(ctx, g->comm, g->h_whole, count, dtype, op));
+  /* Enqueued, not waited: the caller's next kernels on g->stream follow it, and the caller waits. */
+  HORA_CUDA_CHECK(cudaMemcpyAsync(buf, g->h_whole, bytes, cudaMemcpyHostToDevice, g->stream));
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__staged_broadcast(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, size_t count,
+                                     hora_dtype_t dtype, int root) {
+  size_t bytes = count * hora__dtype_size(dtype);
+  HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, bytes));
+  if (ctx->rank == root) HORA_CHECK(d2h(ctx, g, g->h_whole, buf, bytes));
+  HORA_CHECK(hora__broadcast_host(ctx, g->h_whole, bytes, root));
+  if (ctx->rank != root) HORA_CHECK(h2d(ctx, g, buf, g->h_whole, bytes));
+  return HORA_SUCCESS;
+}
+
+/* The host legs below use MPI directly on ctx's communicators, never the public calls: the async
+ * engine runs the hooks on a private context of its own that the public API does not accept.
+ * Byte datatypes from hora__mpi_bytes_type carry any size. */
+
+/* Pairwise exchange, step s pairs rank+s and rank-s (as algo/coll.c does for alltoallv). */
+static hora_result_t exchange(hora_ctx_t *ctx, char *const *sp, const size_t *sb, char *const *rp, const size_t *rb) {
+  int n = ctx->size, r = ctx->rank;
+  for (int s = 1; s < n; s++) {
+    int to = (r + s) % n, from = (r - s + n) % n;
+    MPI_Datatype st, rt;
+    int sown = 0, rown = 0;
+    HORA_CHECK(hora__mpi_bytes_type(sb[to], &st, &sown));
+    hora_result_t hr = hora__mpi_bytes_type(rb[from], &rt, &rown);
+    if (hr != HORA_SUCCESS) {
+      if (sown) MPI_Type_free(&st);
+      return hr;
+    }
+    int rc = MPI_Sendrecv(sp[to], sb[to] ? 1 : 0, st, to, 78, rp[from], rb[from] ? 1 : 0, rt, from, 78, ctx->world,
+                          MPI_STATUS_IGNORE);
+    if (sown) MPI_Type_free(&st);
+    if (rown) MPI_Type_free(&rt);
+    if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Sendrecv (staged)", __FILE__, __LINE__);
+  }
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__staged_allgatherv(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf, size_t sendcount,
+                                      void *recvbuf, const size_t *recvcounts, hora_dtype_t dtype) {
+  size_t es = hora__dtype_size(dtype), total = 0, mine = 0;
+  for (int i = 0; i < ctx->size; i++) {
+    if (i < ctx->rank) mine += recvcounts[i];
+    total += recvcounts[i];
+  }
+  HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, total * es));
+  char *h = g->h_whole;
+  HORA_CHECK(d2h(ctx, g, h + mine * es, sendbuf, sendcount * es));
+  /* Every rank's block, broadcast from its owner: any count, no int displacements. */
+  size_t off = 0;
+  for (int r = 0; r < ctx->size; r++) {
+    HORA_CHECK(hora__broadcast_host(ctx, h + off * es, recvcounts[r] * es, r));
+    off += recvcounts[r];
+  }
+  return h2d(ctx, g, recvbuf, h, total * es);
+}
+
+hora_result_t hora__staged_allgather(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf, void *recvbuf,
+                                     size_t count, hora_dtype_t dtype) {
+  size_t bytes = count * hora__dtype_size(dtype), total = bytes * (size_t)ctx->size;
+  HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, total));
+  char *h = g->h_whole, *mine = h + (size_t)ctx->rank * bytes;
+  HORA_CHECK(d2h(ctx, g, mine, sendbuf, bytes));
+  if (ctx->size > 1 && bytes) {
+    MPI_Datatype t;
+    int owned;
+    HORA_CHECK(hora__mpi_bytes_type(bytes, &t, &owned));
+    int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, 1, t, ctx->world);
+    if (owned) MPI_Type_free(&t);
+    if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Allgather (staged)", __FILE__, __LINE__);
+  }
+  return h2d(ctx, g, recvbuf, h, total);
+}
+
+hora_result_t hora__staged_reducescatter(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf,
+                                         void *recvbuf, size_t recvcount, hora_dtype_t dtype, hora_op_t op) {
+  size_t es = hora__dtype_size(dtype), total = recvcount * (size_t)ctx->size * es;
+  HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, total));
+  char *h = g->h_whole, *mine = h + (size_t)ctx->rank * recvcount * es;
+  HORA_CHECK(d2h(ctx, g, h, sendbuf, total));
+  HORA_CHECK(hora__reducescatter_host(ctx, h, mine, recvcount, dtype, op));
+  return h2d(ctx, g, recvbuf, mine, recvcount * es);
+}
+
+hora_result_t hora__staged_alltoallv(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf,
+                                     const size_t *sendcounts, void *recvbuf, const size_t *recvcounts,
+                                     hora_dtype_t dtype) {
+  size_t es = hora__dtype_size(dtype), stot = 0, rtot = 0;
+  for (int i = 0; i < ctx->size; i++) {
+    stot += sendcounts[i];
+    rtot += recvcounts[i];
+  }
+  HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, (stot + rtot) * es));
+  char *hs = g->h_whole, *hr = hs + stot * es;
+  HORA_CHECK(d2h(ctx, g, hs, sendbuf, stot * es));
+  int n = ctx->size;
+  char **sp = calloc((size_t)n, sizeof *sp), **rp = calloc((size_t)n, sizeof *rp);
+  size_t *sb = calloc((size_t)n, sizeof *sb), *rb = calloc((size_t)n, sizeof *rb);
+  hora_result_t rc = HORA_SUCCESS;
+  if (!sp || !rp || !sb || !rb) {
+    rc = HORA_ERR(HORA_ERR_NO_MEMORY, "staged alltoallv: out of memory");
+  } else {
+    size_t so = 0, ro = 0;
+    for (int i = 0; i < n; i++) {
+      sp[i] = hs + so * es;
+      sb[i] = sendcounts[i] * es;
+      rp[i] = hr + ro * es;
+      rb[i] = recvcounts[i] * es;
+      so += sendcounts[i];
+      ro += recvcounts[i];
+    }
+    if (sb[ctx->rank]) memcpy(rp[ctx->rank], sp[ctx->rank], sb[ctx->rank]);
+    rc = exchange(ctx, sp, sb, rp, rb);
+  }
+  free(sp);
+  free(rp);
+  free(sb);
+  free(rb);
+  HORA_CHECK(rc);
+  return h2d(ctx, g, recvbuf, hr, rtot * es);
+}
+
+#endif

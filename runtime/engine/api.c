@@ -1,0 +1,310 @@
+/* The public async calls: validate the arguments on the caller's thread (so that bad input is an
+ * immediate error and never reaches the other ranks), build a request and queue it. The checks
+ * are those of the blocking collectives (algo/coll.c) plus the name. Nothing here talks to MPI. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo/coll.h"
+#include "engine/engine.h"
+
+static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes) {
+  if (!abytes || !bbytes) return 0;
+  uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+  return pa < pb + bbytes && pb < pa + abytes;
+}
+
+static hora_result_t check_name(const char *fn, const char *name) {
+  if (!name) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: name is NULL", fn);
+  size_t n = strnlen(name, ENG_NAME_MAX);
+  if (n == 0) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: name is empty", fn);
+  if (n >= ENG_NAME_MAX)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: name '%.40s...' is longer than %d bytes", fn, name,
+                    ENG_NAME_MAX - 1);
+  return HORA_SUCCESS;
+}
+
+static int strcmp_p(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Common prologue: live context, running engine, name, dtype/device, handle pointer. */
+static hora_result_t prologue(hora_ctx_t *ctx, const char *fn, const char *name, hora_dtype_t dtype,
+                              hora_device_t device, hora_handle_t **handle, hora_engine_t **eng) {
+  HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
+  if (!handle) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: handle (output pointer) is NULL", fn);
+  if (name) HORA_CHECK(check_name(fn, name));
+  if (device == HORA_DEVICE_CUDA && !HORA_HAVE_CUDA)
+    return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "%s: device buffers (HORA_DEVICE_CUDA) need a CUDA build of hora", fn);
+  HORA_CHECK(hora__engine_get(ctx, fn, eng));
+  return HORA_SUCCESS;
+}
+
+static eng_req_t *req_new(const char *fn, const char *name, const eng_params_t *p, const void *send, void *recv) {
+  eng_req_t *r = calloc(1, sizeof *r);
+  if (r) r->name = strdup(name);
+  if (!r || !r->name) {
+    free(r);
+    HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory", fn);
+    return NULL;
+  }
+  r->p = *p;
+  r->send = send;
+  r->recv = recv;
+  r->t_enqueue = hora__now_s();
+  r->cache_pos = -1;
+  return r;
+}
+
+/* Queue one request with a fresh handle; on error nothing stays allocated. */
+static hora_result_t submit_one(hora_engine_t *eng, const char *fn, const char *name, const eng_params_t *p,
+                                const void *send, void *recv, size_t *recvcounts, hora_handle_t **handle) {
+  eng_req_t *r = req_new(fn, name, p, send, recv);
+  if (!r) {
+    free(recvcounts);
+    return HORA_ERR_NO_MEMORY;
+  }
+  r->recvcounts = recvcounts;
+  hora_handle_t *h;
+  hora_result_t rc = hora__handle_new(eng, 1, &h);
+  if (rc != HORA_SUCCESS) {
+    hora__req_free(r);
+    return rc;
+  }
+  r->h = h;
+  rc = hora__engine_submit(eng, r, r);
+  if (rc != HORA_SUCCESS) {
+    hora__req_free(r);
+    hora__handle_release(h); /* the request's reference */
+    hora__handle_release(h); /* the user's */
+    return rc;
+  }
+  *handle = h;
+  return HORA_SUCCESS;
+}
+
+HORA_EXPORT hora_result_t hora_allreduce_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
+                                               void *recvbuf, size_t count, hora_dtype_t dtype, hora_op_t op,
+                                               double prescale, double postscale, hora_device_t device,
+                                               hora_handle_t **handle) {
+  const char *fn = "hora_allreduce_async";
+  hora_engine_t *eng;
+  HORA_CHECK(hora__check_allreduce(ctx, fn, sendbuf, recvbuf, count, dtype, op, prescale, postscale, device));
+  HORA_CHECK(check_name(fn, name));
+  HORA_CHECK(prologue(ctx, fn, name, dtype, device, handle, &eng));
+  eng_params_t p = {.kind = ENG_ALLREDUCE, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
+                    .root = -1, .count = count, .prescale = prescale, .postscale = postscale};
+  return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
+}
+
+HORA_EXPORT hora_result_t hora_grouped_allreduce_async(hora_ctx_t *ctx, const char *const *names,
+                                                       const void *const *sendbufs, void *const *recvbufs,
+                                                       const size_t *counts, size_t ntensors,
+                                                       hora_dtype_t dtype, hora_op_t op, double prescale,
+                                                       double postscale, hora_device_t device,
+                                                       hora_handle_t **handle) {
+  const char *fn = "hora_grouped_allreduce_async";
+  hora_engine_t *eng;
+  HORA_CHECK(prologue(ctx, fn, NULL, dtype, device, handle, &eng));
+  if (!names || !sendbufs || !recvbufs || !counts)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                    !names ? "names" : !sendbufs ? "sendbufs" : !recvbufs ? "recvbufs" : "counts");
+  if (ntensors == 0) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: ntensors is 0", fn);
+  if (ntensors > (size_t)INT32_MAX) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: ntensors %zu is too large", fn, ntensors);
+  for (size_t i = 0; i < ntensors; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "%s (tensor %zu)", fn, i);
+    HORA_CHECK(check_name(what, names[i]));
+    HORA_CHECK(hora__check_allreduce(ctx, what, sendbufs[i], recvbufs[i], counts[i], dtype, op, prescale,
+                                     postscale, device));
+  }
+  /* Duplicate names within the group: sort a copy of the pointers. */
+  const char **sorted = malloc(ntensors * sizeof *sorted);
+  if (!sorted) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory", fn);
+  memcpy(sorted, names, ntensors * sizeof *sorted);
+  qsort(sorted, ntensors, sizeof *sorted, strcmp_p);
+  for (size_t i = 1; i < ntensors; i++)
+    if (strcmp(sorted[i - 1], sorted[i]) == 0) {
+      hora_result_t rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: name '%.200s' appears twice in the group", fn, sorted[i]);
+      free(sorted);
+      return rc;
+    }
+  free(sorted);
+
+  hora_handle_t *h;
+  HORA_CHECK(hora__handle_new(eng, (int)ntensors, &h));
+  eng_req_t *first = NULL, *last = NULL;
+  for (size_t i = 0; i < ntensors; i++) {
+    eng_params_t p = {.kind = ENG_ALLREDUCE, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
+                      .root = -1, .count = counts[i], .prescale = prescale, .postscale = postscale};
+    eng_req_t *r = req_new(fn, names[i], &p, sendbufs[i], recvbufs[i]);
+    if (!r) {
+      while (first) {
+        eng_req_t *nx = first->qnext;
+        hora__req_free(first);
+        first = nx;
+      }
+      for (size_t k = 0; k <= ntensors; k++) hora__handle_release(h);
+      return HORA_ERR_NO_MEMORY;
+    }
+    r->h = h;
+    if (last) last->qnext = r;
+    else first = r;
+    last = r;
+  }
+  hora_result_t rc = hora__engine_submit(eng, first, last);
+  if (rc != HORA_SUCCESS) {
+    while (first) {
+      eng_req_t *nx = first->qnext;
+      hora__req_free(first);
+      first = nx;
+    }
+    for (size_t k = 0; k <= ntensors; k++) hora__handle_release(h);
+    return rc;
+  }
+  *handle = h;
+  return HORA_SUCCESS;
+}
+
+HORA_EXPORT hora_result_t hora_allgather_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
+                                               void *recvbuf, size_t count, hora_dtype_t dtype,
+                                               hora_device_t device, hora_handle_t **handle) {
+  const char *fn = "hora_allgather_async";
+  hora_engine_t *eng;
+  HORA_CHECK(check_name(fn, name));
+  HORA_CHECK(prologue(ctx, fn, name, dtype, device, handle, &eng));
+  size_t es = hora__dtype_size(dtype), bytes;
+  HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, count, dtype, &bytes));
+  if (count > SIZE_MAX / es / (size_t)ctx->size)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: count %zu x world size %d overflows", fn, count, ctx->size);
+  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, count * (size_t)ctx->size, dtype, NULL));
+  const char *mine = (const char *)recvbuf + (size_t)ctx->rank * bytes;
+  if (bytes && sendbuf != mine && overlaps(sendbuf, bytes, recvbuf, bytes * (size_t)ctx->size))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sendbuf overlaps recvbuf but is not this rank's block", fn);
+  eng_params_t p = {.kind = ENG_ALLGATHER, .dtype = (uint8_t)dtype, .device = (uint8_t)device, .root = -1, .count = count,
+                    .prescale = 1, .postscale = 1};
+  return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
+}
+
+HORA_EXPORT hora_result_t hora_allgatherv_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
+                                                size_t sendcount, void *recvbuf, const size_t *recvcounts,
+                                                hora_dtype_t dtype, hora_device_t device,
+                                                hora_handle_t **handle) {
+  const char *fn = "hora_allgatherv_async";
+  hora_engine_t *eng;
+  HORA_CHECK(check_name(fn, name));
+  HORA_CHECK(prologue(ctx, fn, name, dtype, device, handle, &eng));
+  if (!recvcounts) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: recvcounts is NULL", fn);
+  size_t es = hora__dtype_size(dtype), total = 0;
+  for (int i = 0; i < ctx->size; i++) {
+    if (recvcounts[i] > SIZE_MAX / es - total)
+      return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sum of recvcounts overflows", fn);
+    total += recvcounts[i];
+  }
+  if (sendcount != recvcounts[ctx->rank])
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sendcount %zu != recvcounts[%d] = %zu", fn, sendcount,
+                    ctx->rank, recvcounts[ctx->rank]);
+  HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, sendcount, dtype, NULL));
+  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, total, dtype, NULL));
+  size_t *rc_copy = malloc((size_t)ctx->size * sizeof *rc_copy);
+  if (!rc_copy) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory", fn);
+  memcpy(rc_copy, recvcounts, (size_t)ctx->size * sizeof *rc_copy);
+  eng_params_t p = {.kind = ENG_ALLGATHERV, .dtype = (uint8_t)dtype, .device = (uint8_t)device, .root = -1,
+                    .count = total, .prescale = 1, .postscale = 1, /* sendcount is recvcounts[rank] */
+                    .vhash = hora__eng_hash((const char *)rc_copy, (size_t)ctx->size * sizeof *rc_copy)};
+  return submit_one(eng, fn, name, &p, sendbuf, recvbuf, rc_copy, handle);
+}
+
+HORA_EXPORT hora_result_t hora_broadcast_async(hora_ctx_t *ctx, const char *name, void *buf, size_t count,
+                                               hora_dtype_t dtype, int root, hora_device_t device,
+                                               hora_handle_t **handle) {
+  const char *fn = "hora_broadcast_async";
+  hora_engine_t *eng;
+  HORA_CHECK(check_name(fn, name));
+  HORA_CHECK(prologue(ctx, fn, name, dtype, device, handle, &eng));
+  HORA_CHECK(hora__check_buf(fn, "buf", buf, count, dtype, NULL));
+  if (root < 0 || root >= ctx->size)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank (world size %d)", fn, root, ctx->size);
+  eng_params_t p = {.kind = ENG_BROADCAST, .dtype = (uint8_t)dtype, .device = (uint8_t)device, .root = root,
+                    .count = count, .prescale = 1, .postscale = 1};
+  return submit_one(eng, fn, name, &p, buf, buf, NULL, handle);
+}
+
+HORA_EXPORT hora_result_t hora_reducescatter_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
+                                                   void *recvbuf, size_t recvcount, hora_dtype_t dtype,
+                                                   hora_op_t op, hora_device_t device,
+                                                   hora_handle_t **handle) {
+  const char *fn = "hora_reducescatter_async";
+  hora_engine_t *eng;
+  HORA_CHECK(check_name(fn, name));
+  HORA_CHECK(prologue(ctx, fn, name, dtype, device, handle, &eng));
+  if ((unsigned)op >= HORA_OP_COUNT) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: op %d is not a hora_op_t", fn, (int)op);
+  size_t es = hora__dtype_size(dtype);
+  if (recvcount > SIZE_MAX / es / (size_t)ctx->size)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: recvcount %zu x world size overflows", fn, recvcount);
+  size_t total = recvcount * (size_t)ctx->size;
+  HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, total, dtype, NULL));
+  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, recvcount, dtype, NULL));
+  if (recvcount && (const char *)recvbuf != (const char *)sendbuf + (size_t)ctx->rank * recvcount * es &&
+      overlaps(sendbuf, total * es, recvbuf, recvcount * es))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: recvbuf overlaps sendbuf but is not this rank's block", fn);
+  eng_params_t p = {.kind = ENG_REDUCESCATTER, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
+                    .root = -1, .count = recvcount, .prescale = 1, .postscale = 1};
+  return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
+}
+
+HORA_EXPORT hora_result_t hora_alltoall_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
+                                              void *recvbuf, size_t count, hora_dtype_t dtype,
+                                              hora_device_t device, hora_handle_t **handle) {
+  const char *fn = "hora_alltoall_async";
+  hora_engine_t *eng;
+  HORA_CHECK(check_name(fn, name));
+  HORA_CHECK(prologue(ctx, fn, name, dtype, device, handle, &eng));
+  size_t es = hora__dtype_size(dtype);
+  if (count > SIZE_MAX / es / (size_t)ctx->size)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: count %zu x world size overflows", fn, count);
+  size_t total = count * (size_t)ctx->size;
+  HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, total, dtype, NULL));
+  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, total, dtype, NULL));
+  if (overlaps(sendbuf, total * es, recvbuf, total * es))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sendbuf and recvbuf overlap (alltoall is not in place)", fn);
+  eng_params_t p = {.kind = ENG_ALLTOALL, .dtype = (uint8_t)dtype, .device = (uint8_t)device, .root = -1,
+                    .count = count, .prescale = 1, .postscale = 1};
+  return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
+}
+
+HORA_EXPORT hora_result_t hora_join(hora_ctx_t *ctx, int *last_rank) {
+  const char *fn = "hora_join";
+  HORA_CHECK(hora__ctx_check(ctx, fn));
+  if (!last_rank) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: last_rank is NULL", fn);
+  hora_engine_t *eng;
+  HORA_CHECK(hora__engine_get(ctx, fn, &eng));
+  eng_params_t p = {.kind = ENG_JOIN, .root = -1};
+  eng_req_t *r = calloc(1, sizeof *r);
+  if (r) r->name = strdup("");
+  if (!r || !r->name) {
+    free(r);
+    return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory", fn);
+  }
+  r->p = p;
+  r->t_enqueue = hora__now_s();
+  hora_handle_t *h;
+  hora_result_t rc = hora__handle_new(eng, 1, &h);
+  if (rc != HORA_SUCCESS) {
+    hora__req_free(r);
+    return rc;
+  }
+  r->h = h;
+  rc = hora__engine_submit(eng, r, r);
+  if (rc != HORA_SUCCESS) {
+    hora__req_free(r);
+    hora__handle_release(h);
+    hora__handle_release(h);
+    return rc;
+  }
+  rc = hora_wait(h);
+  int last = h->last_rank;
+  hora__handle_release(h);
+  if (rc == HORA_SUCCESS) *last_rank = last;
+  return rc;
+}

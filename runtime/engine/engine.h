@@ -1,0 +1,239 @@
+/* The async engine's internal types, shared by its files:
+ *
+ *   api.c        public *_async calls: check arguments, build requests, push them on the queue
+ *   queue.c      handles, the submission queue, this rank's table of pending requests
+ *   engine.c     the background thread: start at hora_init, the cycle, stop at hora_finalize
+ *   negotiate.c  one cycle's agreement: the bit-vector allreduce and rank 0's coordination
+ *   cache.c      the response cache (identical on every rank)
+ *   fusion.c     grouping of ready responses, pack/unpack, running the collectives
+ *   stall.c      rank 0's stall inspector (warnings and HORA_STALL_SHUTDOWN_S)
+ *   heartbeat.c  peer death detection (HORA_PEER_TIMEOUT_S)
+ *   timeline.c   the Chrome-trace timeline (HORA_TIMELINE)
+ *
+ * Ownership: the user's threads own a request until it is on the queue; from then on only the
+ * engine thread touches it (and frees it). Handles are shared: the user holds one reference,
+ * the engine one per pending request; the last one frees it. The heartbeat thread never touches
+ * requests: when a peer dies it completes the live handles through the handle list. */
+#ifndef HORA_ENGINE_ENGINE_H
+#define HORA_ENGINE_ENGINE_H
+
+#include <stdatomic.h>
+#include <stdio.h>
+
+#include "core/ctx.h"
+
+#define ENG_NAME_MAX 1024 /* bytes including the NUL */
+
+typedef enum {
+  ENG_ALLREDUCE = 0,
+  ENG_ALLGATHER = 1,
+  ENG_ALLGATHERV = 2,
+  ENG_BROADCAST = 3,
+  ENG_REDUCESCATTER = 4,
+  ENG_ALLTOALL = 5,
+  ENG_JOIN = 6, /* hora_join: a pseudo-request that only the coordinator sees */
+  ENG_KIND_COUNT
+} eng_kind_t;
+
+const char *hora__eng_kind_name(int kind); /* "ALLREDUCE", ... (timeline phase names) */
+
+/* What every rank must agree on for one name: the wire form of a request (fixed size; ranks
+ * of one job run the same build on the same architecture). */
+typedef struct {
+  uint8_t kind, dtype, op, device;
+  int32_t root;      /* broadcast root; -1 otherwise */
+  uint64_t count;    /* elements: count, recvcount (reducescatter), sum of recvcounts (allgatherv) */
+  double prescale, postscale;
+  uint64_t vhash;    /* allgatherv: hash of recvcounts; 0 otherwise */
+} eng_params_t;
+
+int hora__eng_params_equal(const eng_params_t *a, const eng_params_t *b);
+
+/* ---- handles (queue.c) ---- */
+struct hora_handle {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int refs;       /* user + one per pending request; the last release frees */
+  int remaining;  /* members not yet complete (grouped allreduce: ntensors) */
+  int done;
+  hora_result_t rc;
+  char *msg;      /* detailed message of rc (malloc'd), or NULL */
+  struct hora_handle *prev, *next; /* the engine's list of live handles (under eng->mu) */
+  atomic_int linked;
+  struct hora_engine *eng;
+  int last_rank;  /* hora_join's result */
+};
+
+/* ---- requests ---- */
+typedef enum { REQ_NEW = 0, REQ_SENT = 1, REQ_CACHED = 2 } eng_req_state_t;
+
+typedef struct eng_req {
+  char *name;
+  eng_params_t p;
+  const void *send;
+  void *recv;
+  size_t *recvcounts; /* allgatherv: copy of the world-size array */
+  hora_handle_t *h;
+  double t_enqueue, t_negotiate; /* timeline: queue and negotiation start (s) */
+  eng_req_state_t state;
+  int cache_pos;
+  double t_cached; /* since when it waits on the cache fast path */
+  struct eng_req *qnext;  /* submission queue */
+  struct eng_req *hnext;  /* pending table bucket chain */
+} eng_req_t;
+
+/* A name -> request table (chained hashing; libc's hsearch has one global table and no delete,
+ * so the engine keeps its own small one). */
+typedef struct {
+  eng_req_t **b;
+  size_t nb, n;
+} eng_table_t;
+uint64_t hora__eng_hash(const char *s, size_t len);
+eng_req_t *hora__eng_table_get(eng_table_t *t, const char *name);
+hora_result_t hora__eng_table_put(eng_table_t *t, eng_req_t *r);
+void hora__eng_table_del(eng_table_t *t, eng_req_t *r);
+
+/* ---- response cache (cache.c) ---- */
+typedef struct {
+  char *name;     /* NULL: free slot */
+  eng_params_t p;
+  uint64_t stamp; /* LRU order, advanced identically on every rank */
+} eng_cache_entry_t;
+typedef struct {
+  eng_cache_entry_t *e;
+  int cap;
+  uint64_t clock;
+  /* name -> slot: open addressing over 2*cap slots of (slot index + 1), 0 = empty */
+  int *idx;
+  size_t nidx;
+} eng_cache_t;
+hora_result_t hora__cache_init(eng_cache_t *c, int cap);
+void hora__cache_free(eng_cache_t *c);
+int hora__cache_find(const eng_cache_t *c, const char *name); /* slot or -1 */
+int hora__cache_put(eng_cache_t *c, const char *name, const eng_params_t *p); /* slot or -1 */
+void hora__cache_touch(eng_cache_t *c, int pos);
+void hora__cache_erase(eng_cache_t *c, int pos);
+
+/* ---- one executable response (fusion.c) ---- */
+typedef struct {
+  char *name;     /* owned */
+  eng_params_t p;
+  eng_req_t *req; /* this rank's request, or NULL when this rank has joined */
+} eng_resp_t;
+
+/* ---- coordinator (rank 0) table entry (negotiate.c, stall.c) ---- */
+typedef struct eng_coord {
+  char *name;
+  eng_params_t *p;  /* per rank */
+  uint8_t *have;    /* per rank: submitted */
+  int nhave;
+  double first_seen, last_warn;
+  struct eng_coord *next;
+} eng_coord_t;
+
+/* A response as rank 0 broadcasts it. */
+typedef struct {
+  char *name;
+  eng_params_t p;
+  hora_result_t rc;
+  char *msg;
+} eng_wire_resp_t;
+
+/* ---- timeline (timeline.c) ---- */
+typedef struct eng_timeline eng_timeline_t;
+hora_result_t hora__timeline_open(const char *path, uint64_t max_bytes, eng_timeline_t **out);
+/* One complete event ("ph":"X") on the tensor's row; times in s of hora__now_s(). */
+void hora__timeline_span(eng_timeline_t *t, const char *tensor, const char *phase, double t0, double t1);
+void hora__timeline_cycle(eng_timeline_t *t, double ts, uint64_t cycle);
+hora_result_t hora__timeline_close(eng_timeline_t *t);
+
+/* ---- heartbeat (heartbeat.c) ---- */
+typedef struct eng_hb eng_hb_t;
+hora_result_t hora__hb_start(struct hora_engine *eng, eng_hb_t **out);
+void hora__hb_stop(eng_hb_t *hb); /* joins the thread, frees the communicator's requests */
+void hora__hb_mute(eng_hb_t *hb); /* stop sending heartbeats, keep listening */
+
+/* ---- the engine ---- */
+typedef struct hora_engine {
+  hora_ctx_t *ctx;    /* the user's context */
+  hora_ctx_t *shadow; /* a private context on duplicated communicators, for the algorithms */
+  MPI_Comm comm;      /* negotiation (dup of the world) */
+  int rank, size;
+  hora_params_t prm;  /* parameters at start */
+
+  pthread_t thread;
+  int thread_started;
+  pthread_mutex_t mu;  /* guards the queue, stop flag, handle list, wake */
+  pthread_cond_t cv;   /* enqueue / stop wakes the thread */
+  eng_req_t *qhead, *qtail;
+  int stop_requested;
+  int exited;          /* the thread has left its loop */
+  pthread_cond_t exit_cv;
+  hora_handle_t handles; /* sentinel of the live handle list */
+
+  /* Dead peer: set once by the heartbeat thread (or the engine on a failed MPI call). */
+  atomic_int dead;
+  char dead_msg[256];
+  hora_result_t fail_rc; /* REMOTE, or MPI/INTERNAL if the engine itself failed */
+  eng_hb_t *hb;
+
+  /* Engine-thread-only state. */
+  eng_table_t pending;  /* this rank's requests by name */
+  size_t npending;
+  eng_cache_t cache;
+  int joined;           /* this rank called hora_join and waits */
+  int any_joined;       /* some rank had joined at the last bit-vector allreduce */
+  eng_req_t *join_req;
+  eng_coord_t *coord;   /* rank 0: names submitted by some ranks */
+  uint8_t *coord_joined; /* rank 0: per rank */
+  uint64_t *coord_join_seq;
+  uint64_t join_seq;
+  eng_wire_resp_t *outbox; /* rank 0: responses to broadcast next slow path */
+  size_t noutbox, capoutbox;
+  uint64_t cycle;
+  int idle_cycles;
+  void *fusion;          /* fusion buffer */
+  size_t fusion_bytes;
+  void *zeros;           /* joined ranks' zero contributions */
+  size_t zeros_bytes;
+  eng_timeline_t *tl;
+  double stall_fallback_s; /* cached requests older than this go to the coordinator */
+  double last_stall_check;
+} hora_engine_t;
+
+/* engine.c */
+hora_result_t hora__engine_get(hora_ctx_t *ctx, const char *fn, hora_engine_t **out);
+/* Fail `rc` with a message for every live handle and mark the engine failed (thread-safe). */
+void hora__engine_fail(hora_engine_t *eng, hora_result_t rc, const char *fmt, ...) HORA_PRINTF(3, 4);
+/* Wait for an MPI request while watching for a dead peer; HORA_ERR_REMOTE if one died. */
+hora_result_t hora__engine_mpi_wait(hora_engine_t *eng, MPI_Request *req, const char *what);
+
+/* queue.c */
+hora_result_t hora__handle_new(hora_engine_t *eng, int members, hora_handle_t **out);
+/* Complete one member with rc/msg (first error wins); drops the engine's reference. */
+void hora__handle_member_done(hora_handle_t *h, hora_result_t rc, const char *msg);
+void hora__handle_release(hora_handle_t *h);
+/* Push requests (a NULL-terminated chain through qnext) in one step; fails when stopping. */
+hora_result_t hora__engine_submit(hora_engine_t *eng, eng_req_t *first, eng_req_t *last);
+void hora__req_free(eng_req_t *r);
+/* Complete a request with rc (removing it from the pending table) and free it. */
+void hora__req_finish(hora_engine_t *eng, eng_req_t *r, hora_result_t rc, const char *msg);
+
+/* negotiate.c: one cycle. *run_list receives the executable responses in the agreed order;
+ * *stop is set when every rank asked to stop. */
+hora_result_t hora__negotiate(hora_engine_t *eng, eng_resp_t **run_list, size_t *nrun, int *stop,
+                              int *all_idle);
+void hora__coord_free(hora_engine_t *eng);
+
+/* fusion.c: run the responses (groups fused), complete their requests. */
+hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n);
+
+/* stall.c: rank 0, once per cycle: warnings and timeout responses. */
+void hora__stall_check(hora_engine_t *eng, double now);
+/* stall.c: "1,3-5" style list of the ranks whose flag is `want` (flags has size entries). */
+void hora__rank_list(const uint8_t *flags, int size, int want, char *out, size_t outsz);
+/* negotiate.c: queue a response for the next broadcast (rank 0). */
+hora_result_t hora__coord_respond(hora_engine_t *eng, const char *name, const eng_params_t *p,
+                                  hora_result_t rc, const char *msg);
+
+#endif

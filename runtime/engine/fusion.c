@@ -1,0 +1,273 @@
+/* Tensor fusion and the execution of ready responses.
+ *
+ * Every rank holds the same ordered list of ready responses (negotiate.c), so every rank forms
+ * the same groups: walking the list, an allreduce starts a group and takes every later allreduce
+ * with the same dtype, reduce op, prescale, postscale and device, while the group fits in the
+ * fusion buffer (HORA_FUSION_THRESHOLD bytes; 0 turns fusion off). A group of several tensors is
+ * packed with the kernels' batched copy, reduced by ONE host allreduce (runtime/algo on the
+ * engine's shadow context), and unpacked:
+ *
+ *   a[0..3) b[0..5) c[0..2)  --pack-->  fusion buffer |a a a b b b b b c c|  --allreduce-->
+ *                            <-unpack-  (same layout on every rank)
+ *
+ * Tensors of FUSION_DIRECT_MIN_BYTES or more are not packed: their allreduce already runs at
+ * full bandwidth, and the two copies would cost more than the call's latency saves (measured with
+ * `hora-bench fusion`, docs/benchmarks.md). A rank that has joined (hora_join) contributes zeros.
+ * Other collectives run one by one. Device buffers go to run_device(), the one place where the
+ * GPU path plugs in. A failed collective may leave the ranks out of step, so it fails the
+ * whole engine (every handle gets the error) rather than risk a hang. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo/algo.h"
+#include "algo/coll.h"
+#include "engine/engine.h"
+#include "hora_kernels.h"
+
+#define FUSION_DIRECT_MIN_BYTES ((size_t)1 << 20)
+
+static size_t resp_bytes(const eng_resp_t *x) { return (size_t)x->p.count * hora__dtype_size((hora_dtype_t)x->p.dtype); }
+
+static int fusable(const eng_resp_t *a, const eng_resp_t *b) {
+  return b->p.kind == ENG_ALLREDUCE && a->p.dtype == b->p.dtype && a->p.op == b->p.op &&
+         a->p.prescale == b->p.prescale && a->p.postscale == b->p.postscale && a->p.device == b->p.device;
+}
+
+static hora_result_t grow(void **buf, size_t *have, size_t need, int zero) {
+  if (*have >= need) return HORA_SUCCESS;
+  void *p = NULL;
+  if (posix_memalign(&p, 64, need) != 0)
+    return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory (%zu bytes of fusion buffer)", need);
+  if (zero) memset(p, 0, need);
+  free(*buf);
+  *buf = p;
+  *have = need;
+  return HORA_SUCCESS;
+}
+
+static void span(hora_engine_t *eng, const eng_resp_t *x, const char *phase, double t0, double t1) {
+  if (eng->tl && x->req) hora__timeline_span(eng->tl, x->name, phase, t0, t1);
+}
+
+/* QUEUE and NEGOTIATE phases of a request, ending when its execution starts. */
+static void spans_before(hora_engine_t *eng, const eng_resp_t *x, double start) {
+  if (!eng->tl || !x->req) return;
+  span(eng, x, "QUEUE", x->req->t_enqueue, x->req->t_negotiate);
+  span(eng, x, "NEGOTIATE", x->req->t_negotiate, start);
+}
+
+/* The one place where device buffers would be dispatched: the GPU path (runtime/comm) installs
+ * hora__gpu_hooks in CUDA builds; they run blocking on the engine's shadow context. */
+static hora_result_t run_device(hora_engine_t *eng, eng_resp_t *x) {
+  hora_ctx_t *s = eng->shadow;
+  const eng_params_t *p = &x->p;
+  eng_req_t *r = x->req;
+  hora_gpu_hooks_t *g = &hora__gpu_hooks;
+  if (!r) return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "engine: hora_join with device buffers");
+  switch (p->kind) {
+    case ENG_ALLREDUCE:
+      if (g->allreduce) return g->allreduce(s, r->send, r->recv, p->count, p->dtype, p->op, p->prescale, p->postscale);
+      break;
+    case ENG_BROADCAST:
+      if (g->broadcast) return g->broadcast(s, r->recv, p->count, p->dtype, p->root);
+      break;
+    case ENG_ALLGATHER:
+      if (g->allgather) return g->allgather(s, r->send, r->recv, p->count, p->dtype);
+      break;
+    case ENG_ALLGATHERV:
+      if (g->allgatherv) return g->allgatherv(s, r->send, p->count, r->recv, r->recvcounts, p->dtype);
+      break;
+    case ENG_REDUCESCATTER:
+      if (g->reducescatter) return g->reducescatter(s, r->send, r->recv, p->count, p->dtype, p->op);
+      break;
+    case ENG_ALLTOALL:
+      if (g->alltoall) return g->alltoall(s, r->send, r->recv, p->count, p->dtype);
+      break;
+    default: break;
+  }
+  return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "tensor '%s': device buffers need a CUDA build of hora", x->name);
+}
+
+static hora_result_t run_allgatherv(hora_engine_t *eng, eng_req_t *r, size_t es) {
+  hora_ctx_t *s = eng->shadow;
+  int n = s->size, me = s->rank;
+  size_t *off = malloc((size_t)n * sizeof *off);
+  if (!off) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+  size_t o = 0;
+  for (int i = 0; i < n; i++) off[i] = o, o += r->recvcounts[i];
+  char *recv = r->recv;
+  size_t mine = r->recvcounts[me];
+  if (mine && recv + off[me] * es != (const char *)r->send) memmove(recv + off[me] * es, r->send, mine * es);
+  hora_result_t rc = HORA_SUCCESS;
+  /* Pairwise exchange: in step k send my block to rank+k and receive rank-k's block. */
+  for (int k = 1; k < n && rc == HORA_SUCCESS; k++) {
+    int to = (me + k) % n, from = (me - k + n) % n;
+    MPI_Datatype st, rt;
+    int sown = 0, rown = 0;
+    rc = hora__mpi_bytes_type(mine * es, &st, &sown);
+    if (rc != HORA_SUCCESS) break;
+    rc = hora__mpi_bytes_type(r->recvcounts[from] * es, &rt, &rown);
+    if (rc == HORA_SUCCESS) {
+      int mrc = MPI_Sendrecv(recv + off[me] * es, mine ? 1 : 0, st, to, 91, recv + off[from] * es,
+                             r->recvcounts[from] ? 1 : 0, rt, from, 91, s->world, MPI_STATUS_IGNORE);
+      if (mrc != MPI_SUCCESS) rc = hora__mpi_error(mrc, "MPI_Sendrecv(allgatherv)", __FILE__, __LINE__);
+    }
+    if (sown) MPI_Type_free(&st);
+    if (rown) MPI_Type_free(&rt);
+  }
+  free(off);
+  return rc;
+}
+
+/* One non-fused response on host buffers. */
+static hora_result_t run_one(hora_engine_t *eng, eng_resp_t *x, hora_algo_t algo) {
+  hora_ctx_t *s = eng->shadow;
+  const eng_params_t *p = &x->p;
+  eng_req_t *r = x->req;
+  size_t es = hora__dtype_size((hora_dtype_t)p->dtype), bytes = (size_t)p->count * es;
+  if (!r && p->kind != ENG_ALLREDUCE) /* negotiate.c never produces this */
+    return HORA_ERR(HORA_ERR_INTERNAL, "engine: tensor '%s' ready without a request on this rank", x->name);
+  switch (p->kind) {
+    case ENG_ALLREDUCE:
+      if (!r) { /* joined: zeros in, result discarded */
+        HORA_CHECK(grow(&eng->zeros, &eng->zeros_bytes, bytes, 1));
+        HORA_CHECK(grow(&eng->fusion, &eng->fusion_bytes, bytes, 0));
+        return hora__allreduce_host_full(s, eng->zeros, eng->fusion, p->count, p->dtype, p->op, p->prescale,
+                                         p->postscale, algo);
+      }
+      return hora__allreduce_host_full(s, r->send, r->recv, p->count, p->dtype, p->op, p->prescale, p->postscale, algo);
+    case ENG_BROADCAST:
+      return hora__broadcast_host(s, r->recv, bytes, p->root);
+    case ENG_REDUCESCATTER:
+      return hora__reducescatter_host(s, r->send, r->recv, p->count, p->dtype, p->op);
+    case ENG_ALLGATHER: {
+      char *mine = (char *)r->recv + (size_t)s->rank * bytes;
+      if (bytes && mine != (const char *)r->send) memcpy(mine, r->send, bytes);
+      if (!bytes || s->size == 1) return HORA_SUCCESS;
+      MPI_Datatype t;
+      int owned;
+      HORA_CHECK(hora__mpi_bytes_type(bytes, &t, &owned));
+      int mrc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, r->recv, 1, t, s->world);
+      if (owned) MPI_Type_free(&t);
+      return mrc == MPI_SUCCESS ? HORA_SUCCESS : hora__mpi_error(mrc, "MPI_Allgather", __FILE__, __LINE__);
+    }
+    case ENG_ALLGATHERV:
+      return run_allgatherv(eng, r, es);
+    case ENG_ALLTOALL: {
+      if (!bytes) return HORA_SUCCESS;
+      MPI_Datatype t;
+      int owned;
+      HORA_CHECK(hora__mpi_bytes_type(bytes, &t, &owned));
+      int mrc = MPI_Alltoall(r->send, 1, t, r->recv, 1, t, s->world);
+      if (owned) MPI_Type_free(&t);
+      return mrc == MPI_SUCCESS ? HORA_SUCCESS : hora__mpi_error(mrc, "MPI_Alltoall", __FILE__, __LINE__);
+    }
+    default:
+      return HORA_ERR(HORA_ERR_INTERNAL, "engine: unknown request kind %d", p->kind);
+  }
+}
+
+/* Pack members [0, k) into the fusion buffer, allreduce it once, unpack. */
+static hora_result_t run_fused(hora_engine_t *eng, eng_resp_t **m, size_t k, size_t total, hora_algo_t algo) {
+  const eng_params_t *p = &m[0]->p;
+  size_t es = hora__dtype_size((hora_dtype_t)p->dtype);
+  HORA_CHECK(grow(&eng->fusion, &eng->fusion_bytes, total, 0));
+  hora_copy_desc_t *d = malloc(k * sizeof *d);
+  if (!d) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+  char *fb = eng->fusion;
+  size_t off = 0, nd = 0;
+  double t0 = hora__now_s();
+  for (size_t i = 0; i < k; i++) {
+    size_t b = resp_bytes(m[i]);
+    if (!b) continue; /* an empty tensor may have NULL buffers */
+    if (m[i]->req) d[nd++] = (hora_copy_desc_t){fb + off, m[i]->req->send, b};
+    else memset(fb + off, 0, b);
+    off += b;
+  }
+  hora_result_t rc = hora__batched_copy_host(d, nd, NULL);
+  double t1 = hora__now_s();
+  if (rc == HORA_SUCCESS)
+    rc = hora__allreduce_host_full(eng->shadow, fb, fb, total / es, p->dtype, p->op, p->prescale, p->postscale, algo);
+  double t2 = hora__now_s();
+  if (rc == HORA_SUCCESS) {
+    off = 0;
+    nd = 0;
+    for (size_t i = 0; i < k; i++) {
+      size_t b = resp_bytes(m[i]);
+      if (m[i]->req && b) d[nd++] = (hora_copy_desc_t){m[i]->req->recv, fb + off, b};
+      off += b;
+    }
+    rc = hora__batched_copy_host(d, nd, NULL);
+  }
+  double t3 = hora__now_s();
+  free(d);
+  for (size_t i = 0; i < k; i++) {
+    spans_before(eng, m[i], t0);
+    span(eng, m[i], "MEMCPY_IN_FUSION", t0, t1);
+    span(eng, m[i], "ALLREDUCE", t1, t2);
+    span(eng, m[i], "MEMCPY_OUT_FUSION", t2, t3);
+  }
+  return rc;
+}
+
+static void finish(hora_engine_t *eng, eng_resp_t *x, hora_result_t rc) {
+  if (!x->req) return;
+  hora__req_finish(eng, x->req, rc, rc == HORA_SUCCESS ? NULL : hora_last_error());
+  x->req = NULL;
+}
+
+hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
+  hora_algo_t algo;
+  HORA_CHECK(hora__algo_parse(eng->prm.allreduce_algo, &algo));
+  if (eng->tl) hora__timeline_cycle(eng->tl, hora__now_s(), eng->cycle);
+  size_t threshold = (size_t)eng->prm.fusion_threshold;
+  uint8_t *used = calloc(n, 1);
+  eng_resp_t **m = malloc(n * sizeof *m);
+  if (!used || !m) {
+    free(used);
+    free(m);
+    return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+  }
+  hora_result_t rc = HORA_SUCCESS;
+  for (size_t i = 0; i < n && rc == HORA_SUCCESS; i++) {
+    if (used[i]) continue;
+    used[i] = 1;
+    eng_resp_t *x = &list[i];
+    size_t b = resp_bytes(x);
+    if (x->p.device == HORA_DEVICE_CUDA) {
+      double t0 = hora__now_s();
+      spans_before(eng, x, t0);
+      rc = run_device(eng, x);
+      span(eng, x, hora__eng_kind_name(x->p.kind), t0, hora__now_s());
+      hora_result_t frc = rc;
+      /* NOT_SUPPORTED happens on every rank alike: report it, keep the engine. */
+      if (rc == HORA_ERR_NOT_SUPPORTED) rc = HORA_SUCCESS;
+      finish(eng, x, frc);
+      continue;
+    }
+    size_t k = 1, total = b;
+    m[0] = x;
+    if (x->p.kind == ENG_ALLREDUCE && threshold > 0 && b < FUSION_DIRECT_MIN_BYTES && b <= threshold) {
+      for (size_t j = i + 1; j < n; j++) {
+        size_t bj = resp_bytes(&list[j]);
+        if (used[j] || !fusable(x, &list[j]) || bj >= FUSION_DIRECT_MIN_BYTES || total + bj > threshold) continue;
+        used[j] = 1;
+        m[k++] = &list[j];
+        total += bj;
+      }
+    }
+    if (k > 1) {
+      rc = run_fused(eng, m, k, total, algo);
+    } else {
+      double t0 = hora__now_s();
+      spans_before(eng, x, t0);
+      rc = run_one(eng, x, algo);
+      span(eng, x, hora__eng_kind_name(x->p.kind), t0, hora__now_s());
+    }
+    for (size_t q = 0; q < k; q++) finish(eng, m[q], rc);
+  }
+  /* After a failure, the rest never ran: the engine fails as a whole (engine.c). */
+  free(used);
+  free(m);
+  return rc;
+}

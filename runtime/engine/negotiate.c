@@ -1,0 +1,669 @@
+/* Negotiation: each cycle, every rank learns which named requests ALL ranks have submitted, in
+ * one order that is the same everywhere (after Horovod's controller, rewritten).
+ *
+ * Step 1, every cycle: one MPI_Iallreduce(BAND) of a bit vector over the engine's communicator.
+ *   word 0        flags, each phrased so that AND gives the answer:
+ *                   NO_SLOW      "I need no coordinator round"       AND=0: run step 2
+ *                   WANT_STOP    "hora_finalize is waiting"          AND=1: stop after this cycle
+ *                   IDLE         "nothing pending here"              AND=1: back off the cycle
+ *                   NOT_JOINED   "I have not called hora_join"       AND=0: some rank joined
+ *                   JOINED       "I have called hora_join"           AND=1: all joined, the
+ *                                join completes this cycle: run no cached zeros
+ *   hit bits      bit s: "my pending request matches cache slot s"  (see cache.c)
+ *   valid bits    bit s: 0 = "my request for slot s's name has other parameters": erase s
+ * Cached names whose hit bit survives the AND run this cycle, in slot order.
+ *
+ * Step 2, only when some rank has names the cache does not know (or rank 0 has responses to
+ * send): every rank sends its new requests (name + parameters, sent once) to rank 0
+ * (MPI_Igather of the sizes, MPI_Igatherv of the bytes). Rank 0 keeps a table of names seen from
+ * some ranks; a name is ready when every rank that has not joined has sent it. Rank 0 checks that
+ * the ranks agree (else the response is HORA_ERR_MISMATCH naming tensor, field and ranks), adds
+ * the stall inspector's timeouts, and broadcasts the responses (MPI_Ibcast). Every rank then
+ * runs the successful ones in that order and inserts them into its cache, also in that order.
+ *
+ *   rank 1 --new names--> rank 0: table[name].have[1] = 1 ... all have it?
+ *   rank 2 --new names-->   |      yes: check fields, response (ok | MISMATCH)
+ *                           +-- responses --> every rank: run, cache insert
+ *
+ * All MPI calls here are non-blocking and waited for with hora__engine_mpi_wait, so a dead peer
+ * (heartbeat.c) ends the wait instead of hanging the thread. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+
+enum { F_NO_SLOW = 1, F_WANT_STOP = 2, F_IDLE = 4, F_NOT_JOINED = 8, F_JOINED = 16 };
+
+/* ---- a growable byte buffer for the wire format ---- */
+typedef struct {
+  char *p;
+  size_t n, cap;
+  int oom;
+} buf_t;
+
+static void put(buf_t *b, const void *d, size_t n) {
+  if (b->oom || n == 0) return;
+  if (b->n + n > b->cap) {
+    size_t cap = b->cap ? b->cap * 2 : 4096;
+    while (cap < b->n + n) cap *= 2;
+    char *q = realloc(b->p, cap);
+    if (!q) {
+      b->oom = 1;
+      return;
+    }
+    b->p = q;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->n, d, n);
+  b->n += n;
+}
+
+static void put_str(buf_t *b, const char *s) {
+  uint32_t n = s ? (uint32_t)strlen(s) : 0;
+  put(b, &n, sizeof n);
+  put(b, s, n);
+}
+
+/* Reader over a received buffer; returns NULL/0 past the end (a malformed message). */
+typedef struct {
+  const char *p;
+  size_t n, off;
+  int bad;
+} rd_t;
+
+static int get(rd_t *r, void *d, size_t n) {
+  if (r->bad || r->off + n > r->n) {
+    r->bad = 1;
+    return 0;
+  }
+  memcpy(d, r->p + r->off, n);
+  r->off += n;
+  return 1;
+}
+
+static char *get_str(rd_t *r) {
+  uint32_t n;
+  if (!get(r, &n, sizeof n) || r->off + n > r->n) {
+    r->bad = 1;
+    return NULL;
+  }
+  char *s = malloc((size_t)n + 1);
+  if (!s) {
+    r->bad = 1;
+    return NULL;
+  }
+  memcpy(s, r->p + r->off, n);
+  s[n] = 0;
+  r->off += n;
+  return s;
+}
+
+/* ---- rank 0: the coordinator's table and responses ---- */
+
+hora_result_t hora__coord_respond(hora_engine_t *eng, const char *name, const eng_params_t *p,
+                                  hora_result_t rc, const char *msg) {
+  if (eng->noutbox == eng->capoutbox) {
+    size_t cap = eng->capoutbox ? eng->capoutbox * 2 : 64;
+    eng_wire_resp_t *o = realloc(eng->outbox, cap * sizeof *o);
+    if (!o) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory for responses");
+    eng->outbox = o;
+    eng->capoutbox = cap;
+  }
+  eng_wire_resp_t *w = &eng->outbox[eng->noutbox];
+  w->name = strdup(name);
+  w->msg = msg ? strdup(msg) : NULL;
+  if (!w->name || (msg && !w->msg)) {
+    free(w->name);
+    free(w->msg);
+    return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory for responses");
+  }
+  w->p = *p;
+  w->rc = rc;
+  eng->noutbox++;
+  return HORA_SUCCESS;
+}
+
+static void coord_entry_free(eng_coord_t *c) {
+  free(c->name);
+  free(c->p);
+  free(c->have);
+  free(c);
+}
+
+void hora__coord_free(hora_engine_t *eng) {
+  for (eng_coord_t *c = eng->coord, *n; c; c = n) {
+    n = c->next;
+    coord_entry_free(c);
+  }
+  eng->coord = NULL;
+  for (size_t i = 0; i < eng->noutbox; i++) {
+    free(eng->outbox[i].name);
+    free(eng->outbox[i].msg);
+  }
+  free(eng->outbox);
+  eng->outbox = NULL;
+  eng->noutbox = eng->capoutbox = 0;
+  free(eng->coord_joined);
+  free(eng->coord_join_seq);
+  eng->coord_joined = NULL;
+  eng->coord_join_seq = NULL;
+}
+
+/* The value of one field as text, for comparing and for the mismatch message. */
+enum { FLD_KIND, FLD_DTYPE, FLD_COUNT, FLD_OP, FLD_ROOT, FLD_DEVICE, FLD_PRESCALE, FLD_POSTSCALE,
+       FLD_RECVCOUNTS, FLD_COUNT_ };
+static const char *const field_names[FLD_COUNT_] = {
+    "operation", "dtype", "count", "reduce op", "root", "device", "prescale", "postscale", "recvcounts"};
+
+static void field_str(const eng_params_t *p, int f, char *out, size_t n) {
+  switch (f) {
+    case FLD_KIND: snprintf(out, n, "%s", hora__eng_kind_name(p->kind)); break;
+    case FLD_DTYPE: snprintf(out, n, "%s", hora__dtype_name((hora_dtype_t)p->dtype)); break;
+    case FLD_COUNT: snprintf(out, n, "%llu", (unsigned long long)p->count); break;
+    case FLD_OP: snprintf(out, n, "%s", p->kind == ENG_ALLREDUCE || p->kind == ENG_REDUCESCATTER
+                                            ? hora__op_name((hora_op_t)p->op) : "-"); break;
+    case FLD_ROOT: snprintf(out, n, "%d", (int)p->root); break;
+    case FLD_DEVICE: snprintf(out, n, "%s", p->device == HORA_DEVICE_CUDA ? "cuda" : "host"); break;
+    case FLD_PRESCALE: snprintf(out, n, "%.17g", p->prescale); break;
+    case FLD_POSTSCALE: snprintf(out, n, "%.17g", p->postscale); break;
+    default: snprintf(out, n, "#%016llx", (unsigned long long)p->vhash); break;
+  }
+}
+
+/* Compare the submitted parameters of a ready name; on disagreement write the message
+ * "tensor 'x': ranks disagree on count: 10 on ranks 0,2; 20 on rank 1" and return 1. */
+static int find_mismatch(hora_engine_t *eng, eng_coord_t *c, char *msg, size_t msgsz) {
+  int n = eng->size;
+  uint8_t *grp = malloc((size_t)n);
+  if (!grp) {
+    snprintf(msg, msgsz, "tensor '%s': out of memory checking the ranks' arguments", c->name);
+    return 1;
+  }
+  for (int f = 0; f < FLD_COUNT_; f++) {
+    char ref[64], v[64];
+    int first = -1, differ = 0;
+    for (int r = 0; r < n; r++) {
+      if (!c->have[r]) continue;
+      if (first < 0) {
+        first = r;
+        field_str(&c->p[r], f, ref, sizeof ref);
+      } else {
+        field_str(&c->p[r], f, v, sizeof v);
+        if (strcmp(v, ref) != 0) differ = 1;
+      }
+    }
+    if (!differ) continue;
+    size_t off = (size_t)snprintf(msg, msgsz, "tensor '%.200s': ranks disagree on %s:", c->name, field_names[f]);
+    uint8_t *done = calloc((size_t)n, 1);
+    int groups = 0;
+    for (int r = 0; r < n && done && off < msgsz; r++) {
+      if (!c->have[r] || done[r]) continue;
+      field_str(&c->p[r], f, ref, sizeof ref);
+      int cnt = 0;
+      for (int q = r; q < n; q++) {
+        grp[q] = 0;
+        if (c->have[q] && !done[q]) {
+          field_str(&c->p[q], f, v, sizeof v);
+          if (strcmp(v, ref) == 0) grp[q] = 1, done[q] = 1, cnt++;
+        }
+      }
+      for (int q = 0; q < r; q++) grp[q] = 0;
+      char ranks[256];
+      hora__rank_list(grp, n, 1, ranks, sizeof ranks);
+      off += (size_t)snprintf(msg + off, msgsz - off, "%s %s on rank%s %s", groups ? ";" : "", ref,
+                              cnt > 1 ? "s" : "", ranks);
+      groups++;
+    }
+    free(done);
+    free(grp);
+    return 1;
+  }
+  free(grp);
+  return 0;
+}
+
+/* Record one rank's new request in the table. */
+static hora_result_t coord_add(hora_engine_t *eng, int rank, char *name, const eng_params_t *p, double now) {
+  if (p->kind == ENG_JOIN) {
+    free(name);
+    eng->coord_joined[rank] = 1;
+    eng->coord_join_seq[rank] = ++eng->join_seq;
+    return HORA_SUCCESS;
+  }
+  eng_coord_t *c, **tail = &eng->coord;
+  for (c = eng->coord; c; c = c->next) {
+    if (strcmp(c->name, name) == 0) break;
+    tail = &c->next;
+  }
+  if (!c) {
+    c = calloc(1, sizeof *c);
+    if (c) {
+      c->p = calloc((size_t)eng->size, sizeof *c->p);
+      c->have = calloc((size_t)eng->size, 1);
+    }
+    if (!c || !c->p || !c->have) {
+      if (c) coord_entry_free(c);
+      free(name);
+      return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory in the coordinator");
+    }
+    c->name = name;
+    c->first_seen = c->last_warn = now;
+    *tail = c;
+  } else {
+    free(name);
+  }
+  if (!c->have[rank]) c->nhave++;
+  c->have[rank] = 1;
+  c->p[rank] = *p;
+  return HORA_SUCCESS;
+}
+
+/* Move every ready name (all ranks that have not joined submitted it) to the outbox, in table
+ * order (the order names were first seen), then the join completion. */
+static hora_result_t coord_ready(hora_engine_t *eng) {
+  int n = eng->size, njoined = 0;
+  for (int r = 0; r < n; r++) njoined += eng->coord_joined[r];
+  for (eng_coord_t **pp = &eng->coord; *pp;) {
+    eng_coord_t *c = *pp;
+    int ready = 1;
+    for (int r = 0; r < n && ready; r++) ready = c->have[r] || eng->coord_joined[r];
+    if (!ready) {
+      pp = &c->next;
+      continue;
+    }
+    char msg[1024];
+    hora_result_t rc = HORA_SUCCESS;
+    int first = 0;
+    while (!c->have[first]) first++;
+    if (find_mismatch(eng, c, msg, sizeof msg)) {
+      rc = HORA_ERR_MISMATCH;
+    } else if (njoined) {
+      const eng_params_t *p = &c->p[first];
+      if (p->kind != ENG_ALLREDUCE || (p->op != HORA_SUM && p->op != HORA_AVERAGE)) {
+        char ranks[256];
+        hora__rank_list(eng->coord_joined, n, 1, ranks, sizeof ranks);
+        snprintf(msg, sizeof msg, "tensor '%.200s': %s %s while rank(s) %s have joined (hora_join): "
+                 "only SUM and AVERAGE allreduce proceed with joined ranks", c->name,
+                 hora__eng_kind_name(p->kind), p->kind == ENG_ALLREDUCE ? hora__op_name((hora_op_t)p->op) : "",
+                 ranks);
+        rc = HORA_ERR_INVALID_ARGUMENT;
+      }
+    }
+    HORA_CHECK(hora__coord_respond(eng, c->name, &c->p[first], rc, rc ? msg : NULL));
+    *pp = c->next;
+    coord_entry_free(c);
+  }
+  if (njoined == n) {
+    int last = 0;
+    for (int r = 1; r < n; r++)
+      if (eng->coord_join_seq[r] >= eng->coord_join_seq[last]) last = r;
+    eng_params_t jp = {.kind = ENG_JOIN, .root = last};
+    HORA_CHECK(hora__coord_respond(eng, "", &jp, HORA_SUCCESS, NULL));
+    memset(eng->coord_joined, 0, (size_t)n);
+  }
+  return HORA_SUCCESS;
+}
+
+/* ---- the cycle ---- */
+
+static int is_joinable(const eng_params_t *p) {
+  return p->kind == ENG_ALLREDUCE && (p->op == HORA_SUM || p->op == HORA_AVERAGE);
+}
+
+/* Engine-side list of drained requests (the table is the name index; this is the iteration
+ * order). Kept as a growable array rebuilt each cycle from the table walk. */
+static hora_result_t collect(hora_engine_t *eng, eng_req_t ***out, size_t *n) {
+  eng_req_t **a = malloc((eng->pending.n + 1) * sizeof *a);
+  if (!a) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+  size_t k = 0;
+  for (size_t i = 0; i < eng->pending.nb; i++)
+    for (eng_req_t *r = eng->pending.b[i]; r; r = r->hnext) a[k++] = r;
+  *out = a;
+  *n = k;
+  return HORA_SUCCESS;
+}
+
+/* Drain the submission queue into the pending table. A name already pending on this rank fails
+ * the new request (checked here, on the engine thread, which owns the table). */
+static void drain(hora_engine_t *eng, double now) {
+  pthread_mutex_lock(&eng->mu);
+  eng_req_t *q = eng->qhead;
+  eng->qhead = eng->qtail = NULL;
+  pthread_mutex_unlock(&eng->mu);
+  while (q) {
+    eng_req_t *r = q;
+    q = q->qnext;
+    r->qnext = NULL;
+    r->state = REQ_NEW;
+    r->cache_pos = -1;
+    if (r->p.kind == ENG_JOIN) {
+      if (eng->joined) {
+        hora__handle_member_done(r->h, HORA_ERR_INVALID_ARGUMENT, "hora_join: this rank has already joined");
+        hora__req_free(r);
+        continue;
+      }
+      eng->joined = 1;
+      eng->join_req = r;
+      continue;
+    }
+    if (hora__eng_table_get(&eng->pending, r->name)) {
+      char msg[1200];
+      snprintf(msg, sizeof msg, "tensor '%.1000s': a request with this name is already pending on this rank", r->name);
+      HORA_WARN(ENGINE, "%s", msg);
+      hora__handle_member_done(r->h, HORA_ERR_INVALID_ARGUMENT, msg);
+      hora__req_free(r);
+      continue;
+    }
+    if (hora__eng_table_put(&eng->pending, r) != HORA_SUCCESS) {
+      hora__handle_member_done(r->h, HORA_ERR_NO_MEMORY, "engine: out of memory for the pending table");
+      hora__req_free(r);
+      continue;
+    }
+    int pos = hora__cache_find(&eng->cache, r->name);
+    if (pos >= 0) {
+      r->state = REQ_CACHED;
+      r->cache_pos = pos;
+      r->t_cached = now;
+    }
+  }
+}
+
+hora_result_t hora__negotiate(hora_engine_t *eng, eng_resp_t **run_list, size_t *nrun, int *stop,
+                              int *all_idle) {
+  hora_result_t rc = HORA_SUCCESS;
+  double now = hora__now_s();
+  int cap = eng->cache.cap, cw = (cap + 63) / 64;
+  size_t nw = 1 + 2 * (size_t)cw;
+  uint64_t *bits = calloc(nw, sizeof *bits);
+  eng_req_t **reqs = NULL;
+  size_t nreq = 0, nlist = 0;
+  eng_resp_t *list = NULL;
+  buf_t out = {0}, resp = {0};
+  char *gathered = NULL;
+  int *sizes = NULL, *displs = NULL;
+  *run_list = NULL;
+  *nrun = 0;
+  *stop = 0;
+  *all_idle = 0;
+  if (!bits) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+
+  drain(eng, now);
+  if (eng->rank == 0) hora__stall_check(eng, now);
+  HORA_CHECK_GOTO(collect(eng, &reqs, &nreq), rc, done);
+
+  /* ---- step 1: the bit vector ---- */
+  uint64_t *hit = bits + 1, *valid = bits + 1 + cw;
+  for (int w = 0; w < cw; w++) valid[w] = ~0ull;
+  int any_new = eng->join_req && eng->join_req->state == REQ_NEW;
+  for (size_t i = 0; i < nreq; i++) {
+    eng_req_t *r = reqs[i];
+    if (r->state == REQ_CACHED) {
+      int pos = hora__cache_find(&eng->cache, r->name);
+      if (pos < 0) {
+        r->state = REQ_NEW;
+      } else if (!hora__eng_params_equal(&eng->cache.e[pos].p, &r->p) ||
+                 (eng->stall_fallback_s > 0 && now - r->t_cached > eng->stall_fallback_s) ||
+                 (eng->any_joined && !is_joinable(&r->p))) {
+        /* Other parameters, waited too long for the others (let rank 0 see it: stall report),
+         * or a rank has joined (rank 0 must answer non-allreduce requests): erase everywhere. */
+        valid[pos / 64] &= ~(1ull << (pos % 64));
+        r->state = REQ_NEW;
+      } else {
+        r->cache_pos = pos;
+        hit[pos / 64] |= 1ull << (pos % 64);
+      }
+    }
+    if (r->state == REQ_NEW) any_new = 1;
+  }
+  if (eng->joined)
+    for (int s = 0; s < cap; s++)
+      if (eng->cache.e[s].name && is_joinable(&eng->cache.e[s].p)) hit[s / 64] |= 1ull << (s % 64);
+  int want_slow = any_new || (eng->rank == 0 && eng->noutbox > 0);
+  uint64_t flags = 0;
+  if (!want_slow) flags |= F_NO_SLOW;
+  pthread_mutex_lock(&eng->mu);
+  if (eng->stop_requested) flags |= F_WANT_STOP;
+  pthread_mutex_unlock(&eng->mu);
+  if (nreq == 0 && !eng->joined) flags |= F_IDLE;
+  if (!eng->joined) flags |= F_NOT_JOINED;
+  else flags |= F_JOINED;
+  bits[0] = flags;
+  if (eng->size > 1) {
+    MPI_Request mr;
+    int mrc = MPI_Iallreduce(MPI_IN_PLACE, bits, (int)nw, MPI_UINT64_T, MPI_BAND, eng->comm, &mr);
+    if (mrc != MPI_SUCCESS) {
+      rc = hora__mpi_error(mrc, "MPI_Iallreduce(engine bit vector)", __FILE__, __LINE__);
+      goto done;
+    }
+    HORA_CHECK_GOTO(hora__engine_mpi_wait(eng, &mr, "the engine's bit-vector allreduce"), rc, done);
+  }
+  flags = bits[0];
+  *stop = (flags & F_WANT_STOP) != 0;
+  *all_idle = (flags & F_IDLE) != 0;
+  eng->any_joined = !(flags & F_NOT_JOINED);
+
+  /* Erase invalidated slots (every rank, same cycle); their requests go to rank 0. */
+  for (int s = 0; s < cap; s++) {
+    if (valid[s / 64] & (1ull << (s % 64))) continue;
+    for (size_t i = 0; i < nreq; i++)
+      if (reqs[i]->state == REQ_CACHED && reqs[i]->cache_pos == s) reqs[i]->state = REQ_NEW;
+    hora__cache_erase(&eng->cache, s);
+  }
+  if (flags & F_JOINED) /* every rank joined: the hits would all be zeros from everyone */
+    for (int w = 0; w < cw; w++) hit[w] = 0;
+  size_t nhits = 0;
+  for (int s = 0; s < cap; s++)
+    if ((hit[s / 64] & valid[s / 64]) & (1ull << (s % 64))) nhits++;
+  list = calloc(nhits + 1, sizeof *list);
+  if (!list) {
+    rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+    goto done;
+  }
+  for (int s = 0; s < cap; s++) {
+    if (!((hit[s / 64] & valid[s / 64]) & (1ull << (s % 64)))) continue;
+    eng_resp_t *x = &list[nlist];
+    x->name = strdup(eng->cache.e[s].name);
+    if (!x->name) {
+      rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+      goto done;
+    }
+    x->p = eng->cache.e[s].p;
+    eng_req_t *r = hora__eng_table_get(&eng->pending, x->name);
+    x->req = (r && r->state == REQ_CACHED && r->cache_pos == s) ? r : NULL;
+    if (x->req) x->req->t_negotiate = x->req->t_cached;
+    hora__cache_touch(&eng->cache, s);
+    nlist++;
+  }
+
+  /* ---- step 2: rank 0 coordination ---- */
+  if (!(flags & F_NO_SLOW)) {
+    for (size_t i = 0; i < nreq; i++) {
+      eng_req_t *r = reqs[i];
+      if (r->state != REQ_NEW) continue;
+      put_str(&out, r->name);
+      put(&out, &r->p, sizeof r->p);
+      r->state = REQ_SENT;
+      r->t_negotiate = now;
+    }
+    if (eng->join_req && eng->join_req->state == REQ_NEW) {
+      eng_params_t jp = {.kind = ENG_JOIN, .root = -1};
+      put_str(&out, "");
+      put(&out, &jp, sizeof jp);
+      eng->join_req->state = REQ_SENT;
+    }
+    if (out.oom) {
+      rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+      goto done;
+    }
+    int mine = (int)out.n, n = eng->size;
+    if (eng->rank == 0) {
+      sizes = calloc((size_t)n, sizeof *sizes);
+      displs = calloc((size_t)n, sizeof *displs);
+      if (!sizes || !displs) {
+        rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+        goto done;
+      }
+    }
+    MPI_Request mr;
+    int mrc = MPI_Igather(&mine, 1, MPI_INT, sizes, 1, MPI_INT, 0, eng->comm, &mr);
+    if (mrc != MPI_SUCCESS) {
+      rc = hora__mpi_error(mrc, "MPI_Igather(engine sizes)", __FILE__, __LINE__);
+      goto done;
+    }
+    HORA_CHECK_GOTO(hora__engine_mpi_wait(eng, &mr, "gathering new tensor names at rank 0"), rc, done);
+    size_t total = 0;
+    if (eng->rank == 0) {
+      for (int r = 0; r < n; r++) {
+        displs[r] = (int)total;
+        total += (size_t)sizes[r];
+      }
+      gathered = malloc(total ? total : 1);
+      if (!gathered) {
+        rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+        goto done;
+      }
+    }
+    mrc = MPI_Igatherv(out.p, mine, MPI_BYTE, gathered, sizes, displs, MPI_BYTE, 0, eng->comm, &mr);
+    if (mrc != MPI_SUCCESS) {
+      rc = hora__mpi_error(mrc, "MPI_Igatherv(engine requests)", __FILE__, __LINE__);
+      goto done;
+    }
+    HORA_CHECK_GOTO(hora__engine_mpi_wait(eng, &mr, "gathering new tensor names at rank 0"), rc, done);
+
+    uint64_t rsize = 0;
+    if (eng->rank == 0) {
+      for (int r = 0; r < n; r++) {
+        rd_t rd = {gathered + displs[r], (size_t)sizes[r], 0, 0};
+        while (rd.off < rd.n && !rd.bad) {
+          char *name = get_str(&rd);
+          eng_params_t p;
+          if (!name || !get(&rd, &p, sizeof p)) {
+            free(name);
+            break;
+          }
+          HORA_CHECK_GOTO(coord_add(eng, r, name, &p, now), rc, done);
+        }
+        if (rd.bad) {
+          rc = HORA_ERR(HORA_ERR_INTERNAL, "engine: malformed request list from rank %d", r);
+          goto done;
+        }
+      }
+      HORA_CHECK_GOTO(coord_ready(eng), rc, done);
+      for (size_t i = 0; i < eng->noutbox; i++) {
+        eng_wire_resp_t *w = &eng->outbox[i];
+        put_str(&resp, w->name);
+        put(&resp, &w->p, sizeof w->p);
+        int32_t wrc = (int32_t)w->rc;
+        put(&resp, &wrc, sizeof wrc);
+        put_str(&resp, w->msg);
+        free(w->name);
+        free(w->msg);
+      }
+      eng->noutbox = 0;
+      if (resp.oom) {
+        rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+        goto done;
+      }
+      rsize = resp.n;
+    }
+    mrc = MPI_Ibcast(&rsize, 1, MPI_UINT64_T, 0, eng->comm, &mr);
+    if (mrc != MPI_SUCCESS) {
+      rc = hora__mpi_error(mrc, "MPI_Ibcast(engine responses)", __FILE__, __LINE__);
+      goto done;
+    }
+    HORA_CHECK_GOTO(hora__engine_mpi_wait(eng, &mr, "receiving rank 0's responses"), rc, done);
+    if (eng->rank != 0) {
+      resp.p = malloc(rsize ? rsize : 1);
+      if (!resp.p) {
+        rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+        goto done;
+      }
+      resp.n = rsize;
+    }
+    if (rsize > (uint64_t)INT32_MAX) {
+      rc = HORA_ERR(HORA_ERR_INTERNAL, "engine: response list of %llu bytes", (unsigned long long)rsize);
+      goto done;
+    }
+    if (rsize) {
+      mrc = MPI_Ibcast(resp.p, (int)rsize, MPI_BYTE, 0, eng->comm, &mr);
+      if (mrc != MPI_SUCCESS) {
+        rc = hora__mpi_error(mrc, "MPI_Ibcast(engine responses)", __FILE__, __LINE__);
+        goto done;
+      }
+      HORA_CHECK_GOTO(hora__engine_mpi_wait(eng, &mr, "receiving rank 0's responses"), rc, done);
+    }
+
+    /* Apply the responses in order: failures complete requests, successes run and are cached. */
+    rd_t rd = {resp.p, (size_t)rsize, 0, 0};
+    while (rd.off < rd.n) {
+      eng_params_t p;
+      int32_t wrc;
+      char *name = get_str(&rd);
+      if (!name) break;
+      char *msg = NULL;
+      if (!get(&rd, &p, sizeof p) || !get(&rd, &wrc, sizeof wrc) || !(msg = get_str(&rd))) {
+        free(name);
+        break;
+      }
+      if (p.kind == ENG_JOIN) {
+        if (eng->join_req) {
+          eng->join_req->h->last_rank = p.root; /* read by hora_join after the wait */
+          hora__handle_member_done(eng->join_req->h, HORA_SUCCESS, NULL);
+          hora__req_free(eng->join_req);
+          eng->join_req = NULL;
+        }
+        eng->joined = 0;
+        free(name);
+        free(msg);
+        continue;
+      }
+      eng_req_t *r = hora__eng_table_get(&eng->pending, name);
+      if (r && r->state != REQ_SENT) r = NULL;
+      if (wrc != HORA_SUCCESS) {
+        if (eng->rank == 0) HORA_WARN(ENGINE, "%s", msg);
+        if (r) hora__req_finish(eng, r, (hora_result_t)wrc, msg);
+        free(name);
+        free(msg);
+        continue;
+      }
+      free(msg);
+      if (cap > 0 && hora__cache_put(&eng->cache, name, &p) < 0) {
+        free(name);
+        rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory in the response cache");
+        goto done;
+      }
+      eng_resp_t *nl = realloc(list, (nlist + 1) * sizeof *list);
+      if (!nl) {
+        free(name);
+        rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+        goto done;
+      }
+      list = nl;
+      list[nlist].name = name;
+      list[nlist].p = p;
+      list[nlist].req = r;
+      nlist++;
+    }
+    if (rd.bad) {
+      rc = HORA_ERR(HORA_ERR_INTERNAL, "engine: malformed response list from rank 0");
+      goto done;
+    }
+  }
+
+done:
+  if (rc == HORA_SUCCESS) {
+    *run_list = list;
+    *nrun = nlist;
+  } else {
+    for (size_t i = 0; i < nlist; i++) free(list[i].name);
+    free(list);
+  }
+  free(bits);
+  free(reqs);
+  free(out.p);
+  free(resp.p);
+  free(gathered);
+  free(sizes);
+  free(displs);
+  return rc;
+}

@@ -1,0 +1,251 @@
+/* Handles, the submission queue and this rank's table of pending requests.
+ *
+ * A user thread builds a request and pushes it on the queue under the engine's mutex (a grouped
+ * allreduce pushes its whole chain in one step, so its members are always drained in the same
+ * cycle). The engine thread drains the queue at the start of each cycle into the pending table,
+ * keyed by name, where the request waits until negotiation makes it ready.
+ *
+ * A handle is completed member by member (a grouped allreduce has several); the first error
+ * wins. It is reference counted: one reference for the user (dropped by hora_handle_free) and
+ * one per pending request (dropped when the engine finishes it), so neither side frees memory the
+ * other still uses. Live handles sit on a list so that a dead peer can complete them all from
+ * the heartbeat thread while the engine thread may be stuck inside an MPI call. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+
+/* ---- the name table ---- */
+
+uint64_t hora__eng_hash(const char *s, size_t len) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+static size_t bucket(const eng_table_t *t, const char *name) {
+  return (size_t)(hora__eng_hash(name, strlen(name)) & (t->nb - 1));
+}
+
+eng_req_t *hora__eng_table_get(eng_table_t *t, const char *name) {
+  if (!t->nb) return NULL;
+  for (eng_req_t *r = t->b[bucket(t, name)]; r; r = r->hnext)
+    if (strcmp(r->name, name) == 0) return r;
+  return NULL;
+}
+
+hora_result_t hora__eng_table_put(eng_table_t *t, eng_req_t *r) {
+  if (t->n + 1 > t->nb) { /* grow x2 (load factor <= 1) */
+    size_t nb = t->nb ? t->nb * 2 : 64;
+    eng_req_t **b = calloc(nb, sizeof *b);
+    if (!b) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory for the pending table");
+    for (size_t i = 0; i < t->nb; i++)
+      for (eng_req_t *x = t->b[i], *nx; x; x = nx) {
+        nx = x->hnext;
+        size_t k = (size_t)(hora__eng_hash(x->name, strlen(x->name)) & (nb - 1));
+        x->hnext = b[k];
+        b[k] = x;
+      }
+    free(t->b);
+    t->b = b;
+    t->nb = nb;
+  }
+  size_t k = bucket(t, r->name);
+  r->hnext = t->b[k];
+  t->b[k] = r;
+  t->n++;
+  return HORA_SUCCESS;
+}
+
+void hora__eng_table_del(eng_table_t *t, eng_req_t *r) {
+  if (!t->nb) return;
+  for (eng_req_t **pp = &t->b[bucket(t, r->name)]; *pp; pp = &(*pp)->hnext)
+    if (*pp == r) {
+      *pp = r->hnext;
+      t->n--;
+      return;
+    }
+}
+
+int hora__eng_params_equal(const eng_params_t *a, const eng_params_t *b) {
+  return a->kind == b->kind && a->dtype == b->dtype && a->op == b->op && a->device == b->device &&
+         a->root == b->root && a->count == b->count && a->prescale == b->prescale &&
+         a->postscale == b->postscale && a->vhash == b->vhash;
+}
+
+/* ---- handles ---- */
+
+hora_result_t hora__handle_new(hora_engine_t *eng, int members, hora_handle_t **out) {
+  hora_handle_t *h = calloc(1, sizeof *h);
+  if (!h) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory for a handle");
+  pthread_mutex_init(&h->mu, NULL);
+  pthread_cond_init(&h->cv, NULL);
+  h->refs = 1 + members;
+  h->remaining = members;
+  h->eng = eng;
+  h->last_rank = -1;
+  atomic_store(&h->linked, 1);
+  pthread_mutex_lock(&eng->mu);
+  h->next = eng->handles.next;
+  h->prev = &eng->handles;
+  eng->handles.next->prev = h;
+  eng->handles.next = h;
+  pthread_mutex_unlock(&eng->mu);
+  *out = h;
+  return HORA_SUCCESS;
+}
+
+/* Once unlinked (completed, or failed/shut down by the engine) a handle never touches the
+ * engine again, so the user may free it after hora_finalize. */
+static void handle_unlink(hora_handle_t *h) {
+  if (!atomic_load(&h->linked)) return;
+  hora_engine_t *eng = h->eng;
+  pthread_mutex_lock(&eng->mu);
+  if (atomic_load(&h->linked)) {
+    h->prev->next = h->next;
+    h->next->prev = h->prev;
+    h->prev = h->next = NULL;
+    atomic_store(&h->linked, 0);
+  }
+  pthread_mutex_unlock(&eng->mu);
+}
+
+/* Record rc/msg (first error wins) and wake waiters when the last member is in. Caller holds h->mu. */
+static int complete_locked(hora_handle_t *h, hora_result_t rc, const char *msg, int all) {
+  if (h->done) return 0;
+  if (rc != HORA_SUCCESS && h->rc == HORA_SUCCESS) {
+    h->rc = rc;
+    free(h->msg);
+    h->msg = msg ? strdup(msg) : NULL;
+  }
+  if (all) h->remaining = 0;
+  else if (h->remaining > 0) h->remaining--;
+  if (h->remaining == 0) {
+    h->done = 1;
+    pthread_cond_broadcast(&h->cv);
+    return 1;
+  }
+  return 0;
+}
+
+void hora__handle_release(hora_handle_t *h) {
+  pthread_mutex_lock(&h->mu);
+  int last = --h->refs == 0;
+  pthread_mutex_unlock(&h->mu);
+  if (!last) return;
+  handle_unlink(h);
+  pthread_mutex_destroy(&h->mu);
+  pthread_cond_destroy(&h->cv);
+  free(h->msg);
+  free(h);
+}
+
+void hora__handle_member_done(hora_handle_t *h, hora_result_t rc, const char *msg) {
+  pthread_mutex_lock(&h->mu);
+  int finished = complete_locked(h, rc, msg, 0);
+  pthread_mutex_unlock(&h->mu);
+  if (finished) handle_unlink(h);
+  hora__handle_release(h);
+}
+
+/* Complete every live handle with the engine's failure (heartbeat thread or engine thread).
+ * The engine's own references stay: its requests are freed when (if) its thread gets there. */
+void hora__engine_fail(hora_engine_t *eng, hora_result_t rc, const char *fmt, ...) {
+  char msg[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  pthread_mutex_lock(&eng->mu);
+  if (atomic_load(&eng->dead)) {
+    pthread_mutex_unlock(&eng->mu);
+    return;
+  }
+  snprintf(eng->dead_msg, sizeof eng->dead_msg, "%s", msg);
+  eng->fail_rc = rc;
+  atomic_store(&eng->dead, 1);
+  /* Complete under eng->mu (lock order eng->mu -> h->mu everywhere); unlink all. */
+  hora_handle_t *h = eng->handles.next;
+  while (h != &eng->handles) {
+    hora_handle_t *nx = h->next;
+    pthread_mutex_lock(&h->mu);
+    complete_locked(h, rc, msg, 1);
+    pthread_mutex_unlock(&h->mu);
+    h->prev = h->next = NULL;
+    atomic_store(&h->linked, 0);
+    h = nx;
+  }
+  eng->handles.next = eng->handles.prev = &eng->handles;
+  pthread_cond_broadcast(&eng->cv);
+  /* A failure of our own (not a dead peer): go silent so that the peers, which may be waiting
+   * for us inside a collective, time out instead of hanging. */
+  if (rc != HORA_ERR_REMOTE) hora__hb_mute(eng->hb);
+  pthread_mutex_unlock(&eng->mu);
+  HORA_WARN(ENGINE, "%s", msg);
+}
+
+/* ---- queue ---- */
+
+hora_result_t hora__engine_submit(hora_engine_t *eng, eng_req_t *first, eng_req_t *last) {
+  pthread_mutex_lock(&eng->mu);
+  hora_result_t rc = HORA_SUCCESS;
+  if (atomic_load(&eng->dead)) {
+    rc = HORA_ERR(eng->fail_rc, "%s", eng->dead_msg);
+  } else if (eng->stop_requested) {
+    rc = HORA_ERR(HORA_ERR_SHUTDOWN, "async collective submitted after hora_finalize began");
+  } else {
+    last->qnext = NULL;
+    if (eng->qtail) eng->qtail->qnext = first;
+    else eng->qhead = first;
+    eng->qtail = last;
+    pthread_cond_signal(&eng->cv);
+  }
+  pthread_mutex_unlock(&eng->mu);
+  return rc;
+}
+
+void hora__req_free(eng_req_t *r) {
+  if (!r) return;
+  free(r->name);
+  free(r->recvcounts);
+  free(r);
+}
+
+void hora__req_finish(hora_engine_t *eng, eng_req_t *r, hora_result_t rc, const char *msg) {
+  hora__eng_table_del(&eng->pending, r);
+  if (r->h) hora__handle_member_done(r->h, rc, msg);
+  hora__req_free(r);
+}
+
+/* ---- public handle calls ---- */
+
+HORA_EXPORT hora_result_t hora_poll(hora_handle_t *handle, int *done) {
+  if (!handle || !done)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_poll: %s is NULL", !handle ? "handle" : "done");
+  pthread_mutex_lock(&handle->mu);
+  *done = handle->done;
+  pthread_mutex_unlock(&handle->mu);
+  return HORA_SUCCESS;
+}
+
+HORA_EXPORT hora_result_t hora_wait(hora_handle_t *handle) {
+  if (!handle) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_wait: handle is NULL");
+  pthread_mutex_lock(&handle->mu);
+  while (!handle->done) pthread_cond_wait(&handle->cv, &handle->mu);
+  hora_result_t rc = handle->rc;
+  char buf[1536];
+  snprintf(buf, sizeof buf, "%s", handle->msg ? handle->msg : hora_strerror(rc));
+  pthread_mutex_unlock(&handle->mu);
+  if (rc == HORA_SUCCESS) return HORA_SUCCESS;
+  /* Set it as this thread's last error; INFO level because the origin logged it already. */
+  return HORA_ERR(rc, "%s", buf);
+}
+
+HORA_EXPORT hora_result_t hora_handle_free(hora_handle_t *handle) {
+  if (!handle) return HORA_SUCCESS;
+  pthread_mutex_lock(&handle->mu);
+  while (!handle->done) pthread_cond_wait(&handle->cv, &handle->mu);
+  pthread_mutex_unlock(&handle->mu);
+  hora__handle_release(handle);
+  return HORA_SUCCESS;
+}

@@ -1,0 +1,161 @@
+/* The timeline (HORA_TIMELINE): a Chrome trace written by rank 0, loadable in Perfetto and
+ * chrome://tracing (format: "Trace Event Format", a JSON array of events; Horovod's timeline is
+ * the model). One row (thread) per tensor, named by a thread_name metadata event; each phase of
+ * a request is one complete event ("ph":"X", microseconds since the file was opened):
+ *
+ *   grad/fc1 |QUEUE|NEGOTIATE|MEMCPY_IN_FUSION|ALLREDUCE|MEMCPY_OUT_FUSION|
+ *   cycles   ^ CYCLE 17 (instant event, only for cycles that ran something)
+ *
+ * MEMCPY_* appear only for tensors that went through the fusion buffer.
+ *
+ * Size cap: a long run must not grow the file to gigabytes (Horovod #603). Once the next event
+ * would pass HORA_TIMELINE_MAX_BYTES, events are dropped and counted; the closing metadata
+ * event reports the count. The file is written under a temporary name next to the final one and
+ * renamed when the engine stops, so the final name only ever holds a complete JSON document.
+ * Strings are escaped by jansson. */
+#include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+
+typedef struct tl_name {
+  char *name;
+  int id;
+  struct tl_name *next;
+} tl_name_t;
+
+struct eng_timeline {
+  FILE *f;
+  char *path, *tmp;
+  uint64_t max_bytes, bytes, dropped;
+  double t0;
+  int first;
+  tl_name_t *b[1024];
+  int next_id;
+};
+
+static void emit(eng_timeline_t *t, const char *s, size_t n) {
+  /* 160 bytes stay for the closing event and bracket. */
+  if (t->bytes + n + 2 + 160 > t->max_bytes) {
+    t->dropped++;
+    return;
+  }
+  if (!t->first) fputs(",\n", t->f), t->bytes += 2;
+  t->first = 0;
+  fwrite(s, 1, n, t->f);
+  t->bytes += n;
+}
+
+/* JSON text of a string (with quotes), or NULL. */
+static char *jstr(const char *s) {
+  json_t *j = json_string(s);
+  if (!j) return NULL;
+  char *out = json_dumps(j, JSON_ENCODE_ANY);
+  json_decref(j);
+  return out;
+}
+
+static int tensor_id(eng_timeline_t *t, const char *name) {
+  size_t k = (size_t)(hora__eng_hash(name, strlen(name)) % 1024);
+  for (tl_name_t *x = t->b[k]; x; x = x->next)
+    if (strcmp(x->name, name) == 0) return x->id;
+  tl_name_t *x = calloc(1, sizeof *x);
+  if (!x || !(x->name = strdup(name))) {
+    free(x);
+    return 0;
+  }
+  x->id = ++t->next_id;
+  x->next = t->b[k];
+  t->b[k] = x;
+  char *js = jstr(name);
+  if (js) {
+    char ev[1200];
+    int n = snprintf(ev, sizeof ev, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":%s}}",
+                     x->id, js);
+    if (n > 0 && (size_t)n < sizeof ev) emit(t, ev, (size_t)n);
+    free(js);
+  }
+  return x->id;
+}
+
+hora_result_t hora__timeline_open(const char *path, uint64_t max_bytes, eng_timeline_t **out) {
+  eng_timeline_t *t = calloc(1, sizeof *t);
+  if (!t) return HORA_ERR(HORA_ERR_NO_MEMORY, "timeline: out of memory");
+  t->path = strdup(path);
+  size_t n = strlen(path) + 32;
+  t->tmp = malloc(n);
+  if (!t->path || !t->tmp) {
+    free(t->path);
+    free(t->tmp);
+    free(t);
+    return HORA_ERR(HORA_ERR_NO_MEMORY, "timeline: out of memory");
+  }
+  /* Unique per process and per context (two contexts of one process would share the name). */
+  static atomic_int seq;
+  int k = atomic_fetch_add(&seq, 1);
+  if (k) snprintf(t->tmp, n, "%s.hora-tmp.%ld.%d", path, (long)getpid(), k);
+  else snprintf(t->tmp, n, "%s.hora-tmp.%ld", path, (long)getpid());
+  t->f = fopen(t->tmp, "w");
+  if (!t->f) {
+    hora_result_t rc = HORA_ERR(HORA_ERR_IO, "HORA_TIMELINE: cannot create %s: %s", t->tmp, strerror(errno));
+    free(t->path);
+    free(t->tmp);
+    free(t);
+    return rc;
+  }
+  t->max_bytes = max_bytes;
+  t->t0 = hora__now_s();
+  t->first = 1;
+  fputs("[\n", t->f);
+  t->bytes = 2;
+  const char *meta = "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"hora rank 0\"}}";
+  emit(t, meta, strlen(meta));
+  *out = t;
+  return HORA_SUCCESS;
+}
+
+void hora__timeline_span(eng_timeline_t *t, const char *tensor, const char *phase, double t0, double t1) {
+  if (!t) return;
+  int id = tensor_id(t, tensor);
+  char ev[256];
+  double ts = (t0 - t->t0) * 1e6, dur = (t1 - t0) * 1e6;
+  if (dur < 0) dur = 0;
+  int n = snprintf(ev, sizeof ev, "{\"name\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
+                   phase, id, ts, dur);
+  if (n > 0 && (size_t)n < sizeof ev) emit(t, ev, (size_t)n);
+}
+
+void hora__timeline_cycle(eng_timeline_t *t, double ts, uint64_t cycle) {
+  if (!t) return;
+  char ev[160];
+  int n = snprintf(ev, sizeof ev, "{\"name\":\"CYCLE %llu\",\"ph\":\"i\",\"s\":\"p\",\"pid\":0,\"tid\":0,\"ts\":%.3f}",
+                   (unsigned long long)cycle, (ts - t->t0) * 1e6);
+  if (n > 0 && (size_t)n < sizeof ev) emit(t, ev, (size_t)n);
+}
+
+hora_result_t hora__timeline_close(eng_timeline_t *t) {
+  if (!t) return HORA_SUCCESS;
+  fprintf(t->f, "%s{\"name\":\"hora_timeline\",\"ph\":\"M\",\"pid\":0,\"args\":{\"dropped_events\":%llu}}\n]\n",
+          t->first ? "" : ",\n", (unsigned long long)t->dropped);
+  hora_result_t rc = HORA_SUCCESS;
+  if (fflush(t->f) != 0 || fsync(fileno(t->f)) != 0) rc = HORA_ERR(HORA_ERR_IO, "timeline %s: %s", t->tmp, strerror(errno));
+  if (fclose(t->f) != 0 && rc == HORA_SUCCESS) rc = HORA_ERR(HORA_ERR_IO, "timeline %s: %s", t->tmp, strerror(errno));
+  if (rc == HORA_SUCCESS && rename(t->tmp, t->path) != 0)
+    rc = HORA_ERR(HORA_ERR_IO, "timeline: rename %s -> %s: %s", t->tmp, t->path, strerror(errno));
+  if (rc != HORA_SUCCESS) unlink(t->tmp);
+  if (t->dropped) HORA_INFO(ENGINE, "timeline: %llu events dropped at the %llu-byte cap (HORA_TIMELINE_MAX_BYTES)",
+                            (unsigned long long)t->dropped, (unsigned long long)t->max_bytes);
+  for (int i = 0; i < 1024; i++)
+    for (tl_name_t *x = t->b[i], *nx; x; x = nx) {
+      nx = x->next;
+      free(x->name);
+      free(x);
+    }
+  free(t->path);
+  free(t->tmp);
+  free(t);
+  return rc;
+}

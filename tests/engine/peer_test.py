@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Run test_engine_peer under mpirun and assert that the job ends within the peer timeout plus a
+margin, with a message naming the dead (or stopped) rank; for the SIGSTOP modes the message must
+be hora's own HORA_ERR_REMOTE (mpirun cannot see a stopped process).
+usage: peer_test.py MPIEXEC BINARY NP MODE PEER_TIMEOUT_S [mpiexec flags...]"""
+import os
+import subprocess
+import sys
+import time
+
+mpiexec, binary, np_, mode, timeout = sys.argv[1:6]
+flags = sys.argv[6:]
+timeout = float(timeout)
+env = dict(os.environ, HORA_PEER_TIMEOUT_S=str(timeout))
+victim = 0 if mode == "stop0" else 1
+bound = timeout + 12.0  # start-up, 20 steps, detection, mpirun tearing down the job
+t0 = time.monotonic()
+try:
+    p = subprocess.run([mpiexec, *flags, "-np", np_, binary, mode], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=bound + 30)
+    out = p.stdout.decode(errors="replace")
+except subprocess.TimeoutExpired as e:
+    print((e.stdout or b"").decode(errors="replace"))
+    print(f"FAIL: the job hung (still running after {bound + 30:.0f} s)")
+    sys.exit(1)
+wall = time.monotonic() - t0
+print(out)
+errors = []
+if p.returncode == 0:
+    errors.append("the job exited 0")
+if wall > bound:
+    errors.append(f"the job took {wall:.1f} s, bound {bound:.1f} s")
+if "NOT DETECTED" in out:
+    errors.append("a survivor never noticed the dead rank")
+if mode == "kill":
+    if f"rank {victim}" not in out:
+        errors.append(f"no message names rank {victim}")
+else:
+    want = f"rank {victim} sent no heartbeat"
+    if want not in out or "HORA_ERR_REMOTE" not in out:
+        errors.append(f"no HORA_ERR_REMOTE message with '{want}'")
+print(f"peer_test {mode} np={np_}: wall {wall:.1f} s (bound {bound:.1f} s)")
+for e in errors:
+    print("FAIL:", e)
+sys.exit(1 if errors else 0)

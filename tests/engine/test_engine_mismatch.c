@@ -1,0 +1,91 @@
+/* The last rank submits a tensor with one field different from the other ranks': every rank's
+ * handle must complete with HORA_ERR_MISMATCH within seconds, with a message naming the tensor,
+ * the field and the ranks. Each field once on the coordinator path (new name) and once after the
+ * name is in the response cache (the cache slot is invalidated and rank 0 reports it). Then a
+ * matching request must still work (the engine is not broken by a mismatch). */
+#include <stdint.h>
+
+#include "hora_test.h"
+
+static int rank, size;
+
+enum { F_OPERATION, F_DTYPE, F_COUNT, F_OP, F_ROOT, F_PRESCALE, F_POSTSCALE, F_RECVCOUNTS, F_N };
+static const char *const fname[F_N] = {"operation", "dtype", "count", "reduce op", "root",
+                                       "prescale", "postscale", "recvcounts"};
+
+static double sbuf[64], rbuf[64 * 8];
+
+/* Submit `name` as case f; `differ` makes this rank's field different. */
+static hora_result_t submit(hora_ctx_t *ctx, const char *name, int f, int differ, hora_handle_t **h) {
+  size_t count = 10 + (f == F_COUNT && differ);
+  hora_dtype_t dt = f == F_DTYPE && differ ? HORA_INT64 : HORA_FLOAT64;
+  hora_op_t op = f == F_OP && differ ? HORA_MAX : HORA_SUM;
+  double pre = f == F_PRESCALE && differ ? 2.0 : 1.0, post = f == F_POSTSCALE && differ ? 0.25 : 1.0;
+  if (f == F_OPERATION && differ) return hora_allgather_async(ctx, name, sbuf, rbuf, 10, HORA_FLOAT64, HORA_DEVICE_HOST, h);
+  if (f == F_ROOT) return hora_broadcast_async(ctx, name, rbuf, 10, HORA_FLOAT64, differ ? 1 : 0, HORA_DEVICE_HOST, h);
+  if (f == F_RECVCOUNTS) {
+    size_t rc[8];
+    for (int r = 0; r < size; r++) rc[r] = (size_t)r + 1;
+    if (differ) rc[0] += 1, rc[size - 1] -= 1;
+    return hora_allgatherv_async(ctx, name, sbuf, rc[rank], rbuf, rc, HORA_FLOAT64, HORA_DEVICE_HOST, h);
+  }
+  if (f == F_DTYPE && differ) pre = post = 1.0;
+  return hora_allreduce_async(ctx, name, sbuf, rbuf, count, dt, op, pre, post, HORA_DEVICE_HOST, h);
+}
+
+static void expect_mismatch(hora_ctx_t *ctx, const char *name, int f) {
+  hora_handle_t *h;
+  double t0 = MPI_Wtime();
+  EXPECT_OK(submit(ctx, name, f, rank == size - 1, &h));
+  hora_result_t rc = hora_wait(h);
+  double dt = MPI_Wtime() - t0;
+  EXPECT(rc == HORA_ERR_MISMATCH, "%s (%s): got %s, want HORA_ERR_MISMATCH", name, fname[f], hora_result_name(rc));
+  const char *msg = hora_last_error();
+  char want_rank[32];
+  snprintf(want_rank, sizeof want_rank, "rank %d", size - 1);
+  EXPECT(strstr(msg, name) && strstr(msg, fname[f]) && strstr(msg, want_rank),
+         "%s: message does not name tensor, field '%s' and %s: %s", name, fname[f], want_rank, msg);
+  EXPECT(dt < 5.0, "%s: mismatch took %.1f s", name, dt);
+  hora_handle_free(h);
+}
+
+int main(int argc, char **argv) {
+  int provided;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  hora_ctx_t *ctx;
+  if (hora_init(&ctx) != HORA_SUCCESS) return 1;
+  hora_rank(ctx, &rank);
+  hora_size(ctx, &size);
+  if (size < 2 || size > 8) {
+    EXPECT_OK(hora_finalize(ctx));
+    MPI_Finalize();
+    return HORA_TEST_SKIP;
+  }
+  for (int i = 0; i < 64; i++) sbuf[i] = rank + 1;
+  for (int f = 0; f < F_N; f++) {
+    char name[64];
+    snprintf(name, sizeof name, "mm/new/%d", f);
+    expect_mismatch(ctx, name, f);
+    /* Cached first: one matching round, then the mismatch. */
+    snprintf(name, sizeof name, "mm/cached/%d", f);
+    hora_handle_t *h;
+    EXPECT_OK(submit(ctx, name, f, 0, &h));
+    EXPECT_OK(hora_wait(h));
+    hora_handle_free(h);
+    expect_mismatch(ctx, name, f);
+    /* And matching again afterwards. */
+    EXPECT_OK(submit(ctx, name, f, 0, &h));
+    EXPECT_OK(hora_wait(h));
+    hora_handle_free(h);
+  }
+  double x = rank + 1, y = 0;
+  hora_handle_t *h;
+  EXPECT_OK(hora_allreduce_async(ctx, "mm/after", &x, &y, 1, HORA_FLOAT64, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &h));
+  EXPECT_OK(hora_wait(h));
+  hora_handle_free(h);
+  EXPECT(y == size * (size + 1) / 2.0, "after mismatches: %g", y);
+  EXPECT_OK(hora_finalize(ctx));
+  int rc = hora_test_finish_mpi("test_engine_mismatch");
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,47 @@
+/* Peer death: a loop of async allreduces in which one rank, after 20 steps, kills itself with
+ * SIGKILL ("kill"), or stops itself with SIGSTOP ("stop": mpirun does not notice, so only hora's
+ * heartbeat can), or rank 0 stops ("stop0": the others watch rank 0). The survivors print the
+ * error (which must be HORA_ERR_REMOTE naming the rank) and exit 3 without hora_finalize, as a
+ * training program would. Driven by peer_test.py, which asserts the wall-time bound.
+ *   test_engine_peer kill|stop|stop0                                                       */
+#include <signal.h>
+#include <unistd.h>
+
+#include "hora_test.h"
+
+int main(int argc, char **argv) {
+  const char *mode = argc > 1 ? argv[1] : "kill";
+  int provided;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  hora_ctx_t *ctx;
+  if (hora_init(&ctx) != HORA_SUCCESS) return 1;
+  int rank, size;
+  hora_rank(ctx, &rank);
+  hora_size(ctx, &size);
+  int victim = strcmp(mode, "stop0") == 0 ? 0 : 1;
+  float x[256], y[256];
+  for (int i = 0; i < 256; i++) x[i] = 1;
+  double t0 = MPI_Wtime();
+  for (int step = 0; MPI_Wtime() - t0 < 60; step++) {
+    if (step == 20 && rank == victim) {
+      fprintf(stderr, "rank %d: raising %s at step %d\n", rank, strcmp(mode, "kill") ? "SIGSTOP" : "SIGKILL", step);
+      fflush(stderr);
+      raise(strcmp(mode, "kill") ? SIGSTOP : SIGKILL);
+    }
+    hora_handle_t *h;
+    hora_result_t rc = hora_allreduce_async(ctx, "peer/grad", x, y, 256, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &h);
+    if (rc == HORA_SUCCESS) {
+      rc = hora_wait(h);
+      hora_handle_free(h);
+    }
+    if (rc != HORA_SUCCESS) {
+      fprintf(stderr, "rank %d: step %d failed after %.1f s: %s: %s\n", rank, step, MPI_Wtime() - t0,
+              hora_result_name(rc), hora_last_error());
+      fflush(stderr);
+      _exit(3);
+    }
+    usleep(10000);
+  }
+  fprintf(stderr, "rank %d: NOT DETECTED\n", rank);
+  return 4;
+}

@@ -1,0 +1,128 @@
+/* Timeline (HORA_TIMELINE): after hora_finalize rank 0 parses the file with jansson and checks
+ * that it is one JSON array in Chrome trace form holding, for every tensor, QUEUE and NEGOTIATE,
+ * the op's phase, and MEMCPY_IN_FUSION/MEMCPY_OUT_FUSION for the fused ones (a grouped
+ * allreduce of small tensors always travels fused), plus cycle markers.
+ * With argument "cap" (and HORA_TIMELINE_MAX_BYTES=4096) the file must stay within the cap,
+ * still parse, and report the dropped events. */
+#include <jansson.h>
+#include <unistd.h>
+
+#include "hora_test.h"
+
+#define NG 10
+
+static int has_phase(json_t *events, int tid, const char *phase) {
+  size_t i;
+  json_t *e;
+  json_array_foreach(events, i, e) {
+    json_t *t = json_object_get(e, "tid"), *n = json_object_get(e, "name"), *ph = json_object_get(e, "ph");
+    if (t && n && ph && json_integer_value(t) == tid && strcmp(json_string_value(n), phase) == 0 &&
+        strcmp(json_string_value(ph), "X") == 0)
+      return 1;
+  }
+  return 0;
+}
+
+static int tid_of(json_t *events, const char *name) {
+  size_t i;
+  json_t *e;
+  json_array_foreach(events, i, e) {
+    json_t *n = json_object_get(e, "name"), *args = json_object_get(e, "args");
+    if (n && args && strcmp(json_string_value(n), "thread_name") == 0) {
+      json_t *an = json_object_get(args, "name");
+      if (an && strcmp(json_string_value(an), name) == 0) return (int)json_integer_value(json_object_get(e, "tid"));
+    }
+  }
+  return -1;
+}
+
+int main(int argc, char **argv) {
+  int cap = argc > 1 && strcmp(argv[1], "cap") == 0;
+  int provided;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  const char *path = getenv("HORA_TIMELINE");
+  if (!path || !*path) {
+    fprintf(stderr, "set HORA_TIMELINE\n");
+    return 1;
+  }
+  hora_ctx_t *ctx;
+  if (hora_init(&ctx) != HORA_SUCCESS) return 1;
+  int rank, size;
+  hora_rank(ctx, &rank);
+  hora_size(ctx, &size);
+  const char *names[NG];
+  char nb[NG][32];
+  float *s[NG], *r[NG];
+  size_t counts[NG];
+  for (int k = 0; k < NG; k++) {
+    snprintf(nb[k], sizeof nb[k], "tl/g/%d \"q\"", k); /* a quote: must be escaped */
+    names[k] = nb[k];
+    counts[k] = 100 + (size_t)k;
+    s[k] = malloc(counts[k] * sizeof(float));
+    r[k] = malloc(counts[k] * sizeof(float));
+    for (size_t i = 0; i < counts[k]; i++) s[k][i] = 1;
+  }
+  size_t big = 1 << 19; /* 2 MiB of float: not fused */
+  float *bs = calloc(big, sizeof(float)), *br = calloc(big, sizeof(float));
+  float *gs = calloc(16, sizeof(float)), *gr = calloc(16 * (size_t)size, sizeof(float));
+  int steps = cap ? 40 : 3;
+  for (int st = 0; st < steps; st++) {
+    hora_handle_t *h[3];
+    EXPECT_OK(hora_grouped_allreduce_async(ctx, names, (const void *const *)s, (void *const *)r, counts, NG,
+                                           HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &h[0]));
+    EXPECT_OK(hora_allreduce_async(ctx, "tl/big", bs, br, big, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &h[1]));
+    EXPECT_OK(hora_allgather_async(ctx, "tl/allgather", gs, gr, 16, HORA_FLOAT32, HORA_DEVICE_HOST, &h[2]));
+    for (int k = 0; k < 3; k++) {
+      EXPECT_OK(hora_wait(h[k]));
+      hora_handle_free(h[k]);
+    }
+    EXPECT(r[3][5] == (float)size, "grouped result %g", r[3][5]);
+  }
+  EXPECT_OK(hora_finalize(ctx));
+  if (rank == 0) {
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    EXPECT(root && json_is_array(root), "%s does not parse as a JSON array: %s (line %d)", path, err.text, err.line);
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.hora-tmp.%ld", path, (long)getpid());
+    EXPECT(access(tmp, F_OK) != 0, "temporary file %s left behind", tmp);
+    if (root && !cap) {
+      for (int k = 0; k < NG; k++) {
+        int tid = tid_of(root, names[k]);
+        EXPECT(tid > 0, "no row for tensor %s", names[k]);
+        const char *ph[] = {"QUEUE", "NEGOTIATE", "MEMCPY_IN_FUSION", "ALLREDUCE", "MEMCPY_OUT_FUSION"};
+        for (int p = 0; p < 5; p++) EXPECT(has_phase(root, tid, ph[p]), "tensor %s lacks phase %s", names[k], ph[p]);
+      }
+      int tid = tid_of(root, "tl/big");
+      EXPECT(tid > 0 && has_phase(root, tid, "QUEUE") && has_phase(root, tid, "NEGOTIATE") &&
+             has_phase(root, tid, "ALLREDUCE"), "tl/big lacks a phase");
+      tid = tid_of(root, "tl/allgather");
+      EXPECT(tid > 0 && has_phase(root, tid, "QUEUE") && has_phase(root, tid, "NEGOTIATE") &&
+             has_phase(root, tid, "ALLGATHER"), "tl/allgather lacks a phase");
+      size_t i, cycles = 0;
+      json_t *e;
+      json_array_foreach(root, i, e) {
+        const char *n = json_string_value(json_object_get(e, "name"));
+        if (n && strncmp(n, "CYCLE ", 6) == 0) cycles++;
+      }
+      EXPECT(cycles >= 3, "only %zu cycle markers", cycles);
+    }
+    if (root && cap) {
+      FILE *f = fopen(path, "r");
+      fseek(f, 0, SEEK_END);
+      long bytes = ftell(f);
+      fclose(f);
+      EXPECT(bytes <= 4096, "timeline is %ld bytes, cap 4096", bytes);
+      json_t *last = json_array_get(root, json_array_size(root) - 1);
+      json_t *d = json_object_get(json_object_get(last, "args"), "dropped_events");
+      EXPECT(d && json_integer_value(d) > 0, "no dropped_events count in the last event");
+    }
+    json_decref(root);
+    unlink(path);
+  }
+  for (int k = 0; k < NG; k++) free(s[k]), free(r[k]);
+  free(bs), free(br), free(gs), free(gr);
+  int rc = hora_test_finish_mpi("test_engine_timeline");
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,13 @@
+#!/bin/sh
+# ThreadSanitizer run of the engine's multi-rank tests (engine thread, heartbeat thread and user
+# threads share handles, the queue and the live-handle list).
+#   sh tests/engine/tsan.sh [build-dir]      (default: build-tsan next to the source)
+# Configures a HORA_TSAN=ON build, builds only the engine tests and runs them for 2 and 3 ranks;
+# any TSan report fails the test (exit code 66). Takes a few minutes on 2 cores.
+set -eu
+src=$(cd "$(dirname "$0")/../.." && pwd)
+b=${1:-$src/build-tsan}
+cmake -S "$src" -B "$b" -DHORA_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$b" -j2 --target test_engine_random test_engine_ops test_engine_mismatch test_engine_stall test_engine_timeline
+export TSAN_OPTIONS="suppressions=$src/tests/engine/tsan.supp halt_on_error=1 exitcode=66 report_signal_unsafe=0"
+ctest --test-dir "$b" --output-on-failure -R 'test_engine_(random|random_cache|ops|mismatch|stall|timeline)_np[23]$'

@@ -1,0 +1,427 @@
+/* Every blocking collective on device buffers (HORA_DEVICE_CUDA), checked element by element on
+ * the host: allreduce x dtype x op x count x in/out of place (plus prescale/postscale), reducescatter,
+ * broadcast, allgather (in place too), allgatherv (uneven), alltoall, alltoallv. Inputs are small
+ * rank-dependent integers, exact in any reduction order and in f16/bf16 (so also under
+ * HORA_COMPRESSION). The receive buffer is poisoned on the device before every call.
+ *
+ * Run by ctest with 1 rank (auto: NCCL) and 2-4 ranks sharing the GPU (HORA_GPU_PATH=staged, and
+ * naive); --expect-path nccl|staged|naive checks which path the context took. Also the engine's
+ * entry points in runtime/comm and the async engine with device tensors. Exits 77 on every rank
+ * when any rank sees no GPU. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "comm/gpu.h"
+#include "core/ctx.h"
+#include "hora_kernels.h"
+#include "hora_test.h"
+
+static hora_ctx_t *ctx;
+static int rank, size;
+static size_t counts[6];
+static size_t max_count = SIZE_MAX;
+
+#define CK(call)                                                                                  \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      fprintf(stderr, "rank %d: %s:%d: %s: %s\n", rank, __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      MPI_Abort(MPI_COMM_WORLD, 2);                                                               \
+    }                                                                                             \
+  } while (0)
+
+static size_t esize(hora_dtype_t d) {
+  size_t s = 0;
+  hora_dtype_size(d, &s);
+  return s;
+}
+static int is_float(hora_dtype_t d) { return d >= HORA_FLOAT16; }
+static int is_signed(hora_dtype_t d) { return d != HORA_UINT8; }
+
+static double input(hora_dtype_t d, hora_op_t op, int r, size_t i) {
+  int sg = is_signed(d);
+  switch (op) {
+    case HORA_SUM: case HORA_AVERAGE: return (double)((i * 13 + (size_t)r * 7) % 11) - (sg ? 5 : 0);
+    case HORA_PRODUCT: return sg ? (double)((i * 5 + (size_t)r * 3) % 4) - 1 : (double)((i + (size_t)r) % 3 + 1);
+    default: return (double)((i * 31 + (size_t)r * 17) % 97) - (sg ? 48 : 0);
+  }
+}
+
+static void store(void *buf, hora_dtype_t d, size_t i, double v) {
+  switch (d) {
+    case HORA_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case HORA_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case HORA_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case HORA_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case HORA_FLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_f16((float)v); break;
+    case HORA_BFLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_bf16((float)v); break;
+    case HORA_FLOAT32: ((float *)buf)[i] = (float)v; break;
+    case HORA_FLOAT64: ((double *)buf)[i] = v; break;
+  }
+}
+
+static double load(const void *buf, hora_dtype_t d, size_t i) {
+  switch (d) {
+    case HORA_UINT8: return ((const uint8_t *)buf)[i];
+    case HORA_INT8: return ((const int8_t *)buf)[i];
+    case HORA_INT32: return ((const int32_t *)buf)[i];
+    case HORA_INT64: return (double)((const int64_t *)buf)[i];
+    case HORA_FLOAT16: return hora__f16_to_f32(((const uint16_t *)buf)[i]);
+    case HORA_BFLOAT16: return hora__bf16_to_f32(((const uint16_t *)buf)[i]);
+    case HORA_FLOAT32: return ((const float *)buf)[i];
+    case HORA_FLOAT64: return ((const double *)buf)[i];
+  }
+  return NAN;
+}
+
+static double expected(hora_dtype_t d, hora_op_t op, size_t i, double pre, double post) {
+  double acc = 0;
+  for (int r = 0; r < size; r++) {
+    double v = input(d, op, r, i) * pre;
+    if (r == 0) acc = v;
+    else if (op == HORA_SUM || op == HORA_AVERAGE) acc += v;
+    else if (op == HORA_PRODUCT) acc *= v;
+    else if (op == HORA_MIN) acc = v < acc ? v : acc;
+    else acc = v > acc ? v : acc;
+  }
+  if (op == HORA_AVERAGE) acc = is_float(d) ? acc / size : trunc(acc / size);
+  return acc * post;
+}
+
+static double tol(hora_dtype_t d, hora_op_t op, double want) {
+  if (op != HORA_AVERAGE || !is_float(d)) return 0;
+  double rel = d == HORA_FLOAT16 ? 2e-3 : d == HORA_BFLOAT16 ? 1.6e-2 : d == HORA_FLOAT32 ? 4e-7 : 1e-15;
+  return fabs(want) * rel + 1e-30;
+}
+
+static long check_reduced(const char *what, const void *got, hora_dtype_t d, hora_op_t op, size_t i0, size_t n,
+                          double pre, double post) {
+  long bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    char tmp[8];
+    store(tmp, d, 0, expected(d, op, i0 + i, pre, post));
+    double wr = load(tmp, d, 0), g = load(got, d, i);
+    if (!(fabs(g - wr) <= tol(d, op, wr)) && bad++ < 3) EXPECT(0, "%s: element %zu: got %g want %g", what, i0 + i, g, wr);
+  }
+  if (bad > 3) EXPECT(0, "%s: %ld wrong elements in all", what, bad);
+  return bad;
+}
+
+/* Device and host buffers big enough for the largest count times the world size. */
+static char *h_a, *h_b, *d_a, *d_b;
+static size_t cap_bytes;
+
+static void to_dev(void *d, const void *h, size_t bytes) { if (bytes) CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice)); }
+static void to_host(void *h, const void *d, size_t bytes) { if (bytes) CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost)); }
+static void poison(void *d, size_t bytes) { CK(cudaMemset(d, 0xa5, bytes ? bytes : 1)); }
+
+static void test_allreduce(void) {
+  for (int d = 0; d < HORA_DTYPE_COUNT; d++)
+    for (int op = 0; op < HORA_OP_COUNT; op++)
+      for (int ci = 0; ci < 6; ci++)
+        for (int inplace = 0; inplace < 2; inplace++) {
+          size_t n = counts[ci], es = esize((hora_dtype_t)d);
+          if (n > max_count) continue;
+          double pre = 1, post = 1;
+          if (is_float((hora_dtype_t)d) && ci == 4) pre = 2.0, post = 0.5;
+          for (size_t i = 0; i < n; i++) store(h_a, (hora_dtype_t)d, i, input((hora_dtype_t)d, (hora_op_t)op, rank, i));
+          to_dev(d_a, h_a, n * es);
+          void *recv = inplace ? d_a : d_b;
+          if (!inplace) poison(d_b, n * es);
+          char what[128];
+          snprintf(what, sizeof what, "allreduce %s dtype %d op %d count %zu pre %g post %g", inplace ? "in place" : "out of place",
+                   d, op, n, pre, post);
+          hora_result_t rc = hora_allreduce(ctx, d_a, recv, n, (hora_dtype_t)d, (hora_op_t)op, pre, post, HORA_DEVICE_CUDA);
+          EXPECT(rc == HORA_SUCCESS, "%s: %s (%s)", what, hora_result_name(rc), hora_last_error());
+          to_host(h_b, recv, n * es);
+          check_reduced(what, h_b, (hora_dtype_t)d, (hora_op_t)op, 0, n, pre, post);
+        }
+}
+
+static void test_reducescatter(void) {
+  const hora_op_t ops[] = {HORA_SUM, HORA_AVERAGE, HORA_MAX};
+  for (int d = 0; d < HORA_DTYPE_COUNT; d++)
+    for (int oi = 0; oi < 3; oi++)
+      for (int ci = 0; ci < 5; ci++) {
+        size_t n = counts[ci], es = esize((hora_dtype_t)d), total = n * (size_t)size;
+        hora_op_t op = ops[oi];
+        for (size_t i = 0; i < total; i++) store(h_a, (hora_dtype_t)d, i, input((hora_dtype_t)d, op, rank, i));
+        to_dev(d_a, h_a, total * es);
+        poison(d_b, n * es);
+        EXPECT_OK(hora_reducescatter(ctx, d_a, d_b, n, (hora_dtype_t)d, op, HORA_DEVICE_CUDA));
+        to_host(h_b, d_b, n * es);
+        char what[96];
+        snprintf(what, sizeof what, "reducescatter dtype %d op %d count %zu", d, (int)op, n);
+        check_reduced(what, h_b, (hora_dtype_t)d, op, (size_t)rank * n, n, 1, 1);
+      }
+}
+
+/* Element i of rank r's contribution to the data movers. */
+static int32_t mv(int r, size_t i) { return (int32_t)(r * 1000003 + (int)(i % 1000003)); }
+
+static void test_movers(void) {
+  for (int ci = 0; ci < 5; ci++) {
+    size_t n = counts[ci];
+    /* broadcast from rank 0 and from the last rank */
+    for (int root = 0; root < size; root += (size > 1 ? size - 1 : 1)) {
+      int32_t *h = (int32_t *)h_a;
+      for (size_t i = 0; i < n; i++) h[i] = rank == root ? mv(root, i) : -1;
+      to_dev(d_a, h, n * 4);
+      EXPECT_OK(hora_broadcast(ctx, d_a, n, HORA_INT32, root, HORA_DEVICE_CUDA));
+      to_host(h_b, d_a, n * 4);
+      long bad = 0;
+      for (size_t i = 0; i < n; i++) bad += ((int32_t *)h_b)[i] != mv(root, i);
+      EXPECT(bad == 0, "broadcast root %d count %zu: %ld wrong", root, n, bad);
+    }
+    /* allgather, out of place and in place */
+    for (int inplace = 0; inplace < 2; inplace++) {
+      int32_t *h = (int32_t *)h_a;
+      for (size_t i = 0; i < n; i++) h[i] = mv(rank, i);
+      poison(d_b, n * (size_t)size * 4);
+      const void *send = d_a;
+      if (inplace) {
+        to_dev(d_b + (size_t)rank * n * 4, h, n * 4);
+        send = d_b + (size_t)rank * n * 4;
+      } else {
+        to_dev(d_a, h, n * 4);
+      }
+      EXPECT_OK(hora_allgather(ctx, send, d_b, n, HORA_INT32, HORA_DEVICE_CUDA));
+      to_host(h_b, d_b, n * (size_t)size * 4);
+      long bad = 0;
+      for (int r = 0; r < size; r++)
+        for (size_t i = 0; i < n; i++) bad += ((int32_t *)h_b)[(size_t)r * n + i] != mv(r, i);
+      EXPECT(bad == 0, "allgather %s count %zu: %ld wrong", inplace ? "in place" : "out of place", n, bad);
+    }
+    /* allgatherv: rank r contributes n + r elements */
+    {
+      size_t rc[64], total = 0;
+      for (int r = 0; r < size; r++) total += (rc[r] = n + (size_t)r);
+      int32_t *h = (int32_t *)h_a;
+      for (size_t i = 0; i < rc[rank]; i++) h[i] = mv(rank, i);
+      to_dev(d_a, h, rc[rank] * 4);
+      poison(d_b, total * 4);
+      EXPECT_OK(hora_allgatherv(ctx, d_a, rc[rank], d_b, rc, HORA_INT32, HORA_DEVICE_CUDA));
+      to_host(h_b, d_b, total * 4);
+      long bad = 0;
+      size_t off = 0;
+      for (int r = 0; r < size; r++)
+        for (size_t i = 0; i < rc[r]; i++) bad += ((int32_t *)h_b)[off++] != mv(r, i);
+      EXPECT(bad == 0, "allgatherv count %zu: %ld wrong", n, bad);
+    }
+    /* alltoall: block p of rank r holds mv(r, p * n + i) */
+    {
+      int32_t *h = (int32_t *)h_a;
+      for (size_t i = 0; i < n * (size_t)size; i++) h[i] = mv(rank, i);
+      to_dev(d_a, h, n * (size_t)size * 4);
+      poison(d_b, n * (size_t)size * 4);
+      EXPECT_OK(hora_alltoall(ctx, d_a, d_b, n, HORA_INT32, HORA_DEVICE_CUDA));
+      to_host(h_b, d_b, n * (size_t)size * 4);
+      long bad = 0;
+      for (int p = 0; p < size; p++)
+        for (size_t i = 0; i < n; i++) bad += ((int32_t *)h_b)[(size_t)p * n + i] != mv(p, (size_t)rank * n + i);
+      EXPECT(bad == 0, "alltoall count %zu: %ld wrong", n, bad);
+    }
+    /* alltoallv: rank r sends (r + p) % 3 + n elements to rank p */
+    if (n <= 1000) {
+      size_t sc[64], rcv[64], so = 0, ro = 0;
+      for (int p = 0; p < size; p++) {
+        sc[p] = (size_t)((rank + p) % 3) + n;
+        rcv[p] = (size_t)((p + rank) % 3) + n;
+      }
+      int32_t *h = (int32_t *)h_a;
+      for (int p = 0; p < size; p++)
+        for (size_t i = 0; i < sc[p]; i++) h[so++] = mv(rank, (size_t)p * 10000 + i);
+      to_dev(d_a, h, so * 4);
+      for (int p = 0; p < size; p++) ro += rcv[p];
+      poison(d_b, ro * 4);
+      EXPECT_OK(hora_alltoallv(ctx, d_a, sc, d_b, rcv, HORA_INT32, HORA_DEVICE_CUDA));
+      to_host(h_b, d_b, ro * 4);
+      long bad = 0;
+      size_t off = 0;
+      for (int p = 0; p < size; p++)
+        for (size_t i = 0; i < rcv[p]; i++) bad += ((int32_t *)h_b)[off++] != mv(p, (size_t)rank * 10000 + i);
+      EXPECT(bad == 0, "alltoallv count %zu: %ld wrong", n, bad);
+    }
+  }
+}
+
+/* The engine's entry points: several float32 allreduces started back to back (on the NCCL path
+ * they run asynchronously), polled to completion; a fusion-style batched copy on hora's stream. */
+static void test_async(void) {
+  enum { K = 4 };
+  const size_t ns[K] = {1, 1000, 4097, 65536};
+  hora_gpu_pending_t *p[K];
+  float *d[K];
+  for (int k = 0; k < K; k++) {
+    for (size_t i = 0; i < ns[k]; i++) ((float *)h_a)[i] = (float)input(HORA_FLOAT32, HORA_SUM, rank, i + (size_t)k);
+    CK(cudaMalloc((void **)&d[k], ns[k] * 4));
+    to_dev(d[k], h_a, ns[k] * 4);
+  }
+  for (int k = 0; k < K; k++) {
+    p[k] = NULL;
+    EXPECT_OK(hora__gpu_allreduce_start(ctx, d[k], d[k], ns[k], HORA_FLOAT32, k == 2 ? HORA_AVERAGE : HORA_SUM,
+                                        1.0, k == 3 ? 0.5 : 1.0, &p[k]));
+  }
+  for (int k = 0; k < K; k++) {
+    if (!p[k]) {
+      cudaFree(d[k]);
+      continue;
+    }
+    int done = 0;
+    double t0 = MPI_Wtime();
+    while (!done && MPI_Wtime() - t0 < 60) EXPECT_OK(hora__gpu_pending_poll(ctx, p[k], &done));
+    EXPECT(done, "async allreduce %d did not complete in 60 s", k);
+    hora__gpu_pending_free(ctx, p[k]);
+    to_host(h_b, d[k], ns[k] * 4);
+    long bad = 0;
+    for (size_t i = 0; i < ns[k]; i++) {
+      double w = expected(HORA_FLOAT32, k == 2 ? HORA_AVERAGE : HORA_SUM, i + (size_t)k, 1.0, k == 3 ? 0.5 : 1.0);
+      bad += !(fabs(((float *)h_b)[i] - w) <= fabs(w) * 4e-7);
+    }
+    EXPECT(bad == 0, "async allreduce %d (count %zu): %ld wrong", k, ns[k], bad);
+    cudaFree(d[k]);
+  }
+  /* Pack three regions of d_a into d_b back to back, as the fusion buffer does. */
+  for (size_t i = 0; i < 3000; i++) ((int32_t *)h_a)[i] = mv(rank, i);
+  to_dev(d_a, h_a, 3000 * 4);
+  poison(d_b, 3000 * 4);
+  hora_copy_desc_t descs[3] = {{d_b, d_a + 4 * 2000, 1000 * 4}, {d_b + 4000, d_a, 7 * 4}, {d_b + 4028, d_a + 4 * 100, 5 * 4}};
+  EXPECT_OK(hora__gpu_batched_copy(ctx, descs, 3));
+  CK(cudaDeviceSynchronize());
+  to_host(h_b, d_b, 1012 * 4);
+  long bad = 0;
+  for (size_t i = 0; i < 1000; i++) bad += ((int32_t *)h_b)[i] != mv(rank, 2000 + i);
+  for (size_t i = 0; i < 7; i++) bad += ((int32_t *)h_b)[1000 + i] != mv(rank, i);
+  for (size_t i = 0; i < 5; i++) bad += ((int32_t *)h_b)[1007 + i] != mv(rank, 100 + i);
+  EXPECT(bad == 0, "hora__gpu_batched_copy: %ld wrong", bad);
+}
+
+/* The async engine with device tensors: it runs them through the same hooks on its own context.
+ * Several allreduces (different names, counts, ops) in flight at once, submitted in a
+ * rank-dependent order, then an allgather and an alltoall. */
+static void test_engine(void) {
+  enum { K = 3 };
+  const size_t ns[K] = {1, 1000, 70001};
+  const hora_op_t ops[K] = {HORA_SUM, HORA_AVERAGE, HORA_MAX};
+  float *d[K];
+  hora_handle_t *h[K];
+  for (int k = 0; k < K; k++) {
+    for (size_t i = 0; i < ns[k]; i++) ((float *)h_a)[i] = (float)input(HORA_FLOAT32, ops[k], rank, i);
+    CK(cudaMalloc((void **)&d[k], ns[k] * 4));
+    to_dev(d[k], h_a, ns[k] * 4);
+    h[k] = NULL;
+  }
+  for (int j = 0; j < K; j++) {
+    int k = (j + rank) % K;
+    char name[32];
+    snprintf(name, sizeof name, "grad.%d", k);
+    EXPECT_OK(hora_allreduce_async(ctx, name, d[k], d[k], ns[k], HORA_FLOAT32, ops[k], 1.0, 1.0, HORA_DEVICE_CUDA, &h[k]));
+  }
+  for (int k = 0; k < K; k++) {
+    if (!h[k]) continue;
+    EXPECT_OK(hora_wait(h[k]));
+    EXPECT_OK(hora_handle_free(h[k]));
+    to_host(h_b, d[k], ns[k] * 4);
+    char what[64];
+    snprintf(what, sizeof what, "engine allreduce grad.%d", k);
+    check_reduced(what, h_b, HORA_FLOAT32, ops[k], 0, ns[k], 1.0, 1.0);
+    cudaFree(d[k]);
+  }
+  size_t n = 333;
+  int32_t *hh = (int32_t *)h_a;
+  for (size_t i = 0; i < n * (size_t)size; i++) hh[i] = mv(rank, i);
+  to_dev(d_a, hh, n * (size_t)size * 4);
+  poison(d_b, n * (size_t)size * 4);
+  hora_handle_t *ha = NULL, *hb = NULL;
+  EXPECT_OK(hora_allgather_async(ctx, "ag", d_a, d_b, n, HORA_INT32, HORA_DEVICE_CUDA, &ha));
+  if (ha) {
+    EXPECT_OK(hora_wait(ha));
+    hora_handle_free(ha);
+  }
+  to_host(h_b, d_b, n * (size_t)size * 4);
+  long bad = 0;
+  for (int r = 0; r < size; r++)
+    for (size_t i = 0; i < n; i++) bad += ((int32_t *)h_b)[(size_t)r * n + i] != mv(r, i);
+  EXPECT(bad == 0, "engine allgather: %ld wrong", bad);
+  poison(d_b, n * (size_t)size * 4);
+  EXPECT_OK(hora_alltoall_async(ctx, "a2a", d_a, d_b, n, HORA_INT32, HORA_DEVICE_CUDA, &hb));
+  if (hb) {
+    EXPECT_OK(hora_wait(hb));
+    hora_handle_free(hb);
+  }
+  to_host(h_b, d_b, n * (size_t)size * 4);
+  bad = 0;
+  for (int p = 0; p < size; p++)
+    for (size_t i = 0; i < n; i++) bad += ((int32_t *)h_b)[(size_t)p * n + i] != mv(p, (size_t)rank * n + i);
+  EXPECT(bad == 0, "engine alltoall: %ld wrong", bad);
+}
+
+int main(int argc, char **argv) {
+  int provided;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const char *expect_path = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--expect-path") && i + 1 < argc) expect_path = argv[++i];
+    else if (!strcmp(argv[i], "--max-count") && i + 1 < argc) max_count = strtoull(argv[++i], NULL, 10);
+  }
+  int ndev = 0, have, all;
+  have = cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0;
+  MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all) {
+    if (rank == 0) printf("test_coll_gpu: a rank sees no GPU: skipped\n");
+    MPI_Finalize();
+    return HORA_TEST_SKIP;
+  }
+  if (size > 64) {
+    if (rank == 0) printf("test_coll_gpu: at most 64 ranks\n");
+    MPI_Finalize();
+    return 1;
+  }
+  if (!getenv("HORA_LOG")) setenv("HORA_LOG", "WARN", 1);
+  size_t c[6] = {0, 1, (size_t)size - 1, (size_t)size + 1, 1000, ((size_t)1 << 20) + 3};
+  memcpy(counts, c, sizeof c);
+  EXPECT_OK(hora_init(&ctx));
+  int dev = -1;
+  EXPECT_OK(hora_device_index(ctx, &dev));
+  EXPECT(dev >= 0 && dev < ndev, "hora_device_index %d, %d GPUs visible", dev, ndev);
+  cap_bytes = (((size_t)1 << 20) + 16) * (size_t)size * 8 + 4096;
+  h_a = malloc(cap_bytes);
+  h_b = malloc(cap_bytes);
+  CK(cudaMalloc((void **)&d_a, cap_bytes));
+  CK(cudaMalloc((void **)&d_b, cap_bytes));
+  if (!h_a || !h_b) MPI_Abort(MPI_COMM_WORLD, 2);
+
+  test_allreduce();
+  if (expect_path) {
+    hora_gpu_t *g = ctx->gpu;
+    static const char *const names[] = {"nccl", "staged", "naive"};
+    EXPECT(g != NULL, "no GPU state after device collectives");
+    if (g) EXPECT(!strcmp(names[g->path], expect_path), "path %s, want %s", names[g->path], expect_path);
+  }
+  test_reducescatter();
+  test_movers();
+  test_async();
+  test_engine();
+  if (size == 1) {
+    /* Host memory passed as device memory: a clear error, nothing written (1 rank: the check is
+     * local, a second rank would wait for this one). */
+    float host[4] = {1, 2, 3, 4};
+    EXPECT_RC(hora_allreduce(ctx, host, host, 4, HORA_FLOAT32, HORA_SUM, 1.0, 1.0, HORA_DEVICE_CUDA),
+              HORA_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(hora_last_error(), "host memory") != NULL, "message: %s", hora_last_error());
+    EXPECT(host[0] == 1 && host[3] == 4, "host buffer changed");
+    EXPECT_RC(hora_broadcast(ctx, host, 4, HORA_FLOAT32, 0, HORA_DEVICE_CUDA), HORA_ERR_INVALID_ARGUMENT);
+  }
+
+  cudaFree(d_a);
+  cudaFree(d_b);
+  free(h_a);
+  free(h_b);
+  EXPECT_OK(hora_finalize(ctx));
+  int rc = hora_test_finish_mpi("test_coll_gpu");
+  MPI_Finalize();
+  return rc;
+}
