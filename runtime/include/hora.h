@@ -471,7 +471,8 @@ hora_result_t hora_ckpt_save(hora_ckpt_t *ck, int64_t step, const hora_tensor_t 
  * manifest's size and CRC32C and every tensor CRC32C of its header (for the same step, the local
  * copy); torn or corrupt candidates are skipped with a warning naming them and the reason. It
  * then broadcasts step, metadata and bytes to all ranks. The checkpoint may hold more tensors
- * than asked for. Device tensors are filled with cudaMemcpy from host staging.
+ * than asked for. A save still being written is waited for first. Device tensors are filled
+ * with cudaMemcpy from host staging.
  * On success *step is the checkpoint's step (resume at *step + 1), and hora_ckpt_meta_get and
  * hora_ckpt_restore_source describe it.
  * Errors (every rank returns the same code):
