@@ -188,6 +188,9 @@ def _torch_buf(x, what, writable):
                       f"{x.stride()} in elements); pass x.contiguous()")
     if x.is_cuda:
         dev = CUDA
+        # The kernels that produce x may still run on torch's current stream, and hora's C API
+        # takes no stream: wait for them before hora reads or writes the memory.
+        sys.modules["torch"].cuda.current_stream(x.device).synchronize()
     elif x.is_cpu:
         dev = HOST
     else:
