@@ -32,8 +32,8 @@ from ._hora_cffi import lib as _lib  # noqa: E402
 
 if hasattr(_lib, "hora_allreduce_async"):
     from ._async import (  # noqa: F401
-        Handle, allreduce_async, allreduce_async_, broadcast_async_, grouped_allreduce,
-        grouped_allreduce_,
+        Handle, allreduce_async, allreduce_async_, alltoall_async, broadcast_async,
+        broadcast_async_, grouped_allreduce, grouped_allreduce_, reducescatter_async,
         grouped_allreduce_async, grouped_allreduce_async_, join, poll, synchronize,
     )
 if hasattr(_lib, "hora_ckpt_open"):

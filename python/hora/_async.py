@@ -17,6 +17,7 @@ import weakref
 
 from . import _buffers as B
 from ._core import Average, _add_finalizer, _ctx, _op, _root, _scale
+from ._core import size as _size
 from ._errors import check, invalid, make_error
 from ._hora_cffi import ffi, lib
 
@@ -147,6 +148,58 @@ def broadcast_async_(tensor, root_rank, name=None):
     return Handle(hp[0], b, tensor)
 
 
+def broadcast_async(tensor, root_rank, name=None):
+    """Start a broadcast into a new array (a copy of tensor that root_rank's values overwrite);
+    wait() returns it."""
+    B.as_buf(tensor, "broadcast_async(tensor)")
+    out = B.empty_like(tensor)
+    B.copy_into(out, tensor)
+    return broadcast_async_(out, root_rank, name=name)
+
+
+def _rows(b, kind, n):
+    if len(b.shape) == 0:
+        raise invalid(f"{kind}(tensor): a 0-d tensor cannot be split across ranks")
+    if b.shape[0] % n:
+        raise invalid(f"{kind}(tensor): the first dimension {b.shape[0]} does not divide by the "
+                      f"world size {n}; use the blocking call, which also takes uneven splits")
+    row = 1
+    for s in b.shape[1:]:
+        row *= s
+    return b.shape[0] // n, row
+
+
+def reducescatter_async(tensor, op=Average, name=None):
+    """Start a reduce-scatter of equal blocks of rows (the first dimension must divide by the
+    world size); wait() returns this rank's block of the reduction, a new array."""
+    ctx = _ctx()
+    n = _size()
+    b = B.as_buf(tensor, "reducescatter_async(tensor)")
+    rows, row = _rows(b, "reducescatter_async", n)
+    out = B.empty_like(tensor, (rows,) + tuple(b.shape[1:]))
+    o = B.as_buf(out, "reducescatter_async output", writable=True)
+    hp = ffi.new("hora_handle_t **")
+    check(lib.hora_reducescatter_async(ctx, _name(name, "reducescatter"), b.ptr, o.ptr,
+                                       rows * row, b.dtype, _op(op), b.device, hp),
+          "hora.reducescatter_async")
+    return Handle(hp[0], (b, o), out)
+
+
+def alltoall_async(tensor, name=None):
+    """Start an alltoall of equal blocks of rows (the first dimension must divide by the world
+    size): block p goes to rank p; wait() returns a new array whose block p came from rank p."""
+    ctx = _ctx()
+    n = _size()
+    b = B.as_buf(tensor, "alltoall_async(tensor)")
+    rows, row = _rows(b, "alltoall_async", n)
+    out = B.empty_like(tensor)
+    o = B.as_buf(out, "alltoall_async output", writable=True)
+    hp = ffi.new("hora_handle_t **")
+    check(lib.hora_alltoall_async(ctx, _name(name, "alltoall"), b.ptr, o.ptr, rows * row,
+                                  b.dtype, b.device, hp), "hora.alltoall_async")
+    return Handle(hp[0], (b, o), out)
+
+
 def synchronize(handle):
     """Horovod's hora.synchronize(handle): handle.wait()."""
     if not isinstance(handle, Handle):
@@ -235,6 +288,7 @@ def join():
     return last[0]
 
 
-__all__ = ["Handle", "allreduce_async", "allreduce_async_", "broadcast_async_", "grouped_allreduce",
+__all__ = ["Handle", "allreduce_async", "allreduce_async_", "alltoall_async", "broadcast_async",
+           "broadcast_async_", "grouped_allreduce", "reducescatter_async",
            "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "join",
            "poll", "synchronize"]

@@ -128,3 +128,29 @@ def test_broadcast_async():
         assert x.tolist() == [i % n + 10 * i] * 5
     with pytest.raises(hora.InvalidArgumentError, match="root"):
         hora.broadcast_async_(xs[0], root_rank=n)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float64], ids=str)
+def test_broadcast_reducescatter_alltoall_async(dtype):
+    r, n = rank_size()
+    x = rank_input(dtype, (2 * n, 3), r, 600)
+    # Submitted in a rank-dependent order; matched by name.
+    subs = [("rs", lambda: hora.reducescatter_async(x, op=hora.Sum, name="rs")),
+            ("a2a", lambda: hora.alltoall_async(x, name="a2a")),
+            ("bc", lambda: hora.broadcast_async(x, root_rank=n - 1, name="bc"))]
+    if r % 2:
+        subs.reverse()
+    hs = {k: f() for k, f in subs}
+    got = {k: h.wait() for k, h in hs.items()}
+    inputs = [rank_input(dtype, (2 * n, 3), p, 600) for p in range(n)]
+    np.testing.assert_array_equal(got["rs"], sum(i.astype(np.float64) for i in inputs)
+                                  [2 * r:2 * r + 2].astype(dtype))
+    np.testing.assert_array_equal(got["a2a"], np.concatenate([i[2 * r:2 * r + 2]
+                                                              for i in inputs]))
+    np.testing.assert_array_equal(got["bc"], inputs[n - 1])
+    np.testing.assert_array_equal(x, inputs[r])  # inputs untouched
+    if n > 1:
+        with pytest.raises(hora.InvalidArgumentError, match="does not divide"):
+            hora.reducescatter_async(np.ones(n + 1, dtype))
+        with pytest.raises(hora.InvalidArgumentError, match="does not divide"):
+            hora.alltoall_async(np.ones(n + 1, dtype))
