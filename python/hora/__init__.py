@@ -8,6 +8,23 @@
 Run with `launch` (inside an sbatch script: `srun launch python train.py`) or `mpirun -np N
 python train.py`. See docs/python.md.
 """
+import importlib.util as _ilu
+import os as _os
+import sys as _sys
+
+# libhora links the CUDA runtime and NCCL of the toolkit it was built with; PyTorch's CUDA wheels
+# bring their own under the same sonames (libcudart.so.13, libnccl.so.2). The dynamic loader
+# serves both from whichever copy is loaded first, and PyTorch needs symbols of its newer NCCL
+# ("undefined symbol: ncclCommResume" when hora's copy came first). So when PyTorch is installed,
+# it is imported before libhora is loaded, and hora runs on PyTorch's NCCL and CUDA runtime (both
+# keep their ABI within a major version). HORA_PRELOAD_TORCH=0 turns this off.
+if ("torch" not in _sys.modules and _os.environ.get("HORA_PRELOAD_TORCH", "1") != "0"
+        and _ilu.find_spec("torch") is not None):
+    try:
+        import torch as _torch  # noqa: F401
+    except ImportError:
+        pass
+
 from ._errors import (  # noqa: F401
     CUDAError, DataError, HoraError, InternalError, InvalidArgumentError, IOError, LayoutError,
     MismatchError, MPIError, NCCLError, NoMemoryError, NotFoundError, NotInitializedError,
