@@ -255,9 +255,10 @@ hora_result_t hora_barrier(hora_ctx_t *ctx);
  *    request of this process then fails the same way); HORA_ERR_SHUTDOWN (hora_finalize ran
  *    while the request was pending); HORA_ERR_INVALID_ARGUMENT (this rank already had a pending
  *    request with the same name, or a collective other than a SUM/AVERAGE allreduce was submitted
- *    while some rank had joined: see hora_join); HORA_ERR_MPI (the transport failed; the engine
- *    then fails every pending request the same way, since the ranks may be out of step). On any
- *    error result the contents of the receive buffer are unspecified. */
+ *    while some rank had joined: see hora_join); HORA_ERR_NOT_SUPPORTED (device buffers in a
+ *    CUDA build whose GPU path does not provide this collective); HORA_ERR_MPI (the transport
+ *    failed; the engine then fails every pending request the same way, since the ranks may be out
+ *    of step). On any error result the contents of the receive buffer are unspecified. */
 typedef struct hora_handle hora_handle_t;
 
 /* hora_allreduce_async: the non-blocking hora_allreduce of the tensor `name`:

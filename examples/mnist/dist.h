@@ -1,0 +1,77 @@
+/* The example's use of hora for data parallelism, behind four small wrappers: per-layer gradient
+ * averaging (hora_allreduce_async, overlapping backward), checkpoints (hora_ckpt_*), and the
+ * preemption signal (hora_ckpt_on_signal / hora_should_stop). When the library has those APIs
+ * (MNIST_HAVE_ENGINE / MNIST_HAVE_CKPT, set by examples/CMakeLists.txt from hora.h) the wrappers
+ * call them directly; otherwise they fall back to the blocking hora_allreduce and a plain
+ * single-file checkpoint written by rank 0 (same semantics, no overlap, no background copy). */
+#ifndef MNIST_DIST_H
+#define MNIST_DIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hora.h"
+#include "model.h"
+
+#ifndef HORA_EXIT_REQUEUE
+#define MNIST_EXIT_REQUEUE 3 /* exit status after a preemption checkpoint: requeue me */
+#else
+#define MNIST_EXIT_REQUEUE HORA_EXIT_REQUEUE
+#endif
+
+/* ---- gradient averaging ---- */
+typedef struct {
+  hora_ctx_t *ctx;
+  mnist_model_t *model;
+  void *pending[MNIST_LAYERS]; /* hora_handle_t * of each layer in flight */
+} mnist_grad_sync_t;
+
+/* The model's layer_done callback: starts averaging (HORA_AVERAGE) the layer's gradient in place
+ * across ranks as soon as backward has produced it. */
+hora_result_t mnist_grad_layer_done(void *sync, int layer);
+/* Waits for every layer's average; after it the gradients are the same on every rank. */
+hora_result_t mnist_grad_wait(mnist_grad_sync_t *sync);
+
+/* ---- checkpoints ---- */
+#ifdef MNIST_HAVE_CKPT
+typedef hora_tensor_t mnist_tensor_t;
+typedef hora_kv_t mnist_kv_t;
+#else
+typedef struct {
+  const char *name;
+  void *data;
+  size_t count;
+  hora_dtype_t dtype;
+  hora_device_t device;
+  int ndim;
+  const int64_t *shape;
+} mnist_tensor_t;
+typedef struct {
+  const char *key;
+  const char *value;
+} mnist_kv_t;
+#endif
+typedef struct mnist_ckpt mnist_ckpt_t;
+
+/* Collective. local_dir NULL: hora's default node-local directory; persist_dir NULL: none. */
+hora_result_t mnist_ckpt_open(hora_ctx_t *ctx, const char *local_dir, const char *persist_dir,
+                              mnist_ckpt_t **ck);
+/* Collective; rank 0's tensors are saved (all ranks hold the same state). */
+hora_result_t mnist_ckpt_save(mnist_ckpt_t *ck, int64_t step, const mnist_tensor_t *t, size_t n,
+                              const mnist_kv_t *meta, size_t nmeta);
+/* Collective; fills every tensor on every rank from the newest valid checkpoint;
+ * HORA_ERR_NOT_FOUND when there is none (nothing written). */
+hora_result_t mnist_ckpt_restore(mnist_ckpt_t *ck, int64_t *step, mnist_tensor_t *t, size_t n);
+/* Metadata of the last restore; HORA_ERR_NOT_FOUND for a missing key. */
+hora_result_t mnist_ckpt_meta_get(mnist_ckpt_t *ck, const char *key, const char **value);
+/* Collective: waits until the last checkpoint is durable in the persistent directory. */
+hora_result_t mnist_ckpt_flush(mnist_ckpt_t *ck);
+hora_result_t mnist_ckpt_close(mnist_ckpt_t *ck);
+
+/* ---- preemption ---- */
+/* Installs flag-only handlers for SIGUSR1 and SIGTERM (Slurm's --signal and scancel). */
+hora_result_t mnist_on_signal(hora_ctx_t *ctx);
+/* Collective: *stop = 1 on every rank when any rank got one of the signals. */
+hora_result_t mnist_should_stop(hora_ctx_t *ctx, int *stop);
+
+#endif

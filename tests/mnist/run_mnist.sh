@@ -1,0 +1,79 @@
+#!/bin/bash
+# CI checks of examples/mnist on 2 ranks with the 10k real MNIST digits (8000 train / 2000 test),
+# located beside the source tree as ../shared/data/mnist-digits-10k (exit 77 when absent).
+#   run_mnist.sh train  MNIST MPIEXEC [MPIEXEC_FLAGS...]
+#       one epoch: the loss of the last progress line is below that of the first, and the test
+#       accuracy is at least 0.88 (measured 0.926 with these settings).
+#   run_mnist.sh resume MNIST MPIEXEC [MPIEXEC_FLAGS...]
+#       90 steps uninterrupted vs 40 steps + --resume to 90: the final weights are bitwise equal.
+#   run_mnist.sh signal MNIST MPIEXEC [MPIEXEC_FLAGS...]
+#       SIGUSR1 midway: exit status 3 after a checkpoint; --resume finishes with the same weights
+#       as the uninterrupted run.
+set -u
+mode=$1 mnist=$2
+shift 2
+mpi=("$@")
+data="${HORA_SOURCE_DIR:-.}/../shared/data/mnist-digits-10k"
+if [ ! -e "$data/train-images-idx3-ubyte.gz" ] && [ ! -e "$data/train-images-idx3-ubyte" ]; then
+  echo "SKIP: no MNIST digits at $data"
+  exit 77
+fi
+work=$(mktemp -d "${TMPDIR:-/tmp}/hora-mnist-test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+run() { # np log args...
+  local np=$1 log=$2
+  shift 2
+  "${mpi[@]}" -np "$np" "$mnist" --data "$data" --cache-dir "$work/cache" --batch-size 64 \
+    --threads 1 "$@" > "$log" 2>&1
+}
+
+case "$mode" in
+train)
+  run 2 "$work/out" --epochs 1 --log-every 10 --ckpt-dir "$work/ck" --tensorboard "$work/tb" || { cat "$work/out"; fail "run failed"; }
+  cat "$work/out"
+  first=$(grep -m1 -o 'loss [0-9.]*' "$work/out" | awk '{print $2}')
+  last=$(grep -o ' loss [0-9.]*' "$work/out" | tail -1 | awk '{print $2}')
+  acc=$(sed -n 's/^.*test_accuracy=\([0-9.]*\) images_per_s=\([0-9]*\) ranks=2$/\1/p' "$work/out")
+  [ -n "$first" ] && [ -n "$last" ] && [ -n "$acc" ] || fail "missing progress or final line"
+  awk -v a="$first" -v b="$last" 'BEGIN{exit !(b < 0.5 * a)}' || fail "loss did not fall: $first -> $last"
+  awk -v a="$acc" 'BEGIN{exit !(a >= 0.88)}' || fail "test accuracy $acc < 0.88"
+  tail -1 "$work/out" | grep -q '^\(\[0\] \)\?test_accuracy=' || fail "last line is not the result line"
+  # TensorBoard: the file_version event, 4 scalars per progress line, 2 per epoch, all CRC-valid
+  lines=$(grep -c ' images/s ' "$work/out")
+  ev=$(ls "$work"/tb/events.out.tfevents.* 2>/dev/null | head -1)
+  [ -n "$ev" ] || fail "no TensorBoard event file"
+  "$(dirname "$mnist")/hora-records" verify "$ev" >/dev/null || fail "event file fails its CRCs"
+  n=$("$(dirname "$mnist")/hora-records" count "$ev" | awk '{print $NF}' | tail -1)
+  [ "$n" = $((1 + 4 * lines + 2)) ] || fail "event file has $n records, want $((1 + 4 * lines + 2))"
+  echo "PASS: loss $first -> $last, test accuracy $acc, $n TensorBoard events"
+  ;;
+resume)
+  run 2 "$work/a" --epochs 2 --max-steps 90 --ckpt-dir "$work/cka" --save-weights "$work/wa" || { cat "$work/a"; fail "full run"; }
+  run 2 "$work/b1" --epochs 2 --max-steps 40 --ckpt-every 15 --ckpt-dir "$work/ckb" || { cat "$work/b1"; fail "first half"; }
+  run 2 "$work/b2" --epochs 2 --max-steps 90 --resume --ckpt-dir "$work/ckb" --save-weights "$work/wb" || { cat "$work/b2"; fail "resumed run"; }
+  cat "$work/b2"
+  grep -q 'resume: step 40 ' "$work/b2" || fail "the resumed run did not start at step 40"
+  cmp "$work/wa" "$work/wb" || fail "resumed weights differ from the uninterrupted run"
+  [ "$(stat -c %s "$work/wa")" -gt 100000 ] || fail "weights file too small"
+  echo "PASS: resumed run bitwise equal to the uninterrupted run"
+  ;;
+signal)
+  run 2 "$work/a" --epochs 2 --max-steps 90 --ckpt-dir "$work/cka" --save-weights "$work/wa" || { cat "$work/a"; fail "full run"; }
+  "${mpi[@]}" -np 2 "$mnist" --data "$data" --cache-dir "$work/cache" --batch-size 64 --threads 1 \
+    --epochs 2 --max-steps 90 --log-every 5 --ckpt-dir "$work/ckb" > "$work/b1" 2>&1 &
+  pid=$!
+  for _ in $(seq 600); do grep -q 'step 20/' "$work/b1" && break; sleep 0.05; done
+  kill -USR1 $pid
+  wait $pid
+  rc=$?
+  cat "$work/b1"
+  [ $rc = 3 ] || fail "exit status $rc after SIGUSR1, want 3"
+  grep -q 'stop signal: checkpoint of step' "$work/b1" || fail "no checkpoint message"
+  run 2 "$work/b2" --epochs 2 --max-steps 90 --resume --ckpt-dir "$work/ckb" --save-weights "$work/wb" || { cat "$work/b2"; fail "resumed run"; }
+  cat "$work/b2"
+  cmp "$work/wa" "$work/wb" || fail "weights after signal + resume differ from the uninterrupted run"
+  echo "PASS: stopped by SIGUSR1 with status 3, resumed to the same weights"
+  ;;
+*) echo "usage: run_mnist.sh train|resume|signal MNIST MPIEXEC..."; exit 2 ;;
+esac
