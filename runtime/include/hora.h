@@ -469,7 +469,8 @@ hora_result_t hora_ckpt_save(hora_ckpt_t *ck, int64_t step, const hora_tensor_t 
  * every rank passes the same names, dtypes and counts. Rank 0 looks in local_dir, then in
  * persist_dir, and takes the highest step whose manifest parses and whose file has the
  * manifest's size and CRC32C and every tensor CRC32C of its header (for the same step, the local
- * copy); torn or corrupt candidates are skipped with a warning naming them and the reason. It
+ * copy); torn or corrupt candidates, and local ones written by a run with another persist_dir,
+ * are skipped with a warning naming them and the reason. It
  * then broadcasts step, metadata and bytes to all ranks. The checkpoint may hold more tensors
  * than asked for. A save still being written is waited for first. Device tensors are filled
  * with cudaMemcpy from host staging.

@@ -306,6 +306,33 @@ int main(void) {
     EXPECT_OK(hora_ckpt_close(ck4));
   }
 
+  /* A node-local directory shared with another run (same local_dir, other persist_dir): its
+   * checkpoints are not this run's and are not restored. */
+  {
+    char LX[4200], PA[4200], PB[4200];
+    snprintf(LX, sizeof LX, "%s/shared-local", root);
+    snprintf(PA, sizeof PA, "%s/run-a", root);
+    snprintf(PB, sizeof PB, "%s/run-b", root);
+    hora_ckpt_opts_t ox;
+    hora_ckpt_opts_init(&ox);
+    ox.local_dir = LX;
+    ox.persist_dir = PA;
+    hora_ckpt_t *cx = NULL;
+    EXPECT_OK(hora_ckpt_open(ctx, &ox, &cx));
+    save_step(cx, 100);
+    EXPECT_OK(hora_ckpt_close(cx));
+    ox.persist_dir = PB;
+    EXPECT_OK(hora_ckpt_open(ctx, &ox, &cx));
+    restore(cx, HORA_ERR_NOT_FOUND);
+    EXPECT(strstr(hora_last_error(), "another run"), "message: %s", hora_last_error());
+    EXPECT_OK(hora_ckpt_close(cx));
+    ox.persist_dir = PA; /* the same run again (a requeue): local step 100 is used */
+    EXPECT_OK(hora_ckpt_open(ctx, &ox, &cx));
+    EXPECT(restore(cx, HORA_SUCCESS) == 100, "same run");
+    expect_source(cx, LX, 100);
+    EXPECT_OK(hora_ckpt_close(cx));
+  }
+
   /* hora_finalize flushes a checkpointer still open: with a long copy interval nothing is
    * copied until then. */
   char L2[4200], P2[4200];
