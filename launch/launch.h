@@ -19,6 +19,10 @@
 #include "parse.h"
 
 #define LAUNCH_EXIT_SETUP 2 /* launch itself failed before the program started */
+/* HORA_EXIT_REQUEUE (hora.h): the program checkpointed after a preemption signal and stops for
+ * a requeue. Every rank decided that together (hora_should_stop), so it is no failure: launch
+ * does not cancel the step, which would kill ranks still flushing their checkpoint. */
+#define LAUNCH_EXIT_REQUEUE 3
 
 typedef enum { LAUNCH_BIND_AUTO = 0, LAUNCH_BIND_NONE, LAUNCH_BIND_CORES, LAUNCH_BIND_GPU } launch_bind_t;
 

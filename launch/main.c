@@ -360,7 +360,10 @@ static int rank_mode(launch_opts_t *o, int slurm_step) {
                     .forward_from_parent = !slurm_step};
   fflush(NULL);
   rc = launch_run(&r, o->prog);
-  if (rc != 0) {
+  if (rc == LAUNCH_EXIT_REQUEUE && !r.signaled) {
+    fprintf(stderr, "launch: rank %d (node %s): %s stopped for a requeue (status %d)\n", l.rank, host,
+            o->prog[0], rc);
+  } else if (rc != 0) {
     if (r.signaled)
       fprintf(stderr, "launch: rank %d (node %s): %s killed by signal %d (%s)\n", l.rank, host, o->prog[0],
               r.signaled, strsignal(r.signaled));

@@ -1,6 +1,7 @@
 #!/bin/bash
 # The test command: installs what is missing, builds hora (and its CUDA code when nvcc exists),
-# runs the whole ctest suite, then the suite again under AddressSanitizer+UBSan.
+# runs the whole ctest suite, then the suite again under AddressSanitizer+UBSan, then the engine
+# tests under ThreadSanitizer.
 # Usage: bash tests/run.sh   (from the repository root; BUILD_DIR defaults to build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,9 @@ cmake --build "$BUILD_DIR-asan" -j "$JOBS"
 # valgrind-free ASan errors (use-after-free, overflows) and UBSan, which abort the test.
 (cd "$BUILD_DIR-asan" && ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --output-on-failure -j "${CTEST_JOBS:-2}" -L 'unit|mpi' -LE 'slow|slurm' --timeout 600) || status=1
+
+echo "== engine tests under ThreadSanitizer"
+sh tests/engine/tsan.sh "$BUILD_DIR-tsan" || status=1
 
 if [ $status = 0 ]; then echo "== all tests passed"; else echo "== SOME TESTS FAILED"; fi
 exit $status

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,7 +99,16 @@ static void stop_threads(hora_ckpt_t *ck) {
 
 static hora_result_t open_root(hora_ckpt_t *ck) {
   HORA_CHECK(hora__ck_mkdirs(ck->local_dir));
-  if (ck->persist_dir) HORA_CHECK(hora__ck_mkdirs(ck->persist_dir));
+  if (ck->persist_dir) {
+    HORA_CHECK(hora__ck_mkdirs(ck->persist_dir));
+    /* The canonical path identifies this run's checkpoints in local_dir (manifest.json). */
+    char canon[PATH_MAX];
+    char *c = realpath(ck->persist_dir, canon) ? strdup(canon) : NULL;
+    if (c) {
+      free(ck->persist_dir);
+      ck->persist_dir = c;
+    }
+  }
   remove_stale_tmp(ck->local_dir);
   if (ck->persist_dir) remove_stale_tmp(ck->persist_dir);
   if (pthread_create(&ck->writer, NULL, hora__ck_writer_main, ck) != 0)

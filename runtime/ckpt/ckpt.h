@@ -95,10 +95,12 @@ typedef struct {
   char file[256];
   uint64_t file_bytes;
   uint32_t file_crc, data_crc;
+  char persist_dir[4096]; /* the run's persist_dir ("" when it had none) */
 } ck_manifest_t;
 /* Serialize the manifest of snapshot s (file name, size and CRCs given) as JSON (malloc'd). */
 hora_result_t hora__ck_manifest_json(const ck_snap_t *s, const char *file, uint64_t file_bytes,
-                                     uint32_t file_crc, uint32_t data_crc, char **json);
+                                     uint32_t file_crc, uint32_t data_crc, const char *persist_dir,
+                                     char **json);
 hora_result_t hora__ck_manifest_read(const char *stepdir, ck_manifest_t *m);
 int hora__ck_has_manifest(const char *stepdir); /* the file exists (quiet check) */
 /* Steps present in `dir` as step-<N> directories, sorted newest first. *steps is malloc'd
@@ -112,7 +114,9 @@ void hora__ck_step_dir(const char *dir, int64_t step, char *out, size_t n);
 hora_result_t hora__ck_validate(const char *stepdir, int load, ck_manifest_t *m,
                                 unsigned char **buf, ck_snap_t *snap);
 /* Newest valid checkpoint over local then persistent (either may be NULL): the highest step
- * that validates; for equal steps the local copy. Logs every rejected candidate and why.
+ * that validates; for equal steps the local copy. A local checkpoint counts only if its manifest
+ * names the same persist_dir (canonical path; none for none): node-local directories such as
+ * /tmp/hora-ckpt-<uid> may hold another run's checkpoints. Logs every rejected candidate and why.
  * HORA_ERR_NOT_FOUND when none. On success the caller owns *buf and *snap; *path is the step
  * directory used (malloc'd). */
 hora_result_t hora__ck_find_newest(const char *local_dir, const char *persist_dir, char **path,

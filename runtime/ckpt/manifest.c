@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,8 @@ void hora__ck_step_dir(const char *dir, int64_t step, char *out, size_t n) {
 }
 
 hora_result_t hora__ck_manifest_json(const ck_snap_t *s, const char *file, uint64_t file_bytes,
-                                     uint32_t file_crc, uint32_t data_crc, char **json) {
+                                     uint32_t file_crc, uint32_t data_crc, const char *persist_dir,
+                                     char **json) {
   char fc[9], dc[9], tc[9];
   snprintf(fc, sizeof fc, "%08" PRIx32, file_crc);
   snprintf(dc, sizeof dc, "%08" PRIx32, data_crc);
@@ -38,6 +40,7 @@ hora_result_t hora__ck_manifest_json(const ck_snap_t *s, const char *file, uint6
                            "created_unix_s", (json_int_t)time(NULL), "file", file,
                            "file_bytes", (json_int_t)file_bytes, "file_crc32c", fc, "data_crc32c", dc);
   if (!root || !tensors) goto oom;
+  json_object_set_new(root, "persist_dir", persist_dir ? json_string(persist_dir) : json_null());
   for (size_t i = 0; i < s->ntensors; i++) {
     const ck_tensor_t *t = &s->t[i];
     json_t *shape = json_array();
@@ -111,6 +114,8 @@ hora_result_t hora__ck_manifest_read(const char *stepdir, ck_manifest_t *m) {
     m->world_size = ws;
     m->file_bytes = (uint64_t)bytes;
     snprintf(m->file, sizeof m->file, "%s", file);
+    const char *pd = json_string_value(json_object_get(root, "persist_dir"));
+    snprintf(m->persist_dir, sizeof m->persist_dir, "%s", pd ? pd : "");
   }
   json_decref(root);
   return rc;
@@ -222,7 +227,8 @@ hora_result_t hora__ck_find_newest(const char *local_dir, const char *persist_di
       HORA_WARN(CKPT, "restore: cannot list %s (%s); skipping it", dirs[p], hora_last_error());
   }
   hora_result_t rc = HORA_ERR_NOT_FOUND;
-  char why[2 * CK_MSG_MAX] = "";
+  char why[2 * CK_MSG_MAX] = "", canon[PATH_MAX];
+  const char *ours = persist_dir ? (realpath(persist_dir, canon) ? canon : persist_dir) : "";
   for (;;) {
     /* Next candidate: the highest step left; local before persistent on a tie. */
     int pick = -1;
@@ -234,11 +240,19 @@ hora_result_t hora__ck_find_newest(const char *local_dir, const char *persist_di
     hora__ck_step_dir(dirs[pick], step, sd, sizeof sd);
     ck_manifest_t m;
     hora_result_t v = hora__ck_validate(sd, 1, &m, buf, snap);
+    if (v == HORA_SUCCESS && pick == 0 && strcmp(m.persist_dir, ours) != 0) {
+      hora__ck_snap_free(snap);
+      free(*buf);
+      *buf = NULL;
+      v = HORA_ERR(HORA_ERR_DATA, "%s was written by another run (persist_dir '%s', this run's is '%s')", sd,
+                   m.persist_dir, ours);
+    }
     if (v == HORA_SUCCESS) {
       *path = strdup(sd);
       if (!*path) {
         hora__ck_snap_free(snap);
         free(*buf);
+        *buf = NULL;
         rc = HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
         break;
       }

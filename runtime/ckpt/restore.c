@@ -92,6 +92,10 @@ HORA_EXPORT hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora
   hora_result_t rc = (!off || !src) ? HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory") : HORA_SUCCESS;
   if (rc == HORA_SUCCESS) rc = check_args(step, tensors, n, off, &total);
   if (ck->rank == 0) {
+    /* A save still being written is part of what restore should see. */
+    pthread_mutex_lock(&ck->mu);
+    while (ck->job_pending || ck->writing) pthread_cond_wait(&ck->cv, &ck->mu);
+    pthread_mutex_unlock(&ck->mu);
     if (rc == HORA_SUCCESS) rc = find_and_match(ck, tensors, n, src, &path, &buf, &snap);
     if (rc == HORA_SUCCESS) {
       h.step = snap.step;

@@ -3,6 +3,7 @@
  * (cudaHostAlloc) as soon as a save contains device tensors, so that their device-to-host
  * copies run as DMA with cudaMemcpyAsync on a stream of our own, overlapping the memcpy of the
  * host tensors. Only CUDA runtime API calls are used here (no kernels). */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +56,57 @@ void hora__ck_stage_free(ck_stage_t *st) {
   st->pinned = 0;
 }
 
+/* Host copies, optionally split over HORA_CKPT_SNAPSHOT_THREADS threads: one thread cannot reach
+ * a many-core node's memory bandwidth. On a loaded 2-core VM one thread was best (default 1).
+ * Worker w copies bytes [w*T/W, (w+1)*T/W) of the staging layout, crossing tensor borders. */
+typedef struct {
+  hora_tensor_t *t;
+  size_t n;
+  const size_t *off;
+  unsigned char *buf;
+  int dir;
+  size_t lo, hi; /* byte range of the staging buffer */
+} copy_job_t;
+
+static void *copy_range(void *arg) {
+  copy_job_t *j = arg;
+  for (size_t i = 0; i < j->n; i++) {
+    if (j->t[i].device == HORA_DEVICE_CUDA || !j->t[i].count) continue;
+    size_t a = j->off[i], b = a + j->t[i].count * hora__dtype_size(j->t[i].dtype);
+    size_t lo = a > j->lo ? a : j->lo, hi = b < j->hi ? b : j->hi;
+    if (lo >= hi) continue;
+    unsigned char *user = (unsigned char *)j->t[i].data + (lo - a);
+    if (j->dir == 0)
+      memcpy(j->buf + lo, user, hi - lo);
+    else
+      memcpy(user, j->buf + lo, hi - lo);
+  }
+  return NULL;
+}
+
+static void copy_host(hora_tensor_t *t, size_t n, const size_t *off, unsigned char *buf, int dir) {
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t end = off[i] + t[i].count * hora__dtype_size(t[i].dtype);
+    if (end > total) total = end;
+  }
+  enum { MAX_THREADS = 16 };
+  size_t want = (size_t)hora__params()->ckpt_snapshot_threads;
+  size_t w = total < ((size_t)64 << 20) ? 1 : want < MAX_THREADS ? want : MAX_THREADS;
+  copy_job_t jobs[MAX_THREADS];
+  pthread_t th[MAX_THREADS];
+  int started[MAX_THREADS] = {0};
+  for (size_t k = 0; k < w; k++) {
+    jobs[k] = (copy_job_t){t, n, off, buf, dir, total / w * k, k + 1 == w ? total : total / w * (k + 1)};
+    if (k > 0) started[k] = pthread_create(&th[k], NULL, copy_range, &jobs[k]) == 0;
+  }
+  copy_range(&jobs[0]);
+  for (size_t k = 1; k < w; k++) {
+    if (started[k]) pthread_join(th[k], NULL);
+    else copy_range(&jobs[k]); /* no thread: do its share here */
+  }
+}
+
 /* Copies between user tensors and a staging buffer; dir 0: tensors -> buf, 1: buf -> tensors. */
 static hora_result_t copy_tensors(hora_tensor_t *t, size_t n, const size_t *off, unsigned char *buf, int dir,
                                   int device) {
@@ -86,14 +138,7 @@ static hora_result_t copy_tensors(hora_tensor_t *t, size_t n, const size_t *off,
     return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "checkpoint: device tensors need a CUDA build of hora (this one has none)");
 #endif
   /* Host tensors while the device copies run. */
-  for (size_t i = 0; i < n; i++) {
-    if (t[i].device == HORA_DEVICE_CUDA || !t[i].count) continue;
-    size_t bytes = t[i].count * hora__dtype_size(t[i].dtype);
-    if (dir == 0)
-      memcpy(buf + off[i], t[i].data, bytes);
-    else
-      memcpy(t[i].data, buf + off[i], bytes);
-  }
+  copy_host(t, n, off, buf, dir);
 #if HORA_HAVE_CUDA
   if (any_dev) {
     e = cudaStreamSynchronize(s);

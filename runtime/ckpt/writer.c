@@ -88,7 +88,7 @@ static hora_result_t write_checkpoint(hora_ckpt_t *ck, ck_snap_t *s) {
   tmp[0] = 0;
   HORA_CHECK_GOTO(hora__ck_fsync_dir(sd), rc, fail);
   uint64_t file_bytes = prefix_bytes + s->data_bytes;
-  HORA_CHECK_GOTO(hora__ck_manifest_json(s, file, file_bytes, file_crc, data_crc, &manifest), rc, fail);
+  HORA_CHECK_GOTO(hora__ck_manifest_json(s, file, file_bytes, file_crc, data_crc, ck->persist_dir, &manifest), rc, fail);
   HORA_CHECK_GOTO(hora__ck_write_small(sd, CK_MANIFEST, manifest, strlen(manifest)), rc, fail);
   if (committed && strcmp(old.file, file) != 0) {
     char p[4600];

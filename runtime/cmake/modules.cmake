@@ -19,7 +19,5 @@ target_link_libraries(hora_objects PUBLIC ZLIB::ZLIB)
 # --- comm (gpu) ---
 
 # --- engine ---
-# jansson escapes tensor names in the timeline (runtime/engine/timeline.c).
-find_package(PkgConfig REQUIRED)
-pkg_check_modules(JANSSON REQUIRED IMPORTED_TARGET jansson)
-target_link_libraries(hora_objects PUBLIC PkgConfig::JANSSON)
+# jansson (linked in the ckpt section above) escapes tensor names in the timeline
+# (runtime/engine/timeline.c).

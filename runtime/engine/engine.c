@@ -46,6 +46,17 @@ hora_result_t hora__engine_get(hora_ctx_t *ctx, const char *fn, hora_engine_t **
   return HORA_SUCCESS;
 }
 
+hora_result_t hora__engine_stats(hora_ctx_t *ctx, uint64_t *cycles, uint64_t *slow_cycles,
+                                 uint64_t *cache_hits, uint64_t *fused_groups) {
+  hora_engine_t *eng;
+  HORA_CHECK(hora__engine_get(ctx, "hora__engine_stats", &eng));
+  *cycles = atomic_load(&eng->stat_cycles);
+  *slow_cycles = atomic_load(&eng->stat_slow_cycles);
+  *cache_hits = atomic_load(&eng->stat_cache_hits);
+  *fused_groups = atomic_load(&eng->stat_fused_groups);
+  return HORA_SUCCESS;
+}
+
 static void sleep_s(double s) {
   struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
   nanosleep(&ts, NULL);
@@ -170,6 +181,7 @@ static void *engine_main(void *arg) {
     if (atomic_load(&eng->dead)) break;
     double start = hora__now_s();
     eng->cycle++;
+    atomic_fetch_add(&eng->stat_cycles, 1);
 
     eng_resp_t *list = NULL;
     size_t n = 0;
@@ -259,6 +271,9 @@ static hora_result_t engine_finalize(hora_ctx_t *ctx, void *arg) {
     return HORA_ERR(fail_rc, "hora_finalize: the async engine is stuck after a failure (%s)", msg);
   }
   pthread_join(eng->thread, NULL);
+  HORA_INFO(ENGINE, "async engine stopped: %llu cycles, %llu with a rank-0 round, %llu cache hits, "
+            "%llu fused groups", (unsigned long long)eng->stat_cycles, (unsigned long long)eng->stat_slow_cycles,
+            (unsigned long long)eng->stat_cache_hits, (unsigned long long)eng->stat_fused_groups);
   engine_free(eng, !dead);
   if (dead) return HORA_ERR(fail_rc, "hora_finalize: %s", msg);
   return HORA_SUCCESS;

@@ -3,7 +3,8 @@
  *   api.c        public *_async calls: check arguments, build requests, push them on the queue
  *   queue.c      handles, the submission queue, this rank's table of pending requests
  *   engine.c     the background thread: start at hora_init, the cycle, stop at hora_finalize
- *   negotiate.c  one cycle's agreement: the bit-vector allreduce and rank 0's coordination
+ *   negotiate.c  one cycle's agreement: the bit-vector allreduce and rank 0's round trip
+ *   coord.c      rank 0's table of names, agreement (mismatch) checks, responses
  *   cache.c      the response cache (identical on every rank)
  *   fusion.c     grouping of ready responses, pack/unpack, running the collectives
  *   stall.c      rank 0's stall inspector (warnings and HORA_STALL_SHUTDOWN_S)
@@ -128,7 +129,8 @@ typedef struct eng_coord {
   uint8_t *have;    /* per rank: submitted */
   int nhave;
   double first_seen, last_warn;
-  struct eng_coord *next;
+  struct eng_coord *next;  /* list in the order names were first seen */
+  struct eng_coord *hnext; /* hash chain of eng->cidx */
 } eng_coord_t;
 
 /* A response as rank 0 broadcasts it. */
@@ -185,6 +187,9 @@ typedef struct hora_engine {
   int any_joined;       /* some rank had joined at the last bit-vector allreduce */
   eng_req_t *join_req;
   eng_coord_t *coord;   /* rank 0: names submitted by some ranks */
+  eng_coord_t *coord_tail;
+  eng_coord_t **cidx;   /* rank 0: name -> entry (chained hashing, power-of-two buckets) */
+  size_t ncidx, ncoord;
   uint8_t *coord_joined; /* rank 0: per rank */
   uint64_t *coord_join_seq;
   uint64_t join_seq;
@@ -198,10 +203,16 @@ typedef struct hora_engine {
   size_t zeros_bytes;
   eng_timeline_t *tl;
   double stall_fallback_s; /* cached requests older than this go to the coordinator */
+  /* Counters for tests and logs (written by the engine thread only). */
+  _Atomic uint64_t stat_cycles, stat_slow_cycles, stat_cache_hits, stat_fused_groups;
   double last_stall_check;
 } hora_engine_t;
 
 /* engine.c */
+/* Counters of this context's engine: cycles, cycles with a rank-0 round, responses taken from the
+ * cache, fused groups of more than one tensor. For tests. */
+hora_result_t hora__engine_stats(hora_ctx_t *ctx, uint64_t *cycles, uint64_t *slow_cycles,
+                                 uint64_t *cache_hits, uint64_t *fused_groups);
 hora_result_t hora__engine_get(hora_ctx_t *ctx, const char *fn, hora_engine_t **out);
 /* Fail `rc` with a message for every live handle and mark the engine failed (thread-safe). */
 void hora__engine_fail(hora_engine_t *eng, hora_result_t rc, const char *fmt, ...) HORA_PRINTF(3, 4);
@@ -233,6 +244,12 @@ void hora__stall_check(hora_engine_t *eng, double now);
 /* stall.c: "1,3-5" style list of the ranks whose flag is `want` (flags has size entries). */
 void hora__rank_list(const uint8_t *flags, int size, int want, char *out, size_t outsz);
 /* negotiate.c: queue a response for the next broadcast (rank 0). */
+/* coord.c: record one rank's new request (takes `name`); a JOIN marks the rank joined. */
+hora_result_t hora__coord_add(hora_engine_t *eng, int rank, char *name, const eng_params_t *p, double now);
+/* coord.c: move every ready name (and a completed join) to the outbox, checking agreement. */
+hora_result_t hora__coord_ready(hora_engine_t *eng);
+/* Unlink *pp (an entry of eng->coord) from the list and the index, and free it. */
+void hora__coord_remove(hora_engine_t *eng, eng_coord_t **pp);
 hora_result_t hora__coord_respond(hora_engine_t *eng, const char *name, const eng_params_t *p,
                                   hora_result_t rc, const char *msg);
 

@@ -257,6 +257,7 @@ hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
       }
     }
     if (k > 1) {
+      atomic_fetch_add(&eng->stat_fused_groups, 1);
       rc = run_fused(eng, m, k, total, algo);
     } else {
       double t0 = hora__now_s();

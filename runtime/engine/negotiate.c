@@ -27,6 +27,7 @@
  *
  * All MPI calls here are non-blocking and waited for with hora__engine_mpi_wait, so a dead peer
  * (heartbeat.c) ends the wait instead of hanging the thread. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,212 +97,6 @@ static char *get_str(rd_t *r) {
   s[n] = 0;
   r->off += n;
   return s;
-}
-
-/* ---- rank 0: the coordinator's table and responses ---- */
-
-hora_result_t hora__coord_respond(hora_engine_t *eng, const char *name, const eng_params_t *p,
-                                  hora_result_t rc, const char *msg) {
-  if (eng->noutbox == eng->capoutbox) {
-    size_t cap = eng->capoutbox ? eng->capoutbox * 2 : 64;
-    eng_wire_resp_t *o = realloc(eng->outbox, cap * sizeof *o);
-    if (!o) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory for responses");
-    eng->outbox = o;
-    eng->capoutbox = cap;
-  }
-  eng_wire_resp_t *w = &eng->outbox[eng->noutbox];
-  w->name = strdup(name);
-  w->msg = msg ? strdup(msg) : NULL;
-  if (!w->name || (msg && !w->msg)) {
-    free(w->name);
-    free(w->msg);
-    return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory for responses");
-  }
-  w->p = *p;
-  w->rc = rc;
-  eng->noutbox++;
-  return HORA_SUCCESS;
-}
-
-static void coord_entry_free(eng_coord_t *c) {
-  free(c->name);
-  free(c->p);
-  free(c->have);
-  free(c);
-}
-
-void hora__coord_free(hora_engine_t *eng) {
-  for (eng_coord_t *c = eng->coord, *n; c; c = n) {
-    n = c->next;
-    coord_entry_free(c);
-  }
-  eng->coord = NULL;
-  for (size_t i = 0; i < eng->noutbox; i++) {
-    free(eng->outbox[i].name);
-    free(eng->outbox[i].msg);
-  }
-  free(eng->outbox);
-  eng->outbox = NULL;
-  eng->noutbox = eng->capoutbox = 0;
-  free(eng->coord_joined);
-  free(eng->coord_join_seq);
-  eng->coord_joined = NULL;
-  eng->coord_join_seq = NULL;
-}
-
-/* The value of one field as text, for comparing and for the mismatch message. */
-enum { FLD_KIND, FLD_DTYPE, FLD_COUNT, FLD_OP, FLD_ROOT, FLD_DEVICE, FLD_PRESCALE, FLD_POSTSCALE,
-       FLD_RECVCOUNTS, FLD_COUNT_ };
-static const char *const field_names[FLD_COUNT_] = {
-    "operation", "dtype", "count", "reduce op", "root", "device", "prescale", "postscale", "recvcounts"};
-
-static void field_str(const eng_params_t *p, int f, char *out, size_t n) {
-  switch (f) {
-    case FLD_KIND: snprintf(out, n, "%s", hora__eng_kind_name(p->kind)); break;
-    case FLD_DTYPE: snprintf(out, n, "%s", hora__dtype_name((hora_dtype_t)p->dtype)); break;
-    case FLD_COUNT: snprintf(out, n, "%llu", (unsigned long long)p->count); break;
-    case FLD_OP: snprintf(out, n, "%s", p->kind == ENG_ALLREDUCE || p->kind == ENG_REDUCESCATTER
-                                            ? hora__op_name((hora_op_t)p->op) : "-"); break;
-    case FLD_ROOT: snprintf(out, n, "%d", (int)p->root); break;
-    case FLD_DEVICE: snprintf(out, n, "%s", p->device == HORA_DEVICE_CUDA ? "cuda" : "host"); break;
-    case FLD_PRESCALE: snprintf(out, n, "%.17g", p->prescale); break;
-    case FLD_POSTSCALE: snprintf(out, n, "%.17g", p->postscale); break;
-    default: snprintf(out, n, "#%016llx", (unsigned long long)p->vhash); break;
-  }
-}
-
-/* Compare the submitted parameters of a ready name; on disagreement write the message
- * "tensor 'x': ranks disagree on count: 10 on ranks 0,2; 20 on rank 1" and return 1. */
-static int find_mismatch(hora_engine_t *eng, eng_coord_t *c, char *msg, size_t msgsz) {
-  int n = eng->size;
-  uint8_t *grp = malloc((size_t)n);
-  if (!grp) {
-    snprintf(msg, msgsz, "tensor '%s': out of memory checking the ranks' arguments", c->name);
-    return 1;
-  }
-  for (int f = 0; f < FLD_COUNT_; f++) {
-    char ref[64], v[64];
-    int first = -1, differ = 0;
-    for (int r = 0; r < n; r++) {
-      if (!c->have[r]) continue;
-      if (first < 0) {
-        first = r;
-        field_str(&c->p[r], f, ref, sizeof ref);
-      } else {
-        field_str(&c->p[r], f, v, sizeof v);
-        if (strcmp(v, ref) != 0) differ = 1;
-      }
-    }
-    if (!differ) continue;
-    size_t off = (size_t)snprintf(msg, msgsz, "tensor '%.200s': ranks disagree on %s:", c->name, field_names[f]);
-    uint8_t *done = calloc((size_t)n, 1);
-    int groups = 0;
-    for (int r = 0; r < n && done && off < msgsz; r++) {
-      if (!c->have[r] || done[r]) continue;
-      field_str(&c->p[r], f, ref, sizeof ref);
-      int cnt = 0;
-      for (int q = r; q < n; q++) {
-        grp[q] = 0;
-        if (c->have[q] && !done[q]) {
-          field_str(&c->p[q], f, v, sizeof v);
-          if (strcmp(v, ref) == 0) grp[q] = 1, done[q] = 1, cnt++;
-        }
-      }
-      for (int q = 0; q < r; q++) grp[q] = 0;
-      char ranks[256];
-      hora__rank_list(grp, n, 1, ranks, sizeof ranks);
-      off += (size_t)snprintf(msg + off, msgsz - off, "%s %s on rank%s %s", groups ? ";" : "", ref,
-                              cnt > 1 ? "s" : "", ranks);
-      groups++;
-    }
-    free(done);
-    free(grp);
-    return 1;
-  }
-  free(grp);
-  return 0;
-}
-
-/* Record one rank's new request in the table. */
-static hora_result_t coord_add(hora_engine_t *eng, int rank, char *name, const eng_params_t *p, double now) {
-  if (p->kind == ENG_JOIN) {
-    free(name);
-    eng->coord_joined[rank] = 1;
-    eng->coord_join_seq[rank] = ++eng->join_seq;
-    return HORA_SUCCESS;
-  }
-  eng_coord_t *c, **tail = &eng->coord;
-  for (c = eng->coord; c; c = c->next) {
-    if (strcmp(c->name, name) == 0) break;
-    tail = &c->next;
-  }
-  if (!c) {
-    c = calloc(1, sizeof *c);
-    if (c) {
-      c->p = calloc((size_t)eng->size, sizeof *c->p);
-      c->have = calloc((size_t)eng->size, 1);
-    }
-    if (!c || !c->p || !c->have) {
-      if (c) coord_entry_free(c);
-      free(name);
-      return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory in the coordinator");
-    }
-    c->name = name;
-    c->first_seen = c->last_warn = now;
-    *tail = c;
-  } else {
-    free(name);
-  }
-  if (!c->have[rank]) c->nhave++;
-  c->have[rank] = 1;
-  c->p[rank] = *p;
-  return HORA_SUCCESS;
-}
-
-/* Move every ready name (all ranks that have not joined submitted it) to the outbox, in table
- * order (the order names were first seen), then the join completion. */
-static hora_result_t coord_ready(hora_engine_t *eng) {
-  int n = eng->size, njoined = 0;
-  for (int r = 0; r < n; r++) njoined += eng->coord_joined[r];
-  for (eng_coord_t **pp = &eng->coord; *pp;) {
-    eng_coord_t *c = *pp;
-    int ready = 1;
-    for (int r = 0; r < n && ready; r++) ready = c->have[r] || eng->coord_joined[r];
-    if (!ready) {
-      pp = &c->next;
-      continue;
-    }
-    char msg[1024];
-    hora_result_t rc = HORA_SUCCESS;
-    int first = 0;
-    while (!c->have[first]) first++;
-    if (find_mismatch(eng, c, msg, sizeof msg)) {
-      rc = HORA_ERR_MISMATCH;
-    } else if (njoined) {
-      const eng_params_t *p = &c->p[first];
-      if (p->kind != ENG_ALLREDUCE || (p->op != HORA_SUM && p->op != HORA_AVERAGE)) {
-        char ranks[256];
-        hora__rank_list(eng->coord_joined, n, 1, ranks, sizeof ranks);
-        snprintf(msg, sizeof msg, "tensor '%.200s': %s %s while rank(s) %s have joined (hora_join): "
-                 "only SUM and AVERAGE allreduce proceed with joined ranks", c->name,
-                 hora__eng_kind_name(p->kind), p->kind == ENG_ALLREDUCE ? hora__op_name((hora_op_t)p->op) : "",
-                 ranks);
-        rc = HORA_ERR_INVALID_ARGUMENT;
-      }
-    }
-    HORA_CHECK(hora__coord_respond(eng, c->name, &c->p[first], rc, rc ? msg : NULL));
-    *pp = c->next;
-    coord_entry_free(c);
-  }
-  if (njoined == n) {
-    int last = 0;
-    for (int r = 1; r < n; r++)
-      if (eng->coord_join_seq[r] >= eng->coord_join_seq[last]) last = r;
-    eng_params_t jp = {.kind = ENG_JOIN, .root = last};
-    HORA_CHECK(hora__coord_respond(eng, "", &jp, HORA_SUCCESS, NULL));
-    memset(eng->coord_joined, 0, (size_t)n);
-  }
-  return HORA_SUCCESS;
 }
 
 /* ---- the cycle ---- */
@@ -475,8 +270,10 @@ hora_result_t hora__negotiate(hora_engine_t *eng, eng_resp_t **run_list, size_t 
     nlist++;
   }
 
+  atomic_fetch_add(&eng->stat_cache_hits, nlist);
   /* ---- step 2: rank 0 coordination ---- */
   if (!(flags & F_NO_SLOW)) {
+    atomic_fetch_add(&eng->stat_slow_cycles, 1);
     for (size_t i = 0; i < nreq; i++) {
       eng_req_t *r = reqs[i];
       if (r->state != REQ_NEW) continue;
@@ -541,14 +338,14 @@ hora_result_t hora__negotiate(hora_engine_t *eng, eng_resp_t **run_list, size_t 
             free(name);
             break;
           }
-          HORA_CHECK_GOTO(coord_add(eng, r, name, &p, now), rc, done);
+          HORA_CHECK_GOTO(hora__coord_add(eng, r, name, &p, now), rc, done);
         }
         if (rd.bad) {
           rc = HORA_ERR(HORA_ERR_INTERNAL, "engine: malformed request list from rank %d", r);
           goto done;
         }
       }
-      HORA_CHECK_GOTO(coord_ready(eng), rc, done);
+      HORA_CHECK_GOTO(hora__coord_ready(eng), rc, done);
       for (size_t i = 0; i < eng->noutbox; i++) {
         eng_wire_resp_t *w = &eng->outbox[i];
         put_str(&resp, w->name);

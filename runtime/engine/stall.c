@@ -71,11 +71,7 @@ void hora__stall_check(hora_engine_t *eng, double now) {
       int first = 0;
       while (!c->have[first]) first++;
       if (hora__coord_respond(eng, c->name, &c->p[first], HORA_ERR_TIMEOUT, msg) != HORA_SUCCESS) return;
-      *pp = c->next;
-      free(c->name);
-      free(c->p);
-      free(c->have);
-      free(c);
+      hora__coord_remove(eng, pp);
       continue;
     }
     if (warn > 0 && age > warn && now - c->last_warn > warn) {

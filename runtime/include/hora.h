@@ -255,9 +255,10 @@ hora_result_t hora_barrier(hora_ctx_t *ctx);
  *    request of this process then fails the same way); HORA_ERR_SHUTDOWN (hora_finalize ran
  *    while the request was pending); HORA_ERR_INVALID_ARGUMENT (this rank already had a pending
  *    request with the same name, or a collective other than a SUM/AVERAGE allreduce was submitted
- *    while some rank had joined: see hora_join); HORA_ERR_MPI (the transport failed; the engine
- *    then fails every pending request the same way, since the ranks may be out of step). On any
- *    error result the contents of the receive buffer are unspecified. */
+ *    while some rank had joined: see hora_join); HORA_ERR_NOT_SUPPORTED (device buffers in a
+ *    CUDA build whose GPU path does not provide this collective); HORA_ERR_MPI (the transport
+ *    failed; the engine then fails every pending request the same way, since the ranks may be out
+ *    of step). On any error result the contents of the receive buffer are unspecified. */
 typedef struct hora_handle hora_handle_t;
 
 /* hora_allreduce_async: the non-blocking hora_allreduce of the tensor `name`:
@@ -468,9 +469,11 @@ hora_result_t hora_ckpt_save(hora_ckpt_t *ck, int64_t step, const hora_tensor_t 
  * every rank passes the same names, dtypes and counts. Rank 0 looks in local_dir, then in
  * persist_dir, and takes the highest step whose manifest parses and whose file has the
  * manifest's size and CRC32C and every tensor CRC32C of its header (for the same step, the local
- * copy); torn or corrupt candidates are skipped with a warning naming them and the reason. It
+ * copy); torn or corrupt candidates, and local ones written by a run with another persist_dir,
+ * are skipped with a warning naming them and the reason. It
  * then broadcasts step, metadata and bytes to all ranks. The checkpoint may hold more tensors
- * than asked for. Device tensors are filled with cudaMemcpy from host staging.
+ * than asked for. A save still being written is waited for first. Device tensors are filled
+ * with cudaMemcpy from host staging.
  * On success *step is the checkpoint's step (resume at *step + 1), and hora_ckpt_meta_get and
  * hora_ckpt_restore_source describe it.
  * Errors (every rank returns the same code):

@@ -171,6 +171,7 @@ static void test_errors(hora_ctx_t *ctx, const char *L) {
 }
 
 int main(void) {
+  setenv("HORA_CKPT_SNAPSHOT_THREADS", "3", 1); /* the >64 MiB case below copies with 3 threads */
   hora_ctx_t *ctx = NULL;
   if (hora_init(&ctx) != HORA_SUCCESS) {
     fprintf(stderr, "hora_init: %s\n", hora_last_error());
@@ -276,6 +277,61 @@ int main(void) {
   char L3[4200];
   snprintf(L3, sizeof L3, "%s/local3", root);
   test_errors(ctx, L3);
+
+  /* More than 64 MiB: the snapshot and the restore copy with several threads, whose byte
+   * ranges cross tensor borders. */
+  {
+    char L4[4200];
+    snprintf(L4, sizeof L4, "%s/local4", root);
+    hora_ckpt_opts_t o4;
+    hora_ckpt_opts_init(&o4);
+    o4.local_dir = L4;
+    hora_ckpt_t *ck4 = NULL;
+    EXPECT_OK(hora_ckpt_open(ctx, &o4, &ck4));
+    const size_t big[3] = {(40u << 20) + 1, (17u << 20) + 3, (13u << 20) + 5};
+    hora_tensor_t bt[3];
+    for (int k = 0; k < 3; k++) {
+      bt[k] = (hora_tensor_t){k == 0 ? "a" : k == 1 ? "b" : "c", malloc(big[k]), big[k], HORA_UINT8, HORA_DEVICE_HOST, 0, NULL};
+      ck_fill(bt[k].data, big[k], 3, k);
+    }
+    EXPECT_OK(hora_ckpt_save(ck4, 3, bt, 3, NULL, 0));
+    for (int k = 0; k < 3; k++) memset(bt[k].data, 0, big[k]);
+    int64_t s4 = 0;
+    EXPECT_OK(hora_ckpt_restore(ck4, &s4, bt, 3));
+    for (int k = 0; k < 3; k++) {
+      long at = ck_check(bt[k].data, big[k], 3, k);
+      EXPECT(s4 == 3 && at < 0, "big tensor %d differs at byte %ld", k, at);
+      free(bt[k].data);
+    }
+    EXPECT_OK(hora_ckpt_close(ck4));
+  }
+
+  /* A node-local directory shared with another run (same local_dir, other persist_dir): its
+   * checkpoints are not this run's and are not restored. */
+  {
+    char LX[4200], PA[4200], PB[4200];
+    snprintf(LX, sizeof LX, "%s/shared-local", root);
+    snprintf(PA, sizeof PA, "%s/run-a", root);
+    snprintf(PB, sizeof PB, "%s/run-b", root);
+    hora_ckpt_opts_t ox;
+    hora_ckpt_opts_init(&ox);
+    ox.local_dir = LX;
+    ox.persist_dir = PA;
+    hora_ckpt_t *cx = NULL;
+    EXPECT_OK(hora_ckpt_open(ctx, &ox, &cx));
+    save_step(cx, 100);
+    EXPECT_OK(hora_ckpt_close(cx));
+    ox.persist_dir = PB;
+    EXPECT_OK(hora_ckpt_open(ctx, &ox, &cx));
+    restore(cx, HORA_ERR_NOT_FOUND);
+    EXPECT(strstr(hora_last_error(), "another run"), "message: %s", hora_last_error());
+    EXPECT_OK(hora_ckpt_close(cx));
+    ox.persist_dir = PA; /* the same run again (a requeue): local step 100 is used */
+    EXPECT_OK(hora_ckpt_open(ctx, &ox, &cx));
+    EXPECT(restore(cx, HORA_SUCCESS) == 100, "same run");
+    expect_source(cx, LX, 100);
+    EXPECT_OK(hora_ckpt_close(cx));
+  }
 
   /* hora_finalize flushes a checkpointer still open: with a long copy interval nothing is
    * copied until then. */

@@ -181,6 +181,27 @@ static void test_join(hora_ctx_t *ctx) {
   EXPECT(out == (float)size, "after join: %g", out);
 }
 
+/* Async requests in flight while the program runs blocking collectives on the same context, in
+ * a different interleaving on every rank: the engine's own communicators keep them apart. */
+static void test_mixed(hora_ctx_t *ctx) {
+  double a[300], ra[300], b[300];
+  for (int i = 0; i < 300; i++) a[i] = rank + 1, b[i] = 2 * (rank + 1);
+  for (int round = 0; round < 5; round++) {
+    hora_handle_t *h;
+    if (rank % 2) usleep(2000);
+    EXPECT_OK(hora_allreduce_async(ctx, "mixed/async", a, ra, 300, HORA_FLOAT64, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &h));
+    if (rank % 2 == 0) usleep(2000);
+    EXPECT_OK(hora_allreduce(ctx, b, b, 300, HORA_FLOAT64, HORA_SUM, 1, 1, HORA_DEVICE_HOST));
+    EXPECT_OK(hora_barrier(ctx));
+    EXPECT_OK(hora_wait(h));
+    hora_handle_free(h);
+    EXPECT(ra[299] == size * (size + 1) / 2.0, "async result %g", ra[299]);
+  }
+  double want = 2 * (size * (size + 1) / 2.0);
+  for (int r = 1; r < 5; r++) want *= size;
+  EXPECT(b[0] == want, "blocking result %g want %g", b[0], want);
+}
+
 int main(int argc, char **argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -194,7 +215,27 @@ int main(int argc, char **argv) {
   test_ops(ctx);
   test_errors(ctx);
   test_join(ctx);
+  test_mixed(ctx);
+  /* A request no other rank submits is still pending at hora_finalize: it completes with
+   * HORA_ERR_SHUTDOWN (no hang), and its handle can be freed after finalize. */
+  char name[32];
+  snprintf(name, sizeof name, "orphan/%d", rank);
+  float o = 1, ro;
+  hora_handle_t *orphan = NULL;
+  EXPECT_OK(hora_allreduce_async(ctx, name, &o, &ro, 1, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &orphan));
+  if (size == 1) { /* alone, the orphan completes at once */
+    EXPECT_OK(hora_wait(orphan));
+    hora_handle_free(orphan);
+    orphan = NULL;
+  }
   EXPECT_OK(hora_finalize(ctx));
+  if (orphan) {
+    EXPECT_RC(hora_wait(orphan), HORA_ERR_SHUTDOWN);
+    EXPECT_OK(hora_handle_free(orphan));
+  }
+  hora_handle_t *h2 = (hora_handle_t *)0x1;
+  EXPECT_RC(hora_allreduce_async(ctx, "after", &o, &ro, 1, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &h2),
+            HORA_ERR_NOT_INITIALIZED);
   int rc = hora_test_finish_mpi("test_engine_ops");
   MPI_Finalize();
   return rc;

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "engine/engine.h"
 #include "hora_kernels.h"
 #include "hora_test.h"
 
@@ -131,6 +132,27 @@ int main(int argc, char **argv) {
       }
     }
   }
+  /* The fast path must really be taken: with a cache that holds every name, each step after the
+   * first finds all of them there (a hit per tensor and step), and rank-0 rounds stay few. With a
+   * smaller cache (evictions), hits are fewer than that. Fusion must have grouped something. */
+  uint64_t cycles, slow, hits, fused;
+  EXPECT_OK(hora__engine_stats(ctx, &cycles, &slow, &hits, &fused));
+  int64_t cap = hora__params()->cache_capacity;
+  uint64_t full = (uint64_t)ntensors * (uint64_t)(steps - 1);
+  if (cap >= ntensors) {
+    EXPECT(hits >= full, "cache hits %llu, want >= %llu (%d tensors x %d later steps)", (unsigned long long)hits,
+           (unsigned long long)full, ntensors, steps - 1);
+    EXPECT(slow <= (uint64_t)steps + 20, "%llu rank-0 rounds in %llu cycles for %d steps: the cache is not used",
+           (unsigned long long)slow, (unsigned long long)cycles, steps);
+  } else {
+    EXPECT(hits < full || steps == 1, "cache of %lld entries gave %llu hits for %d tensors", (long long)cap,
+           (unsigned long long)hits, ntensors);
+  }
+  if (hora__params()->fusion_threshold > 0 && ntensors > 10)
+    EXPECT(fused > 0, "no fused group in %llu cycles", (unsigned long long)cycles);
+  if (rank == 0)
+    printf("engine: %llu cycles, %llu with a rank-0 round, %llu cache hits, %llu fused groups\n",
+           (unsigned long long)cycles, (unsigned long long)slow, (unsigned long long)hits, (unsigned long long)fused);
   for (int k = 0; k < ntensors; k++) {
     free(t[k].send);
     free(t[k].recv);

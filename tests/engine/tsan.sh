@@ -7,7 +7,7 @@
 set -eu
 src=$(cd "$(dirname "$0")/../.." && pwd)
 b=${1:-$src/build-tsan}
-cmake -S "$src" -B "$b" -DHORA_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S "$src" -B "$b" -DHORA_TSAN=ON -DHORA_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$b" -j2 --target test_engine_random test_engine_ops test_engine_mismatch test_engine_stall test_engine_timeline
 export TSAN_OPTIONS="suppressions=$src/tests/engine/tsan.supp halt_on_error=1 exitcode=66 report_signal_unsafe=0"
 ctest --test-dir "$b" --output-on-failure -R 'test_engine_(random|random_cache|ops|mismatch|stall|timeline)_np[23]$'

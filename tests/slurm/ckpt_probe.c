@@ -66,7 +66,9 @@ int main(int argc, char **argv) {
       return errors ? 1 : HORA_EXIT_REQUEUE;
     }
     if (rank == 0 && s % 10 == 0) {
-      printf("PROGRESS step=%" PRId64 "\n", s);
+      struct timespec now;
+      clock_gettime(CLOCK_REALTIME, &now);
+      printf("PROGRESS step=%" PRId64 " time=%ld.%03ld\n", s, (long)now.tv_sec, now.tv_nsec / 1000000);
       fflush(stdout);
     }
   }

@@ -55,7 +55,12 @@ def main():
     d = tempfile.mkdtemp(dir=os.environ["WORK_DIR"])
     persist = os.path.join(d, "persist")
     out = os.path.join(d, "out.txt")
-    env = dict(os.environ, TRAIN=os.environ["CKPT_PROBE"], LAUNCH=os.environ["LAUNCH"], HORA_LOG="WARN")
+    # Node-local storage of this test only (hora's default local_dir is $SLURM_TMPDIR/hora-ckpt;
+    # sbatch exports the environment to the job). Without it the default /tmp/hora-$SLURM_JOB_ID
+    # could hold checkpoints of an earlier test cluster whose job ids started at 1 too.
+    node_local = os.path.join(d, "node-local")
+    env = dict(os.environ, TRAIN=os.environ["CKPT_PROBE"], LAUNCH=os.environ["LAUNCH"], HORA_LOG="WARN",
+               SLURM_TMPDIR=node_local)
     sub = subprocess.run(["sbatch", "--parsable", "--time=5", "-o", out, "--chdir", d,
                           os.environ["REQUEUE_SBATCH"], persist, str(STEPS)],
                          capture_output=True, text=True, env=env)
@@ -73,9 +78,8 @@ def main():
         stopped = re.search(r"STOPPED step=(\d+)", text1)
         check(stopped is not None, "the first run did not report STOPPED")
         check("preempted after a checkpoint: requeueing" in text1, "the batch script did not see HORA_EXIT_REQUEUE")
-        # The rerun may land on another node: drop the node-local copies (hora's default
-        # local_dir is /tmp/hora-$SLURM_JOB_ID here, SLURM_TMPDIR being unset).
-        shutil.rmtree(f"/tmp/hora-{job}", ignore_errors=True)
+        # The rerun may land on another node: drop the node-local copies.
+        shutil.rmtree(node_local, ignore_errors=True)
         # slurmd rejects a credential created in the same second as the revocation of the killed
         # run's ("Job credential revoked"); Slurm's own ~120 s requeue hold avoids that, and so
         # does releasing the job a little later.

@@ -6,7 +6,7 @@
  *   copier_gbs      the copier's throughput local_dir -> persist_dir (read, CRC32C, write, fsync,
  *                   read back and verify, rename, manifest)
  *   cp_gbs          baseline: `cp SRC DST && sync DST` of the same file between the same dirs
- * Each figure is the median of --reps repetitions; the copy variants alternate.
+ * Each figure is the median of --reps repetitions; the baselines alternate with hora's runs.
  *   hora-bench ckpt [--state-mib N] [--tensors K] [--dir DIR] [--persist-dir DIR] [--reps R]
  *                   [--json FILE]
  * Targets (docs/benchmarks.md): async_stall_ms / sync_write_ms <= 0.1, copier_gbs / cp_gbs >= 0.9. */
@@ -133,13 +133,16 @@ int hora_bench_ckpt(int argc, char **argv) {
     return 1;
   }
   for (long r = 0; r < reps && !failed; r++) {
-    syncw[r] = sync_write(syncf, bufs, bytes, (int)k);
+    /* The baseline alternates between before and after hora's save, so that neither always
+     * follows the other's deletes and writeback on a shared disk. */
+    if (r % 2 == 0) syncw[r] = sync_write(syncf, bufs, bytes, (int)k);
     double t0 = bench_now_s();
     if (hora_ckpt_save(ck, r + 1, t, (size_t)k, NULL, 0) != HORA_SUCCESS) failed = 1;
     stall[r] = bench_now_s() - t0;
     /* flush: the write finishes, then the copier runs (timed inside the copier). */
     if (hora_ckpt_flush(ck) != HORA_SUCCESS) failed = 1;
     hora__ck_stats(ck, NULL, &wr[r], &cop[r], &file_bytes);
+    if (r % 2 == 1) syncw[r] = sync_write(syncf, bufs, bytes, (int)k);
     /* Baseline copy of the same committed file to the same persistent directory. */
     char cmd[14000], src[4400], dst[4400];
     snprintf(src, sizeof src, "%s/step-%ld/%s", L, r + 1, CK_DATA);

@@ -1,0 +1,40 @@
+"""hora: distributed training for NumPy and PyTorch on Slurm clusters, in Horovod's shape.
+
+    import hora
+    hora.init()
+    g = hora.allreduce(grad, op=hora.Average)
+    hora.shutdown()
+
+Run with `launch` (inside an sbatch script: `srun launch python train.py`) or `mpirun -np N
+python train.py`. See docs/python.md.
+"""
+from ._preload import preload as _preload
+
+_preload()  # before libhora is loaded: see _preload.py
+
+from ._errors import (  # noqa: E402,F401
+    CUDAError, DataError, HoraError, InternalError, InvalidArgumentError, IOError, LayoutError,
+    MismatchError, MPIError, NCCLError, NoMemoryError, NotFoundError, NotInitializedError,
+    NotSupportedError, RemoteError, ShutdownError, TimeoutError,
+)
+from ._core import (  # noqa: E402,F401
+    Average, Max, Min, Product, Sum,
+    allgather, allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_, cross_rank,
+    cross_size, init, is_initialized, local_rank, local_size, rank, reducescatter, shutdown, size,
+)
+from .records import RecordReader, RecordWriter, count_records  # noqa: E402,F401
+
+__version__ = "0.1.0"
+
+# Parts that exist only when libhora was built with them (this package is compiled against the
+# header of the libhora it links, so the two always agree).
+from ._hora_cffi import lib as _lib  # noqa: E402
+
+if hasattr(_lib, "hora_allreduce_async"):
+    from ._async import (  # noqa: F401
+        Handle, allreduce_async, allreduce_async_, alltoall_async, broadcast_async,
+        broadcast_async_, grouped_allreduce, grouped_allreduce_, reducescatter_async,
+        grouped_allreduce_async, grouped_allreduce_async_, join, poll, synchronize,
+    )
+if hasattr(_lib, "hora_ckpt_open"):
+    from .checkpoint import EXIT_REQUEUE, Checkpoint, should_stop, stop_on_signal  # noqa: F401

@@ -1,0 +1,294 @@
+"""Asynchronous collectives through hora's engine: allreduce_async, grouped_allreduce, join.
+
+A call submits the tensor to the engine's background thread, which negotiates across ranks by
+name, fuses small tensors into one buffer and runs the allreduce; the call returns at once with a
+Handle. Tensors are matched across ranks by `name`, so ranks may submit in any order; every rank
+must submit every name. Without a name, the n-th unnamed call of a rank is named
+"allreduce.noname.<n>", which matches across ranks only when they submit in the same order (as in
+Horovod).
+
+Restrictions: the memory of a submitted tensor (and of its output) must not be changed or freed
+until the handle completes; the Handle keeps a reference to both, so dropping the Python object
+early is safe.
+"""
+import itertools
+import threading
+import weakref
+
+from . import _buffers as B
+from ._core import Average, _add_finalizer, _ctx, _op, _root, _scale
+from ._core import size as _size
+from ._errors import check, invalid, make_error
+from ._hora_cffi import ffi, lib
+
+_noname = itertools.count()
+# Handles still holding a C handle, weakly: shutdown() completes them before hora_finalize, and a
+# handle dropped by its owner completes in its finalizer.
+_live = weakref.WeakValueDictionary()
+_live_lock = threading.Lock()
+
+
+class Handle:
+    """An operation in flight. wait() blocks until it is done and returns its result (or raises
+    its error); done() says whether wait() would return at once. wait() may be called again and
+    returns the same result. A Handle dropped before completion waits for it in its finalizer."""
+
+    __slots__ = ("_h", "_keep", "_result", "_error", "_lock", "_done", "__weakref__")
+
+    def __init__(self, h, keep, result):
+        self._h = h
+        self._keep = keep
+        self._result = result
+        self._error = None
+        self._lock = threading.Lock()
+        self._done = ffi.new("int *")
+        with _live_lock:
+            _live[id(self)] = self
+
+    def done(self):
+        """True when the operation has completed (successfully or not). Local, non-blocking."""
+        h = self._h
+        if h is None:
+            return True
+        with self._lock:
+            if self._h is None:
+                return True
+            check(lib.hora_poll(self._h, self._done), "Handle.done")
+            return bool(self._done[0])
+
+    def wait(self):
+        """Block until done; return the output (a new array, or the input for in-place calls)."""
+        if self._h is not None:
+            self._complete()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _complete(self):
+        with self._lock:
+            h = self._h
+            if h is None:
+                return
+            rc = lib.hora_wait(h)
+            err = make_error(rc, "Handle.wait") if rc != 0 else None
+            lib.hora_handle_free(h)
+            self._h = None
+            self._keep = None
+            with _live_lock:
+                _live.pop(id(self), None)
+            if err is not None:
+                self._error = err
+                self._result = None
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            try:
+                self._complete()
+            except Exception:  # a finalizer must not raise; the error had no one to go to
+                pass
+
+
+def _complete_all():
+    """Complete every live handle (shutdown() runs this before hora_finalize)."""
+    with _live_lock:
+        hs = list(_live.values())
+    for h in hs:
+        h._complete()
+
+
+_add_finalizer(_complete_all)
+
+
+def _name(name, kind):
+    if name is None:
+        return f"{kind}.noname.{next(_noname)}".encode()
+    if not isinstance(name, str):
+        raise invalid(f"{kind}: name must be a str, got {type(name).__name__}")
+    b = name.encode()
+    if not b or len(b) > 1023 or b"\0" in b:
+        raise invalid(f"{kind}: name must be 1 to 1023 bytes without NUL, got {name!r}")
+    return b
+
+
+def _submit_allreduce(kind, tensor, out, op, name, prescale_factor, postscale_factor, result):
+    ctx = _ctx()
+    b = B.as_buf(tensor, f"{kind}(tensor)", writable=out is None)
+    o = b if out is None else B.as_buf(out, f"{kind} output", writable=True)
+    hp = ffi.new("hora_handle_t **")
+    nm = _name(name, "allreduce")
+    check(lib.hora_allreduce_async(ctx, nm, b.ptr, o.ptr, b.count, b.dtype, _op(op),
+                                   _scale(prescale_factor, "prescale_factor"),
+                                   _scale(postscale_factor, "postscale_factor"), b.device, hp),
+          f"hora.{kind}")
+    return Handle(hp[0], (b, o), result)
+
+
+def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Start an in-place allreduce of tensor (see hora.allreduce_); returns a Handle whose wait()
+    returns tensor. Every rank must submit the same name with the same count, dtype and op."""
+    return _submit_allreduce("allreduce_async_", tensor, None, op, name, prescale_factor,
+                             postscale_factor, tensor)
+
+
+def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Start an allreduce into a new array; returns a Handle whose wait() returns that array."""
+    out = B.empty_like(tensor)
+    return _submit_allreduce("allreduce_async", tensor, out, op, name, prescale_factor,
+                             postscale_factor, out)
+
+
+def broadcast_async_(tensor, root_rank, name=None):
+    """Start an in-place broadcast of root_rank's tensor into every rank's; returns a Handle
+    whose wait() returns tensor. Matched across ranks by name, like allreduce_async."""
+    ctx = _ctx()
+    b = B.as_buf(tensor, "broadcast_async_(tensor)", writable=True)
+    hp = ffi.new("hora_handle_t **")
+    check(lib.hora_broadcast_async(ctx, _name(name, "broadcast"), b.ptr, b.count, b.dtype,
+                                   _root(root_rank), b.device, hp), "hora.broadcast_async_")
+    return Handle(hp[0], b, tensor)
+
+
+def broadcast_async(tensor, root_rank, name=None):
+    """Start a broadcast into a new array (a copy of tensor that root_rank's values overwrite);
+    wait() returns it."""
+    B.as_buf(tensor, "broadcast_async(tensor)")
+    out = B.empty_like(tensor)
+    B.copy_into(out, tensor)
+    return broadcast_async_(out, root_rank, name=name)
+
+
+def _rows(b, kind, n):
+    if len(b.shape) == 0:
+        raise invalid(f"{kind}(tensor): a 0-d tensor cannot be split across ranks")
+    if b.shape[0] % n:
+        raise invalid(f"{kind}(tensor): the first dimension {b.shape[0]} does not divide by the "
+                      f"world size {n}; use the blocking call, which also takes uneven splits")
+    row = 1
+    for s in b.shape[1:]:
+        row *= s
+    return b.shape[0] // n, row
+
+
+def reducescatter_async(tensor, op=Average, name=None):
+    """Start a reduce-scatter of equal blocks of rows (the first dimension must divide by the
+    world size); wait() returns this rank's block of the reduction, a new array."""
+    ctx = _ctx()
+    n = _size()
+    b = B.as_buf(tensor, "reducescatter_async(tensor)")
+    rows, row = _rows(b, "reducescatter_async", n)
+    out = B.empty_like(tensor, (rows,) + tuple(b.shape[1:]))
+    o = B.as_buf(out, "reducescatter_async output", writable=True)
+    hp = ffi.new("hora_handle_t **")
+    check(lib.hora_reducescatter_async(ctx, _name(name, "reducescatter"), b.ptr, o.ptr,
+                                       rows * row, b.dtype, _op(op), b.device, hp),
+          "hora.reducescatter_async")
+    return Handle(hp[0], (b, o), out)
+
+
+def alltoall_async(tensor, name=None):
+    """Start an alltoall of equal blocks of rows (the first dimension must divide by the world
+    size): block p goes to rank p; wait() returns a new array whose block p came from rank p."""
+    ctx = _ctx()
+    n = _size()
+    b = B.as_buf(tensor, "alltoall_async(tensor)")
+    rows, row = _rows(b, "alltoall_async", n)
+    out = B.empty_like(tensor)
+    o = B.as_buf(out, "alltoall_async output", writable=True)
+    hp = ffi.new("hora_handle_t **")
+    check(lib.hora_alltoall_async(ctx, _name(name, "alltoall"), b.ptr, o.ptr, rows * row,
+                                  b.dtype, b.device, hp), "hora.alltoall_async")
+    return Handle(hp[0], (b, o), out)
+
+
+def synchronize(handle):
+    """Horovod's hora.synchronize(handle): handle.wait()."""
+    if not isinstance(handle, Handle):
+        raise invalid(f"synchronize: expected a hora Handle, got {type(handle).__name__}")
+    return handle.wait()
+
+
+def poll(handle):
+    """Horovod's hora.poll(handle): handle.done()."""
+    if not isinstance(handle, Handle):
+        raise invalid(f"poll: expected a hora Handle, got {type(handle).__name__}")
+    return handle.done()
+
+
+def _grouped(kind, tensors, outs, op, name, prescale_factor, postscale_factor):
+    """outs False: in place, wait() returns the tensors; True: into new arrays it returns."""
+    ctx = _ctx()
+    try:
+        tensors = list(tensors)
+    except TypeError:
+        raise invalid(f"{kind}: expected a list of tensors, got {type(tensors).__name__}") \
+            from None
+    if not tensors:
+        raise invalid(f"{kind}: the list of tensors is empty")
+    bufs = [B.as_buf(t, f"{kind}(tensors[{i}])", writable=not outs)
+            for i, t in enumerate(tensors)]
+    if outs:
+        result = [B.empty_like(t) for t in tensors]
+        obufs = [B.as_buf(o, f"{kind} output", writable=True) for o in result]
+    else:
+        result = tensors
+        obufs = bufs
+    b0 = bufs[0]
+    for i, b in enumerate(bufs):
+        if b.dtype != b0.dtype or b.device != b0.device:
+            raise invalid(f"{kind}: tensors[{i}] is {B.DTYPE_NAMES[b.dtype]} on device "
+                          f"{b.device}, tensors[0] is {B.DTYPE_NAMES[b0.dtype]} on device "
+                          f"{b0.device}; a group has one dtype and device")
+    base = _name(name, "grouped_allreduce").decode()
+    names = [ffi.new("char[]", f"{base}.{i}".encode()) for i in range(len(bufs))]
+    n = len(bufs)
+    c_names = ffi.new("const char *[]", names)
+    c_send = ffi.new("const void *[]", [b.ptr for b in bufs])
+    c_recv = ffi.new("void *[]", [o.ptr for o in obufs])
+    c_counts = ffi.new("size_t[]", [b.count for b in bufs])
+    hp = ffi.new("hora_handle_t **")
+    check(lib.hora_grouped_allreduce_async(ctx, c_names, c_send, c_recv, c_counts, n, b0.dtype,
+                                           _op(op), _scale(prescale_factor, "prescale_factor"),
+                                           _scale(postscale_factor, "postscale_factor"),
+                                           b0.device, hp), f"hora.{kind}")
+    return Handle(hp[0], (bufs, obufs, names, c_names, c_send, c_recv, c_counts), result)
+
+
+def grouped_allreduce_async_(tensors, op=Average, name=None, prescale_factor=1.0,
+                             postscale_factor=1.0):
+    """Start one in-place allreduce of several tensors of one dtype, fused by the engine into as
+    few transfers as fit the fusion buffer; the Handle completes when all are done and wait()
+    returns the list."""
+    return _grouped("grouped_allreduce_async_", tensors, False, op, name, prescale_factor,
+                    postscale_factor)
+
+
+def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0,
+                            postscale_factor=1.0):
+    """grouped_allreduce_async_ into new arrays; wait() returns the list of outputs."""
+    return _grouped("grouped_allreduce_async", tensors, True, op, name, prescale_factor,
+                    postscale_factor)
+
+
+def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Allreduce of a list of tensors of one dtype in one fused request; returns new arrays."""
+    return grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor).wait()
+
+
+def grouped_allreduce_(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """In-place grouped_allreduce; returns the list of tensors."""
+    return grouped_allreduce_async_(tensors, op, name, prescale_factor, postscale_factor).wait()
+
+
+def join():
+    """Horovod's join: a rank that has run out of data calls join(); while it waits, the other
+    ranks' allreduces proceed with zeros from the joined ranks (Sum/Average). Returns the rank
+    that joined last, on every rank, once all ranks have joined. Collective."""
+    last = ffi.new("int *")
+    check(lib.hora_join(_ctx(), last), "hora.join")
+    return last[0]
+
+
+__all__ = ["Handle", "allreduce_async", "allreduce_async_", "alltoall_async", "broadcast_async",
+           "broadcast_async_", "grouped_allreduce", "reducescatter_async",
+           "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "join",
+           "poll", "synchronize"]

@@ -1,0 +1,142 @@
+"""hora's exceptions: one class per result code of runtime/core/result.def.
+
+Every failed C call becomes an instance of the class of its result code, carrying the C library's
+detailed message (hora_last_error()). Classes also derive from the closest built-in exception, so
+`except ValueError` catches a bad argument and `except OSError` a failed file operation.
+"""
+import builtins
+
+from ._hora_cffi import ffi, lib
+
+
+class HoraError(RuntimeError):
+    """Base of every hora error. Attributes: code (int result code), name ("HORA_ERR_MPI"),
+    message (the detailed message of the C library, or of the Python layer)."""
+
+    code = None
+    name = "HORA_ERROR"
+
+    def __init__(self, message, code=None):
+        if code is not None:
+            self.code = code
+            self.name = ffi.string(lib.hora_result_name(code)).decode()
+        self.message = message
+        super().__init__(f"{message} [{self.name}]")
+
+
+class InvalidArgumentError(HoraError, ValueError):
+    """A bad argument: wrong type or dtype, non-contiguous array, out-of-range value."""
+
+
+class NotInitializedError(HoraError):
+    """hora.init() was not called, or hora.shutdown() already ran."""
+
+
+class NotSupportedError(HoraError):
+    """The feature was built OFF or the hardware is missing."""
+
+
+class NoMemoryError(HoraError, MemoryError):
+    """An allocation in the C library failed."""
+
+
+class MPIError(HoraError):
+    """An MPI call failed."""
+
+
+class CUDAError(HoraError):
+    """A CUDA runtime call or kernel launch failed."""
+
+
+class NCCLError(HoraError):
+    """An NCCL call failed."""
+
+
+class MismatchError(HoraError):
+    """Ranks disagree on a tensor's count, dtype, shape, op, root or device."""
+
+
+class TimeoutError(HoraError, builtins.TimeoutError):  # noqa: A001 (hora.TimeoutError on purpose)
+    """A stall or peer timeout expired."""
+
+
+class RemoteError(HoraError):
+    """Another rank died or failed; the message names it."""
+
+
+class IOError(HoraError, OSError):  # noqa: A001
+    """A file system call failed (disk full, permission, ...)."""
+
+
+class DataError(HoraError):
+    """Corrupt or truncated input (checksum, framing)."""
+
+
+class LayoutError(HoraError):
+    """The launcher/Slurm layout and the MPI world disagree."""
+
+
+class NotFoundError(HoraError, LookupError):
+    """Nothing to restore, no such file, no such name."""
+
+
+class InternalError(HoraError):
+    """A bug in hora: please report it."""
+
+
+class ShutdownError(HoraError):
+    """The operation was cancelled because hora is shutting down."""
+
+
+_BY_NAME = {
+    "HORA_ERR_INVALID_ARGUMENT": InvalidArgumentError,
+    "HORA_ERR_NOT_INITIALIZED": NotInitializedError,
+    "HORA_ERR_NOT_SUPPORTED": NotSupportedError,
+    "HORA_ERR_NO_MEMORY": NoMemoryError,
+    "HORA_ERR_MPI": MPIError,
+    "HORA_ERR_CUDA": CUDAError,
+    "HORA_ERR_NCCL": NCCLError,
+    "HORA_ERR_MISMATCH": MismatchError,
+    "HORA_ERR_TIMEOUT": TimeoutError,
+    "HORA_ERR_REMOTE": RemoteError,
+    "HORA_ERR_IO": IOError,
+    "HORA_ERR_DATA": DataError,
+    "HORA_ERR_LAYOUT": LayoutError,
+    "HORA_ERR_NOT_FOUND": NotFoundError,
+    "HORA_ERR_INTERNAL": InternalError,
+    "HORA_ERR_SHUTDOWN": ShutdownError,
+}
+
+# Result code -> class, built from the C library's own names so that the two cannot drift.
+# Codes appended to result.def later map to HoraError until a class is added here.
+_BY_CODE = {}
+for _name, _cls in _BY_NAME.items():
+    _code = getattr(lib, _name)
+    _cls.code = _code
+    _cls.name = _name
+    _BY_CODE[_code] = _cls
+
+
+def error_class(code):
+    return _BY_CODE.get(int(code), HoraError)
+
+
+def make_error(code, what=None):
+    """The exception for result `code` of the C call just made on this thread."""
+    msg = ffi.string(lib.hora_last_error()).decode(errors="replace")
+    if not msg:
+        msg = ffi.string(lib.hora_strerror(code)).decode(errors="replace")
+    if what and what not in msg and not msg.startswith("hora_"):
+        msg = f"{what}: {msg}"
+    return error_class(code)(msg, code)
+
+
+def check(rc, what=None):
+    """Raise the error of result code rc (a hora_result_t), if it is not HORA_SUCCESS."""
+    if rc != 0:
+        raise make_error(rc, what)
+
+
+def invalid(message):
+    """An InvalidArgumentError raised by the Python layer (nothing was passed to C)."""
+    return InvalidArgumentError(message, lib.HORA_ERR_INVALID_ARGUMENT)

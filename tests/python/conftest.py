@@ -1,0 +1,59 @@
+"""Shared fixtures of the Python tests. They run under `mpirun -np N python3 -m pytest`: every
+rank runs every test in the same order, so each test must make the same hora calls on every rank
+(assertions come after the collectives, never between them)."""
+
+import numpy as np
+import pytest
+
+import hora
+
+try:
+    import ml_dtypes
+except ImportError:  # bf16 tests are skipped without it
+    ml_dtypes = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hora_session(request):
+    # *_check.py files run alone (one ctest each) and manage init/shutdown themselves.
+    if any(item.path.name.endswith("_check.py") for item in request.session.items):
+        yield
+        return
+    hora.init()
+    yield
+    hora.shutdown()
+
+
+def rank_size():
+    return hora.rank(), hora.size()
+
+
+def all_dtypes():
+    d = [np.uint8, np.int8, np.int32, np.int64, np.float16, np.float32, np.float64]
+    if ml_dtypes is not None:
+        d.append(ml_dtypes.bfloat16)
+    return [np.dtype(x) for x in d]
+
+
+def rank_input(dtype, shape, r, seed, lo=None, hi=None):
+    """Small integers, the same on every rank for a given (seed, r): every rank can compute any
+    other rank's input, so the reference result is computed locally with NumPy. Small values keep
+    sums and products exact in every dtype (bf16 holds integers up to 256 exactly)."""
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng([seed, r])
+    if lo is None:
+        lo = 0 if dtype == np.uint8 else -5
+    if hi is None:
+        hi = 9
+    return rng.integers(lo, hi + 1, size=shape).astype(np.float64).astype(dtype)
+
+
+def tol(dtype):
+    dtype = np.dtype(dtype)
+    if dtype.name == "bfloat16":
+        return 1e-2
+    if dtype == np.float16:
+        return 1e-3
+    if dtype == np.float32:
+        return 1e-6
+    return 1e-12

@@ -1,0 +1,28 @@
+#!/bin/sh
+# `pip install ./python` against a build tree, into a fresh virtual environment, then a 2-rank
+# allreduce through the installed package (not the copy in <build>/python).
+# Usage: pip_install_check.sh BUILD_DIR SOURCE_DIR PYTHON MPIEXEC [MPIEXEC_FLAGS...]
+set -eu
+build=$1 src=$2 py=$3
+shift 3
+work=$build/python-pip
+rm -rf "$work"
+mkdir -p "$work"
+cp -r "$src/python" "$work/src"   # pip builds in the source folder: keep the checkout clean
+rm -rf "$work/src/build" "$work/src/hora.egg-info"
+"$py" -m venv --system-site-packages "$work/venv"
+# --no-build-isolation: setuptools and cffi come from the environment, so no download is needed.
+HORA_BUILD_DIR=$build "$work/venv/bin/python" -m pip install -q --no-build-isolation --no-deps \
+  "$work/src"
+cd "$work"
+PYTHONPATH= "$@" -np 2 "$work/venv/bin/python" -c '
+import sys
+import numpy as np
+import hora
+assert hora.__file__.startswith(sys.prefix), hora.__file__
+hora.init()
+out = hora.allreduce(np.full(3, hora.rank() + 1, dtype=np.int64), op=hora.Sum)
+assert out.tolist() == [3, 3, 3], out
+hora.shutdown()
+print("pip-installed hora OK:", hora.__file__)
+'

@@ -1,0 +1,192 @@
+"""Every blocking collective and every dtype against NumPy, computed on each rank from the same
+seeded inputs (rank_input): the expected value of every element is known on every rank."""
+import numpy as np
+import pytest
+
+import hora
+from conftest import all_dtypes, rank_input, rank_size, tol
+
+OPS = [hora.Sum, hora.Average, hora.Min, hora.Max, hora.Product]
+OP_IDS = ["sum", "average", "min", "max", "product"]
+SHAPES = [(0,), (1,), (3, 5), (1000,), (70001,)]
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def reference(inputs, op, dtype, pre=1.0, post=1.0):
+    """The allreduce result in float64 (exact for these inputs), before the final cast."""
+    a = np.stack([x.astype(np.float64) for x in inputs]) * pre
+    n = len(inputs)
+    if op in (hora.Sum, hora.Average):
+        s = a.sum(axis=0)
+    elif op == hora.Min:
+        s = a.min(axis=0)
+    elif op == hora.Max:
+        s = a.max(axis=0)
+    else:
+        s = a.prod(axis=0)
+    if op == hora.Average:
+        s = s / n if np.dtype(dtype).name in FLOATS else np.trunc(s / n)
+    return s * post
+
+
+def assert_matches(out, ref, dtype, what):
+    dtype = np.dtype(dtype)
+    assert isinstance(out, np.ndarray), what
+    assert out.dtype == dtype, f"{what}: dtype {out.dtype} != {dtype}"
+    assert out.shape == ref.shape, f"{what}: shape {out.shape} != {ref.shape}"
+    if dtype.name in FLOATS:
+        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol(dtype), atol=tol(dtype),
+                                   err_msg=what)
+    else:
+        np.testing.assert_array_equal(out, ref.astype(dtype), err_msg=what)
+
+
+def op_range(op, dtype):
+    # Products of up to 4 ranks must stay exact and in range (int8: |3^4| = 81 <= 127).
+    if op == hora.Product:
+        return (0 if np.dtype(dtype) == np.uint8 else -2), 3
+    return None, None
+
+
+@pytest.mark.parametrize("op", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("dtype", all_dtypes(), ids=str)
+def test_allreduce(dtype, op):
+    r, n = rank_size()
+    lo, hi = op_range(op, dtype)
+    results = []
+    for si, shape in enumerate(SHAPES):
+        seed = 1000 + si
+        x = rank_input(dtype, shape, r, seed, lo, hi)
+        before = x.copy()
+        out = hora.allreduce(x, op=op)
+        inputs = [rank_input(dtype, shape, p, seed, lo, hi) for p in range(n)]
+        results.append((shape, out, reference(inputs, op, dtype), x, before))
+        # In place on a second copy: the same values, and the very same object back.
+        y = x.copy()
+        same = hora.allreduce_(y, op=op)
+        results.append((shape, y, reference(inputs, op, dtype), None, None))
+        assert same is y
+    for shape, out, ref, x, before in results:
+        assert_matches(out, ref, dtype, f"allreduce {shape}")
+        if x is not None:
+            np.testing.assert_array_equal(x, before, err_msg="allreduce changed its input")
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64] +
+                         [d for d in all_dtypes() if d.name == "bfloat16"], ids=str)
+def test_allreduce_scale_factors(dtype):
+    r, n = rank_size()
+    x = rank_input(dtype, (257, 3), r, 7)
+    out_sum = hora.allreduce(x, op=hora.Sum, prescale_factor=0.5, postscale_factor=4.0)
+    out_avg = hora.allreduce(x, op=hora.Average, prescale_factor=2.0, postscale_factor=0.25)
+    inputs = [rank_input(dtype, (257, 3), p, 7) for p in range(n)]
+    assert_matches(out_sum, reference(inputs, hora.Sum, dtype, 0.5, 4.0), dtype, "sum scaled")
+    assert_matches(out_avg, reference(inputs, hora.Average, dtype, 2.0, 0.25), dtype,
+                   "average scaled")
+
+
+def test_integer_average_truncates():
+    r, n = rank_size()
+    # Rank 0 holds -7, the others 0: the average -7/n truncates toward zero (C division).
+    x = np.array([-7 if r == 0 else 0, 7 if r == 0 else 0], dtype=np.int32)
+    out = hora.allreduce(x, op=hora.Average)
+    np.testing.assert_array_equal(out, np.array([int(-7 / n), int(7 / n)], dtype=np.int32))
+
+
+@pytest.mark.parametrize("dtype", all_dtypes(), ids=str)
+def test_broadcast(dtype):
+    r, n = rank_size()
+    got = []
+    for root in range(n):
+        x = rank_input(dtype, (3, 7), r, 50 + root)
+        out = hora.broadcast(x, root_rank=root)
+        y = x.copy()
+        hora.broadcast_(y, root)
+        got.append((root, x.copy(), out, y))
+    for root, x, out, y in got:
+        want = rank_input(dtype, (3, 7), root, 50 + root)
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(y, want)
+        np.testing.assert_array_equal(x, rank_input(dtype, (3, 7), r, 50 + root))
+        assert out.dtype == np.dtype(dtype) and out.shape == (3, 7)
+
+
+@pytest.mark.parametrize("dtype", all_dtypes(), ids=str)
+def test_allgather_variable_first_dim(dtype):
+    r, n = rank_size()
+    x = rank_input(dtype, (r + 1, 2, 3), r, 60)
+    out = hora.allgather(x)
+    eq = hora.allgather(rank_input(dtype, (4, 5), r, 61))
+    empty_here = hora.allgather(rank_input(dtype, (0 if r == 0 else 2,), r, 62))
+    want = np.concatenate([rank_input(dtype, (p + 1, 2, 3), p, 60) for p in range(n)])
+    np.testing.assert_array_equal(out, want)
+    assert out.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(eq, np.concatenate([rank_input(dtype, (4, 5), p, 61)
+                                                      for p in range(n)]))
+    np.testing.assert_array_equal(
+        empty_here, np.concatenate([rank_input(dtype, (0 if p == 0 else 2,), p, 62)
+                                    for p in range(n)]))
+
+
+def test_allgather_mismatch_raises_on_every_rank():
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    # Rank 0 gathers (2, 3) rows, the others (2, 4): every rank must raise MismatchError.
+    x = np.zeros((2, 3 if r == 0 else 4), dtype=np.float32)
+    with pytest.raises(hora.MismatchError, match="trailing shape"):
+        hora.allgather(x)
+    y = np.zeros(3, dtype=np.float32 if r == 0 else np.float64)
+    with pytest.raises(hora.MismatchError, match="dtype"):
+        hora.allgather(y)
+
+
+@pytest.mark.parametrize("op", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("dtype", all_dtypes(), ids=str)
+def test_reducescatter(dtype, op):
+    r, n = rank_size()
+    lo, hi = op_range(op, dtype)
+    got = []
+    for rows in (2 * n, 2 * n + 1, n - 1 if n > 1 else 0):  # even, uneven, fewer rows than ranks
+        x = rank_input(dtype, (rows, 3), r, 70 + rows, lo, hi)
+        got.append((rows, hora.reducescatter(x, op=op)))
+    for rows, out in got:
+        inputs = [rank_input(dtype, (rows, 3), p, 70 + rows, lo, hi) for p in range(n)]
+        full = reference(inputs, op, dtype)
+        sizes = [rows // n + (1 if p < rows % n else 0) for p in range(n)]
+        start = sum(sizes[:r])
+        assert_matches(out, full[start:start + sizes[r]], dtype, f"reducescatter rows={rows}")
+
+
+@pytest.mark.parametrize("dtype", all_dtypes(), ids=str)
+def test_alltoall(dtype):
+    r, n = rank_size()
+    x = rank_input(dtype, (2 * n, 3), r, 80)
+    out = hora.alltoall(x)
+    # Uneven splits: rank p sends (p + q) % 3 rows to rank q.
+    splits = [(r + q) % 3 for q in range(n)]
+    y = rank_input(dtype, (sum(splits), 2), r, 81)
+    outv, recv_splits = hora.alltoall(y, splits=splits)
+    want = np.concatenate([rank_input(dtype, (2 * n, 3), p, 80)[2 * r:2 * r + 2]
+                           for p in range(n)])
+    np.testing.assert_array_equal(out, want)
+    parts = []
+    for p in range(n):
+        sp = [(p + q) % 3 for q in range(n)]
+        src = rank_input(dtype, (sum(sp), 2), p, 81)
+        parts.append(src[sum(sp[:r]):sum(sp[:r]) + sp[r]])
+    np.testing.assert_array_equal(outv, np.concatenate(parts))
+    np.testing.assert_array_equal(recv_splits, [(p + r) % 3 for p in range(n)])
+
+
+def test_barrier_and_layout():
+    r, n = rank_size()
+    hora.barrier()
+    ranks = hora.allgather(np.array([r, hora.local_rank(), hora.local_size(), hora.cross_rank(),
+                                     hora.cross_size()], dtype=np.int64).reshape(1, 5))
+    assert sorted(ranks[:, 0].tolist()) == list(range(n))
+    assert 0 <= hora.local_rank() < hora.local_size() <= n
+    assert 0 <= hora.cross_rank() < hora.cross_size() <= n
+    # mpirun on one machine: one node, local layout equals the world's.
+    assert (ranks[:, 4] == ranks[0, 4]).all()
+    assert hora.is_initialized()

@@ -1,0 +1,105 @@
+"""Bad input raises hora.HoraError subclasses that say what was wrong; nothing crashes, and the
+context keeps working afterwards. Every rank passes the same bad input (a collective cannot be
+half-called)."""
+import numpy as np
+import pytest
+
+import hora
+from conftest import rank_size
+
+
+@pytest.mark.parametrize("bad", [None, [1.0, 2.0], 3.0, "abc", object()],
+                         ids=["None", "list", "float", "str", "object"])
+def test_not_an_array(bad):
+    with pytest.raises(hora.InvalidArgumentError, match="expected a NumPy array"):
+        hora.allreduce(bad)
+    with pytest.raises(hora.InvalidArgumentError):
+        hora.broadcast_(bad, 0)
+    with pytest.raises(hora.InvalidArgumentError):
+        hora.allgather(bad)
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.int16, np.uint32, np.complex64, np.float128,
+                                   np.dtype(">f4"), np.dtype("U3")], ids=str)
+def test_unsupported_dtype(dtype):
+    x = np.zeros(4, dtype=dtype)
+    with pytest.raises(hora.InvalidArgumentError, match="not supported") as e:
+        hora.allreduce(x)
+    assert str(np.dtype(dtype)) in str(e.value)
+    if np.dtype(dtype) == np.dtype(">f4"):
+        assert "byte order" in str(e.value)
+
+
+def test_non_contiguous_is_an_error_that_says_so():
+    x = np.arange(20, dtype=np.float32).reshape(4, 5)
+    for view in (x[:, ::2], x.T, x[::2]):
+        with pytest.raises(hora.InvalidArgumentError, match="not C-contiguous"):
+            hora.allreduce(view)
+        with pytest.raises(hora.InvalidArgumentError, match="not C-contiguous"):
+            hora.allreduce_(view)
+
+
+def test_read_only_in_place():
+    x = np.ones(3, dtype=np.float32)
+    x.flags.writeable = False
+    with pytest.raises(hora.InvalidArgumentError, match="read-only"):
+        hora.allreduce_(x)
+    out = hora.allreduce(x, op=hora.Sum)  # out of place only reads it
+    assert (out == hora.size()).all()
+
+
+@pytest.mark.parametrize("op", [7, -1, "sum", None, True, 1.5])
+def test_bad_op(op):
+    with pytest.raises(hora.InvalidArgumentError, match="op"):
+        hora.allreduce(np.ones(2, dtype=np.float32), op=op)
+
+
+def test_bad_root_and_scale():
+    r, n = rank_size()
+    x = np.ones(3, dtype=np.float32)
+    with pytest.raises(hora.InvalidArgumentError, match="root"):
+        hora.broadcast(x, root_rank=n)
+    with pytest.raises(hora.InvalidArgumentError, match="root"):
+        hora.broadcast_(x, root_rank=-1)
+    with pytest.raises(hora.InvalidArgumentError, match="root_rank must be an int"):
+        hora.broadcast(x, root_rank="0")
+    with pytest.raises(hora.InvalidArgumentError, match="integer dtype"):
+        hora.allreduce(np.ones(3, dtype=np.int32), prescale_factor=2.0)
+    with pytest.raises(hora.InvalidArgumentError, match="postscale_factor must be a number"):
+        hora.allreduce(x, postscale_factor="x")
+
+
+def test_shape_errors():
+    r, n = rank_size()
+    with pytest.raises(hora.InvalidArgumentError, match="0-d"):
+        hora.allgather(np.ones((), dtype=np.float32))
+    with pytest.raises(hora.InvalidArgumentError, match="0-d"):
+        hora.allgather(np.float32(1.0))  # a NumPy scalar reads as a 0-d array
+    if n > 1:
+        with pytest.raises(hora.InvalidArgumentError, match="does not divide"):
+            hora.alltoall(np.ones(n + 1, dtype=np.float32))
+    with pytest.raises(hora.InvalidArgumentError, match="splits"):
+        hora.alltoall(np.ones(4, dtype=np.float32), splits=[4] + [1] * (n - 1) + [1])
+    with pytest.raises(hora.InvalidArgumentError, match="splits"):
+        hora.alltoall(np.ones(4, dtype=np.float32), splits=[-1] * n)
+
+
+def test_error_classes_carry_code_and_c_message():
+    assert issubclass(hora.MismatchError, hora.HoraError)
+    assert issubclass(hora.InvalidArgumentError, ValueError)
+    assert issubclass(hora.IOError, OSError)
+    assert issubclass(hora.NotFoundError, LookupError)
+    try:
+        hora.allreduce(np.ones(3, dtype=np.int64), prescale_factor=0.5)
+    except hora.InvalidArgumentError as e:
+        assert e.code == 1 and e.name == "HORA_ERR_INVALID_ARGUMENT"
+        # The message comes from the C library (hora_last_error) and names the call.
+        assert "hora_allreduce" in e.message
+    else:
+        pytest.fail("no error raised")
+
+
+def test_context_still_works_after_errors():
+    r, n = rank_size()
+    out = hora.allreduce(np.full(5, r, dtype=np.int64), op=hora.Sum)
+    assert (out == n * (n - 1) // 2).all()

@@ -1,0 +1,139 @@
+"""hora.torch: DistributedOptimizer on N ranks reaches the weights of one process training on the
+concatenated batch; broadcast_parameters / broadcast_optimizer_state / broadcast_object."""
+import copy
+
+import numpy as np
+import pytest
+
+import hora
+from conftest import rank_size
+
+torch = pytest.importorskip("torch")
+if not hasattr(hora, "allreduce_async_"):
+    pytest.skip("libhora was built without the async engine", allow_module_level=True)
+import hora.torch as ht  # noqa: E402
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 3)
+        self.unused = torch.nn.Parameter(torch.ones(5))  # never in the graph
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+def make_model(seed):
+    torch.manual_seed(seed)
+    return Net().double()
+
+
+def global_batch(step, n, local=4):
+    g = torch.Generator().manual_seed(1234 + step)
+    x = torch.randn(n * local, 8, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (n * local,), generator=g)
+    return x, y
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+def test_distributed_optimizer_matches_single_process(opt_name):
+    r, n = rank_size()
+    local = 4
+    model = make_model(seed=100 + r)  # different on every rank until the broadcast
+    ref = make_model(seed=100)  # rank 0's initial weights: what the broadcast gives everyone
+
+    def build(params):
+        if opt_name == "sgd":
+            return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+        return torch.optim.Adam(params, lr=0.01)
+
+    opt = ht.DistributedOptimizer(build(model.parameters()),
+                                  named_parameters=model.named_parameters())
+    ht.broadcast_parameters(model.state_dict(), root_rank=0)
+    ref_opt = build(ref.parameters())
+    for step in range(6):
+        x, y = global_batch(step, n, local)
+        opt.zero_grad()
+        mine = slice(r * local, (r + 1) * local)
+        torch.nn.functional.cross_entropy(model(x[mine]), y[mine]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hora.allgather(weights.reshape(1, -1))
+    assert isinstance(opt, type(build([torch.zeros(1, requires_grad=True)])))
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-9, atol=1e-10, msg=name)
+    # Bit-identical on every rank.
+    assert (gathered == gathered[0]).all()
+    # The parameter no rank used got zeros, averaged: it stays where it was for SGD.
+    if opt_name == "sgd":
+        assert torch.equal(model.unused.detach(), torch.ones(5, dtype=torch.float64))
+
+
+def test_backward_passes_per_step_and_errors():
+    r, n = rank_size()
+    model = make_model(seed=7)
+    ref = copy.deepcopy(model)
+    opt = ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                  named_parameters=model.named_parameters(),
+                                  backward_passes_per_step=2)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    x, y = global_batch(0, n, 4)
+    opt.zero_grad()
+    for half in range(2):  # two local micro-batches of 2 rows, summed locally
+        rows = slice(r * 4 + 2 * half, r * 4 + 2 * half + 2)
+        torch.nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
+    opt.step()
+    ref_opt.zero_grad()
+    # Same update: sum over micro-batches of mean-over-2 losses, averaged over ranks.
+    loss = sum(torch.nn.functional.cross_entropy(ref(x[p * 4 + 2 * h:p * 4 + 2 * h + 2]),
+                                                 y[p * 4 + 2 * h:p * 4 + 2 * h + 2])
+               for p in range(n) for h in range(2)) / n
+    loss.backward()
+    ref_opt.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-9, atol=1e-10)
+
+    # zero_grad between backward and step is refused (the allreduces are in flight).
+    opt2 = ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    torch.nn.functional.cross_entropy(model(x[:4]), y[:4]).backward()
+    with pytest.raises(RuntimeError, match="zero_grad"):
+        opt2.zero_grad()
+    opt2.step()
+    with pytest.raises(hora.InvalidArgumentError, match="named_parameters"):
+        ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                named_parameters=[("a", model.fc1.weight)])
+
+
+def test_broadcast_optimizer_state_and_object():
+    r, n = rank_size()
+    model = make_model(seed=3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (r + 1))
+    if r == 0:  # only rank 0 has stepped: Adam state exists there alone
+        model(torch.ones(2, 8, dtype=torch.float64)).sum().backward()
+        opt.step()
+    ht.broadcast_optimizer_state(opt, root_rank=0)
+    obj = ht.broadcast_object({"epoch": 5, "rank": r, "t": torch.arange(3)} if r == 0 else None,
+                              root_rank=0)
+    avg = torch.cat([opt.state[p]["exp_avg"].reshape(-1) for p in model.parameters()
+                     if p in opt.state])
+    rows = hora.allgather(avg.reshape(1, -1))
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01)
+    assert rows.shape[0] == n and (rows == rows[0]).all() and rows.abs().sum() > 0
+    assert obj["epoch"] == 5 and obj["rank"] == 0 and obj["t"].tolist() == [0, 1, 2]
+
+
+def test_broadcast_parameters_named_and_noncontiguous():
+    r, n = rank_size()
+    w = torch.full((3, 4), float(r)).t()  # non-contiguous view
+    params = [("b", torch.full((2,), float(r) + 10)), ("a", w)]
+    ht.broadcast_parameters(params, root_rank=n - 1)
+    assert w.tolist() == [[float(n - 1)] * 3] * 4
+    assert params[0][1].tolist() == [n - 1 + 10.0] * 2
+    with pytest.raises(hora.InvalidArgumentError, match="not a tensor"):
+        ht.broadcast_parameters({"x": np.zeros(2)})
