@@ -27,7 +27,9 @@ cmake -S . -B "$BUILD_DIR-asan" -DCMAKE_BUILD_TYPE=Debug -DHORA_SANITIZE=ON -DHO
 cmake --build "$BUILD_DIR-asan" -j "$JOBS"
 # Open MPI's own allocations are reported as leaks by LeakSanitizer; hora's are checked by
 # valgrind-free ASan errors (use-after-free, overflows) and UBSan, which abort the test.
-(cd "$BUILD_DIR-asan" && ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+# Sanitized ranks run several times slower: a longer peer timeout keeps a slow rank from being
+# declared dead (the peer-death tests set their own short timeouts).
+(cd "$BUILD_DIR-asan" && HORA_PEER_TIMEOUT_S=120 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --output-on-failure -j "${CTEST_JOBS:-2}" -L 'unit|mpi' -LE 'slow|slurm' --timeout 600) || status=1
 
 echo "== engine tests under ThreadSanitizer"
