@@ -31,69 +31,7 @@ static size_t max_count = SIZE_MAX;
     }                                                                                             \
   } while (0)
 
-static size_t esize(hora_dtype_t d) {
-  size_t s = 0;
-  hora_dtype_size(d, &s);
-  return s;
-}
-static int is_float(hora_dtype_t d) { return d >= HORA_FLOAT16; }
-static int is_signed(hora_dtype_t d) { return d != HORA_UINT8; }
-
-static double input(hora_dtype_t d, hora_op_t op, int r, size_t i) {
-  int sg = is_signed(d);
-  switch (op) {
-    case HORA_SUM: case HORA_AVERAGE: return (double)((i * 13 + (size_t)r * 7) % 11) - (sg ? 5 : 0);
-    case HORA_PRODUCT: return sg ? (double)((i * 5 + (size_t)r * 3) % 4) - 1 : (double)((i + (size_t)r) % 3 + 1);
-    default: return (double)((i * 31 + (size_t)r * 17) % 97) - (sg ? 48 : 0);
-  }
-}
-
-static void store(void *buf, hora_dtype_t d, size_t i, double v) {
-  switch (d) {
-    case HORA_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    case HORA_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
-    case HORA_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case HORA_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case HORA_FLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_f16((float)v); break;
-    case HORA_BFLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_bf16((float)v); break;
-    case HORA_FLOAT32: ((float *)buf)[i] = (float)v; break;
-    case HORA_FLOAT64: ((double *)buf)[i] = v; break;
-  }
-}
-
-static double load(const void *buf, hora_dtype_t d, size_t i) {
-  switch (d) {
-    case HORA_UINT8: return ((const uint8_t *)buf)[i];
-    case HORA_INT8: return ((const int8_t *)buf)[i];
-    case HORA_INT32: return ((const int32_t *)buf)[i];
-    case HORA_INT64: return (double)((const int64_t *)buf)[i];
-    case HORA_FLOAT16: return hora__f16_to_f32(((const uint16_t *)buf)[i]);
-    case HORA_BFLOAT16: return hora__bf16_to_f32(((const uint16_t *)buf)[i]);
-    case HORA_FLOAT32: return ((const float *)buf)[i];
-    case HORA_FLOAT64: return ((const double *)buf)[i];
-  }
-  return NAN;
-}
-
-static double expected(hora_dtype_t d, hora_op_t op, size_t i, double pre, double post) {
-  double acc = 0;
-  for (int r = 0; r < size; r++) {
-    double v = input(d, op, r, i) * pre;
-    if (r == 0) acc = v;
-    else if (op == HORA_SUM || op == HORA_AVERAGE) acc += v;
-    else if (op == HORA_PRODUCT) acc *= v;
-    else if (op == HORA_MIN) acc = v < acc ? v : acc;
-    else acc = v > acc ? v : acc;
-  }
-  if (op == HORA_AVERAGE) acc = is_float(d) ? acc / size : trunc(acc / size);
-  return acc * post;
-}
-
-static double tol(hora_dtype_t d, hora_op_t op, double want) {
-  if (op != HORA_AVERAGE || !is_float(d)) return 0;
-  double rel = d == HORA_FLOAT16 ? 2e-3 : d == HORA_BFLOAT16 ? 1.6e-2 : d == HORA_FLOAT32 ? 4e-7 : 1e-15;
-  return fabs(want) * rel + 1e-30;
-}
+#include "hora_test_values.h"
 
 static long check_reduced(const char *what, const void *got, hora_dtype_t d, hora_op_t op, size_t i0, size_t n,
                           double pre, double post) {
