@@ -107,6 +107,63 @@ hora_result_t hora__check_allreduce(hora_ctx_t *ctx, const char *fn, const void 
   return HORA_SUCCESS;
 }
 
+hora_result_t hora__check_broadcast(hora_ctx_t *ctx, const char *fn, void *buf, size_t count,
+                                    hora_dtype_t dtype, int root, hora_device_t device, size_t *bytes) {
+  HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
+  HORA_CHECK(hora__check_buf(fn, "buf", buf, count, dtype, bytes));
+  if (root < 0 || root >= ctx->size)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank (world size %d)", fn, root, ctx->size);
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__check_allgather(hora_ctx_t *ctx, const char *fn, const void *sendbuf, void *recvbuf,
+                                    size_t count, hora_dtype_t dtype, hora_device_t device, size_t *bytes) {
+  HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
+  size_t b;
+  HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, count, dtype, &b));
+  if (count > SIZE_MAX / hora__dtype_size(dtype) / (size_t)ctx->size)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: count %zu x world size %d overflows", fn, count, ctx->size);
+  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, count * (size_t)ctx->size, dtype, NULL));
+  const char *mine = (const char *)recvbuf + (size_t)ctx->rank * b;
+  if (b && sendbuf != mine && overlaps(sendbuf, b, recvbuf, b * (size_t)ctx->size))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sendbuf overlaps recvbuf but is not this rank's block", fn);
+  if (bytes) *bytes = b;
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__check_reducescatter(hora_ctx_t *ctx, const char *fn, const void *sendbuf,
+                                        void *recvbuf, size_t recvcount, hora_dtype_t dtype, hora_op_t op,
+                                        hora_device_t device) {
+  HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
+  if ((unsigned)op >= HORA_OP_COUNT)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: op %d is not a hora_op_t", fn, (int)op);
+  size_t es = hora__dtype_size(dtype);
+  if (recvcount > SIZE_MAX / es / (size_t)ctx->size)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: recvcount %zu x world size overflows", fn, recvcount);
+  size_t total = recvcount * (size_t)ctx->size;
+  HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, total, dtype, NULL));
+  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, recvcount, dtype, NULL));
+  if (recvcount && (const char *)recvbuf != (const char *)sendbuf + (size_t)ctx->rank * recvcount * es &&
+      overlaps(sendbuf, total * es, recvbuf, recvcount * es))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
+                    "%s: recvbuf overlaps sendbuf but is not this rank's block (the in-place form)", fn);
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__check_alltoall(hora_ctx_t *ctx, const char *fn, const void *sendbuf, void *recvbuf,
+                                   size_t count, hora_dtype_t dtype, hora_device_t device) {
+  HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
+  size_t es = hora__dtype_size(dtype);
+  if (count > SIZE_MAX / es / (size_t)ctx->size)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: count %zu x world size overflows", fn, count);
+  size_t total = count * (size_t)ctx->size;
+  HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, total, dtype, NULL));
+  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, total, dtype, NULL));
+  if (overlaps(sendbuf, total * es, recvbuf, total * es))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sendbuf and recvbuf overlap (alltoall is not in place)", fn);
+  return HORA_SUCCESS;
+}
+
 hora_result_t hora__allreduce_host_full(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                         size_t count, hora_dtype_t dtype, hora_op_t op,
                                         double prescale, double postscale, hora_algo_t algo) {
@@ -139,12 +196,8 @@ HORA_EXPORT hora_result_t hora_allreduce(hora_ctx_t *ctx, const void *sendbuf, v
 
 HORA_EXPORT hora_result_t hora_broadcast(hora_ctx_t *ctx, void *buf, size_t count,
                                          hora_dtype_t dtype, int root, hora_device_t device) {
-  HORA_CHECK(hora__check_common(ctx, "hora_broadcast", dtype, device));
   size_t bytes;
-  HORA_CHECK(hora__check_buf("hora_broadcast", "buf", buf, count, dtype, &bytes));
-  if (root < 0 || root >= ctx->size)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_broadcast: root %d is not a rank (world size %d)",
-                    root, ctx->size);
+  HORA_CHECK(hora__check_broadcast(ctx, "hora_broadcast", buf, count, dtype, root, device, &bytes));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.broadcast) return device_unsupported("hora_broadcast");
     return hora__gpu_hooks.broadcast(ctx, buf, count, dtype, root);
@@ -167,25 +220,15 @@ hora_result_t hora__broadcast_host(hora_ctx_t *ctx, void *buf, size_t bytes, int
 
 HORA_EXPORT hora_result_t hora_allgather(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                          size_t count, hora_dtype_t dtype, hora_device_t device) {
-  HORA_CHECK(hora__check_common(ctx, "hora_allgather", dtype, device));
   size_t bytes;
-  HORA_CHECK(hora__check_buf("hora_allgather", "sendbuf", sendbuf, count, dtype, &bytes));
-  if (count > SIZE_MAX / hora__dtype_size(dtype) / (size_t)ctx->size)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_allgather: count %zu x world size %d overflows",
-                    count, ctx->size);
-  HORA_CHECK(hora__check_buf("hora_allgather", "recvbuf", recvbuf, count * (size_t)ctx->size, dtype, NULL));
+  HORA_CHECK(hora__check_allgather(ctx, "hora_allgather", sendbuf, recvbuf, count, dtype, device, &bytes));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.allgather) return device_unsupported("hora_allgather");
     return hora__gpu_hooks.allgather(ctx, sendbuf, recvbuf, count, dtype);
   }
   if (bytes == 0) return HORA_SUCCESS;
   char *mine = (char *)recvbuf + (size_t)ctx->rank * bytes;
-  if (sendbuf != mine) {
-    if (overlaps_partially(sendbuf, bytes, recvbuf, bytes * (size_t)ctx->size))
-      return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
-                      "hora_allgather: sendbuf overlaps recvbuf but is not this rank's block");
-    memcpy(mine, sendbuf, bytes);
-  }
+  if (sendbuf != mine) memcpy(mine, sendbuf, bytes);
   if (ctx->size == 1) return HORA_SUCCESS;
   MPI_Datatype t;
   int owned;
@@ -314,19 +357,7 @@ HORA_EXPORT hora_result_t hora_reducescatter(hora_ctx_t *ctx, const void *sendbu
                                              size_t recvcount, hora_dtype_t dtype, hora_op_t op,
                                              hora_device_t device) {
   const char *fn = "hora_reducescatter";
-  HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
-  if ((unsigned)op >= HORA_OP_COUNT)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: op %d is not a hora_op_t", fn, (int)op);
-  size_t es = hora__dtype_size(dtype);
-  if (recvcount > SIZE_MAX / es / (size_t)ctx->size)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: recvcount %zu x world size overflows", fn, recvcount);
-  size_t total = recvcount * (size_t)ctx->size;
-  HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, total, dtype, NULL));
-  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, recvcount, dtype, NULL));
-  if (recvcount && (const char *)recvbuf != (const char *)sendbuf + (size_t)ctx->rank * recvcount * es &&
-      overlaps_partially(sendbuf, total * es, recvbuf, recvcount * es))
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
-                    "%s: recvbuf overlaps sendbuf but is not this rank's block (the in-place form)", fn);
+  HORA_CHECK(hora__check_reducescatter(ctx, fn, sendbuf, recvbuf, recvcount, dtype, op, device));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.reducescatter) return device_unsupported(fn);
     return hora__gpu_hooks.reducescatter(ctx, sendbuf, recvbuf, recvcount, dtype, op);
@@ -349,15 +380,8 @@ hora_result_t hora__reducescatter_host(hora_ctx_t *ctx, const void *sendbuf, voi
 HORA_EXPORT hora_result_t hora_alltoall(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                         size_t count, hora_dtype_t dtype, hora_device_t device) {
   const char *fn = "hora_alltoall";
-  HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
-  size_t es = hora__dtype_size(dtype);
-  if (count > SIZE_MAX / es / (size_t)ctx->size)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: count %zu x world size overflows", fn, count);
-  size_t total = count * (size_t)ctx->size;
-  HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, total, dtype, NULL));
-  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, total, dtype, NULL));
-  if (overlaps(sendbuf, total * es, recvbuf, total * es))
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sendbuf and recvbuf overlap (alltoall is not in place)", fn);
+  HORA_CHECK(hora__check_alltoall(ctx, fn, sendbuf, recvbuf, count, dtype, device));
+  size_t es = hora__dtype_size(dtype), total = count * (size_t)ctx->size;
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.alltoall) return device_unsupported(fn);
     return hora__gpu_hooks.alltoall(ctx, sendbuf, recvbuf, count, dtype);

@@ -11,6 +11,18 @@ hora_result_t hora__check_common(hora_ctx_t *ctx, const char *fn, hora_dtype_t d
 hora_result_t hora__check_allreduce(hora_ctx_t *ctx, const char *fn, const void *sendbuf,
                                     void *recvbuf, size_t count, hora_dtype_t dtype, hora_op_t op,
                                     double prescale, double postscale, hora_device_t device);
+/* Argument checks of the other collectives, shared by the blocking calls and the engine's async
+ * ones so both follow hora.h's rules (the in-place forms, "any other overlap is an error").
+ * Local: nothing is communicated. *bytes (may be NULL) gets the per-rank block size in bytes. */
+hora_result_t hora__check_broadcast(hora_ctx_t *ctx, const char *fn, void *buf, size_t count,
+                                    hora_dtype_t dtype, int root, hora_device_t device, size_t *bytes);
+hora_result_t hora__check_allgather(hora_ctx_t *ctx, const char *fn, const void *sendbuf, void *recvbuf,
+                                    size_t count, hora_dtype_t dtype, hora_device_t device, size_t *bytes);
+hora_result_t hora__check_reducescatter(hora_ctx_t *ctx, const char *fn, const void *sendbuf,
+                                        void *recvbuf, size_t recvcount, hora_dtype_t dtype, hora_op_t op,
+                                        hora_device_t device);
+hora_result_t hora__check_alltoall(hora_ctx_t *ctx, const char *fn, const void *sendbuf, void *recvbuf,
+                                   size_t count, hora_dtype_t dtype, hora_device_t device);
 /* prescale copy -> in-place allreduce -> average/postscale, on host buffers. */
 hora_result_t hora__allreduce_host_full(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                         size_t count, hora_dtype_t dtype, hora_op_t op,

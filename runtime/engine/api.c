@@ -8,12 +8,6 @@
 #include "algo/coll.h"
 #include "engine/engine.h"
 
-static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes) {
-  if (!abytes || !bbytes) return 0;
-  uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-  return pa < pb + bbytes && pb < pa + abytes;
-}
-
 static hora_result_t check_name(const char *fn, const char *name) {
   if (!name) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: name is NULL", fn);
   size_t n = strnlen(name, ENG_NAME_MAX);
@@ -28,12 +22,12 @@ static int strcmp_p(const void *a, const void *b) {
   return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Common prologue: live context, running engine, name, dtype/device, handle pointer. */
-static hora_result_t prologue(hora_ctx_t *ctx, const char *fn, const char *name, hora_dtype_t dtype,
+/* Common prologue: live context, running engine, dtype/device, handle pointer (callers check
+ * their names first). */
+static hora_result_t prologue(hora_ctx_t *ctx, const char *fn, hora_dtype_t dtype,
                               hora_device_t device, hora_handle_t **handle, hora_engine_t **eng) {
   HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
   if (!handle) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: handle (output pointer) is NULL", fn);
-  if (name) HORA_CHECK(check_name(fn, name));
   if (device == HORA_DEVICE_CUDA && !HORA_HAVE_CUDA)
     return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "%s: device buffers (HORA_DEVICE_CUDA) need a CUDA build of hora", fn);
   HORA_CHECK(hora__engine_get(ctx, fn, eng));
@@ -91,7 +85,7 @@ HORA_EXPORT hora_result_t hora_allreduce_async(hora_ctx_t *ctx, const char *name
   hora_engine_t *eng;
   HORA_CHECK(hora__check_allreduce(ctx, fn, sendbuf, recvbuf, count, dtype, op, prescale, postscale, device));
   HORA_CHECK(check_name(fn, name));
-  HORA_CHECK(prologue(ctx, fn, name, dtype, device, handle, &eng));
+  HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
   eng_params_t p = {.kind = ENG_ALLREDUCE, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
                     .root = -1, .count = count, .prescale = prescale, .postscale = postscale};
   return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
@@ -105,7 +99,7 @@ HORA_EXPORT hora_result_t hora_grouped_allreduce_async(hora_ctx_t *ctx, const ch
                                                        hora_handle_t **handle) {
   const char *fn = "hora_grouped_allreduce_async";
   hora_engine_t *eng;
-  HORA_CHECK(prologue(ctx, fn, NULL, dtype, device, handle, &eng));
+  HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
   if (!names || !sendbufs || !recvbufs || !counts)
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
                     !names ? "names" : !sendbufs ? "sendbufs" : !recvbufs ? "recvbufs" : "counts");
@@ -172,15 +166,8 @@ HORA_EXPORT hora_result_t hora_allgather_async(hora_ctx_t *ctx, const char *name
   const char *fn = "hora_allgather_async";
   hora_engine_t *eng;
   HORA_CHECK(check_name(fn, name));
-  HORA_CHECK(prologue(ctx, fn, name, dtype, device, handle, &eng));
-  size_t es = hora__dtype_size(dtype), bytes;
-  HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, count, dtype, &bytes));
-  if (count > SIZE_MAX / es / (size_t)ctx->size)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: count %zu x world size %d overflows", fn, count, ctx->size);
-  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, count * (size_t)ctx->size, dtype, NULL));
-  const char *mine = (const char *)recvbuf + (size_t)ctx->rank * bytes;
-  if (bytes && sendbuf != mine && overlaps(sendbuf, bytes, recvbuf, bytes * (size_t)ctx->size))
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sendbuf overlaps recvbuf but is not this rank's block", fn);
+  HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
+  HORA_CHECK(hora__check_allgather(ctx, fn, sendbuf, recvbuf, count, dtype, device, NULL));
   eng_params_t p = {.kind = ENG_ALLGATHER, .dtype = (uint8_t)dtype, .device = (uint8_t)device, .root = -1, .count = count,
                     .prescale = 1, .postscale = 1};
   return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
@@ -193,7 +180,7 @@ HORA_EXPORT hora_result_t hora_allgatherv_async(hora_ctx_t *ctx, const char *nam
   const char *fn = "hora_allgatherv_async";
   hora_engine_t *eng;
   HORA_CHECK(check_name(fn, name));
-  HORA_CHECK(prologue(ctx, fn, name, dtype, device, handle, &eng));
+  HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
   if (!recvcounts) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: recvcounts is NULL", fn);
   size_t es = hora__dtype_size(dtype), total = 0;
   for (int i = 0; i < ctx->size; i++) {
@@ -221,10 +208,8 @@ HORA_EXPORT hora_result_t hora_broadcast_async(hora_ctx_t *ctx, const char *name
   const char *fn = "hora_broadcast_async";
   hora_engine_t *eng;
   HORA_CHECK(check_name(fn, name));
-  HORA_CHECK(prologue(ctx, fn, name, dtype, device, handle, &eng));
-  HORA_CHECK(hora__check_buf(fn, "buf", buf, count, dtype, NULL));
-  if (root < 0 || root >= ctx->size)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank (world size %d)", fn, root, ctx->size);
+  HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
+  HORA_CHECK(hora__check_broadcast(ctx, fn, buf, count, dtype, root, device, NULL));
   eng_params_t p = {.kind = ENG_BROADCAST, .dtype = (uint8_t)dtype, .device = (uint8_t)device, .root = root,
                     .count = count, .prescale = 1, .postscale = 1};
   return submit_one(eng, fn, name, &p, buf, buf, NULL, handle);
@@ -237,17 +222,8 @@ HORA_EXPORT hora_result_t hora_reducescatter_async(hora_ctx_t *ctx, const char *
   const char *fn = "hora_reducescatter_async";
   hora_engine_t *eng;
   HORA_CHECK(check_name(fn, name));
-  HORA_CHECK(prologue(ctx, fn, name, dtype, device, handle, &eng));
-  if ((unsigned)op >= HORA_OP_COUNT) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: op %d is not a hora_op_t", fn, (int)op);
-  size_t es = hora__dtype_size(dtype);
-  if (recvcount > SIZE_MAX / es / (size_t)ctx->size)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: recvcount %zu x world size overflows", fn, recvcount);
-  size_t total = recvcount * (size_t)ctx->size;
-  HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, total, dtype, NULL));
-  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, recvcount, dtype, NULL));
-  if (recvcount && (const char *)recvbuf != (const char *)sendbuf + (size_t)ctx->rank * recvcount * es &&
-      overlaps(sendbuf, total * es, recvbuf, recvcount * es))
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: recvbuf overlaps sendbuf but is not this rank's block", fn);
+  HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
+  HORA_CHECK(hora__check_reducescatter(ctx, fn, sendbuf, recvbuf, recvcount, dtype, op, device));
   eng_params_t p = {.kind = ENG_REDUCESCATTER, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
                     .root = -1, .count = recvcount, .prescale = 1, .postscale = 1};
   return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
@@ -259,15 +235,8 @@ HORA_EXPORT hora_result_t hora_alltoall_async(hora_ctx_t *ctx, const char *name,
   const char *fn = "hora_alltoall_async";
   hora_engine_t *eng;
   HORA_CHECK(check_name(fn, name));
-  HORA_CHECK(prologue(ctx, fn, name, dtype, device, handle, &eng));
-  size_t es = hora__dtype_size(dtype);
-  if (count > SIZE_MAX / es / (size_t)ctx->size)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: count %zu x world size overflows", fn, count);
-  size_t total = count * (size_t)ctx->size;
-  HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, total, dtype, NULL));
-  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, total, dtype, NULL));
-  if (overlaps(sendbuf, total * es, recvbuf, total * es))
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sendbuf and recvbuf overlap (alltoall is not in place)", fn);
+  HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
+  HORA_CHECK(hora__check_alltoall(ctx, fn, sendbuf, recvbuf, count, dtype, device));
   eng_params_t p = {.kind = ENG_ALLTOALL, .dtype = (uint8_t)dtype, .device = (uint8_t)device, .root = -1,
                     .count = count, .prescale = 1, .postscale = 1};
   return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
