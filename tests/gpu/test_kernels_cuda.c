@@ -27,39 +27,7 @@ static const size_t offs[] = {0, 1, 3};
 #define MAXN ((1u << 20) + 16)
 #define MAXB (MAXN * 8)
 
-static uint64_t rng;
-static uint64_t next_rand(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return rng;
-}
-
-static size_t esize(hora_dtype_t d) {
-  switch (d) {
-    case HORA_UINT8: case HORA_INT8: return 1;
-    case HORA_FLOAT16: case HORA_BFLOAT16: return 2;
-    case HORA_INT32: case HORA_FLOAT32: return 4;
-    default: return 8;
-  }
-}
-
-static void fill(void *buf, hora_dtype_t d, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    uint64_t r = next_rand();
-    float f = (float)((int64_t)(r >> 40) - (1 << 23)) / (float)(1 << 20);
-    switch (d) {
-      case HORA_UINT8: ((uint8_t *)buf)[i] = (uint8_t)r; break;
-      case HORA_INT8: ((int8_t *)buf)[i] = (int8_t)r; break;
-      case HORA_INT32: ((int32_t *)buf)[i] = (int32_t)r; break;
-      case HORA_INT64: ((int64_t *)buf)[i] = (int64_t)r; break;
-      case HORA_FLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_f16(f); break;
-      case HORA_BFLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_bf16(f); break;
-      case HORA_FLOAT32: ((float *)buf)[i] = f; break;
-      case HORA_FLOAT64: ((double *)buf)[i] = (double)f * 1.000000119; break;
-    }
-  }
-}
+#include "hora_test_fill.h"
 
 static size_t first_diff(const void *a, const void *b, size_t n, size_t es) {
   for (size_t i = 0; i < n; i++)

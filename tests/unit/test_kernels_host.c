@@ -16,41 +16,7 @@ static const size_t offs[] = {0, 1, 3};
 #define NSIZES (sizeof sizes / sizeof *sizes)
 #define MAXN (16384 + 5 + 8)
 
-static uint64_t rng = 88172645463325252ull;
-static uint64_t next_rand(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return rng;
-}
-
-static size_t esize(hora_dtype_t d) {
-  switch (d) {
-    case HORA_UINT8: case HORA_INT8: return 1;
-    case HORA_FLOAT16: case HORA_BFLOAT16: return 2;
-    case HORA_INT32: case HORA_FLOAT32: return 4;
-    default: return 8;
-  }
-}
-
-/* Random element values: integers over their whole range (so sums and products wrap), floats
- * in [-8, 8) with fractions (so rounding matters), 16-bit floats from such floats. */
-static void fill(void *buf, hora_dtype_t d, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    uint64_t r = next_rand();
-    float f = (float)((int64_t)(r >> 40) - (1 << 23)) / (float)(1 << 20);
-    switch (d) {
-      case HORA_UINT8: ((uint8_t *)buf)[i] = (uint8_t)r; break;
-      case HORA_INT8: ((int8_t *)buf)[i] = (int8_t)r; break;
-      case HORA_INT32: ((int32_t *)buf)[i] = (int32_t)r; break;
-      case HORA_INT64: ((int64_t *)buf)[i] = (int64_t)r; break;
-      case HORA_FLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_f16(f); break;
-      case HORA_BFLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_bf16(f); break;
-      case HORA_FLOAT32: ((float *)buf)[i] = f; break;
-      case HORA_FLOAT64: ((double *)buf)[i] = (double)f * 1.000000119; break;
-    }
-  }
-}
+#include "hora_test_fill.h"
 
 /* The scalar oracle: dst[i] = OP over srcs, in the plainest form. */
 #define SCALAR_INT(T, UT)                                                        \
