@@ -53,6 +53,35 @@ uint16_t hora__f32_to_f16(float f);
 float hora__bf16_to_f32(uint16_t h);
 uint16_t hora__f32_to_bf16(float f);
 
+/* Element i of a host buffer of `dtype` as a double, and back (f16/bf16 through float32, rounded
+ * to nearest even; integers truncated). For tests and benchmarks that build inputs and check
+ * results for every dtype with one code path; not for hot loops. */
+static inline void hora__elem_store(void *buf, hora_dtype_t d, size_t i, double v) {
+  switch (d) {
+    case HORA_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case HORA_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case HORA_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case HORA_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case HORA_FLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_f16((float)v); break;
+    case HORA_BFLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_bf16((float)v); break;
+    case HORA_FLOAT32: ((float *)buf)[i] = (float)v; break;
+    case HORA_FLOAT64: ((double *)buf)[i] = v; break;
+  }
+}
+static inline double hora__elem_load(const void *buf, hora_dtype_t d, size_t i) {
+  switch (d) {
+    case HORA_UINT8: return ((const uint8_t *)buf)[i];
+    case HORA_INT8: return ((const int8_t *)buf)[i];
+    case HORA_INT32: return ((const int32_t *)buf)[i];
+    case HORA_INT64: return (double)((const int64_t *)buf)[i];
+    case HORA_FLOAT16: return hora__f16_to_f32(((const uint16_t *)buf)[i]);
+    case HORA_BFLOAT16: return hora__bf16_to_f32(((const uint16_t *)buf)[i]);
+    case HORA_FLOAT32: return ((const float *)buf)[i];
+    case HORA_FLOAT64: return ((const double *)buf)[i];
+  }
+  return 0.0 / 0.0;
+}
+
 /* CUDA versions (declared always; defined only when HORA_HAVE_CUDA). */
 hora_result_t hora__reduce_cuda(void *dst, const void *a, const void *b, size_t count,
                                 hora_dtype_t dtype, hora_op_t op, void *stream);

@@ -29,32 +29,7 @@ static double input(hora_dtype_t d, hora_op_t op, int r, size_t i) {
   }
 }
 
-static void store(void *buf, hora_dtype_t d, size_t i, double v) {
-  switch (d) {
-    case HORA_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    case HORA_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
-    case HORA_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case HORA_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case HORA_FLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_f16((float)v); break;
-    case HORA_BFLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_bf16((float)v); break;
-    case HORA_FLOAT32: ((float *)buf)[i] = (float)v; break;
-    case HORA_FLOAT64: ((double *)buf)[i] = v; break;
-  }
-}
 
-static double load(const void *buf, hora_dtype_t d, size_t i) {
-  switch (d) {
-    case HORA_UINT8: return ((const uint8_t *)buf)[i];
-    case HORA_INT8: return ((const int8_t *)buf)[i];
-    case HORA_INT32: return ((const int32_t *)buf)[i];
-    case HORA_INT64: return (double)((const int64_t *)buf)[i];
-    case HORA_FLOAT16: return hora__f16_to_f32(((const uint16_t *)buf)[i]);
-    case HORA_BFLOAT16: return hora__bf16_to_f32(((const uint16_t *)buf)[i]);
-    case HORA_FLOAT32: return ((const float *)buf)[i];
-    case HORA_FLOAT64: return ((const double *)buf)[i];
-  }
-  return NAN;
-}
 
 /* Expected reduced value at element i of the logical vector whose element i is input(.., i). */
 static double expected(hora_dtype_t d, hora_op_t op, size_t i, double pre, double post) {

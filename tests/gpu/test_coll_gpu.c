@@ -38,8 +38,8 @@ static long check_reduced(const char *what, const void *got, hora_dtype_t d, hor
   long bad = 0;
   for (size_t i = 0; i < n; i++) {
     char tmp[8];
-    store(tmp, d, 0, expected(d, op, i0 + i, pre, post));
-    double wr = load(tmp, d, 0), g = load(got, d, i);
+    hora__elem_store(tmp, d, 0, expected(d, op, i0 + i, pre, post));
+    double wr = hora__elem_load(tmp, d, 0), g = hora__elem_load(got, d, i);
     if (!(fabs(g - wr) <= tol(d, op, wr)) && bad++ < 3) EXPECT(0, "%s: element %zu: got %g want %g", what, i0 + i, g, wr);
   }
   if (bad > 3) EXPECT(0, "%s: %ld wrong elements in all", what, bad);
@@ -63,7 +63,7 @@ static void test_allreduce(void) {
           if (n > max_count) continue;
           double pre = 1, post = 1;
           if (is_float((hora_dtype_t)d) && ci == 4) pre = 2.0, post = 0.5;
-          for (size_t i = 0; i < n; i++) store(h_a, (hora_dtype_t)d, i, input((hora_dtype_t)d, (hora_op_t)op, rank, i));
+          for (size_t i = 0; i < n; i++) hora__elem_store(h_a, (hora_dtype_t)d, i, input((hora_dtype_t)d, (hora_op_t)op, rank, i));
           to_dev(d_a, h_a, n * es);
           void *recv = inplace ? d_a : d_b;
           if (!inplace) poison(d_b, n * es);
@@ -84,7 +84,7 @@ static void test_reducescatter(void) {
       for (int ci = 0; ci < 5; ci++) {
         size_t n = counts[ci], es = esize((hora_dtype_t)d), total = n * (size_t)size;
         hora_op_t op = ops[oi];
-        for (size_t i = 0; i < total; i++) store(h_a, (hora_dtype_t)d, i, input((hora_dtype_t)d, op, rank, i));
+        for (size_t i = 0; i < total; i++) hora__elem_store(h_a, (hora_dtype_t)d, i, input((hora_dtype_t)d, op, rank, i));
         to_dev(d_a, h_a, total * es);
         poison(d_b, n * es);
         EXPECT_OK(hora_reducescatter(ctx, d_a, d_b, n, (hora_dtype_t)d, op, HORA_DEVICE_CUDA));

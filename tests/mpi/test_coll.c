@@ -48,8 +48,8 @@ static long check_reduced(const char *what, const void *got, hora_dtype_t d, hor
     double w = expected(d, op, i0 + i, pre, post);
     /* Round the expectation to the dtype (f16/bf16/f32 store what the library can return). */
     char tmp[8];
-    store(tmp, d, 0, w);
-    double wr = load(tmp, d, 0), g = load(got, d, i);
+    hora__elem_store(tmp, d, 0, w);
+    double wr = hora__elem_load(tmp, d, 0), g = hora__elem_load(got, d, i);
     if (!(fabs(g - wr) <= tol(d, op, wr))) {
       if (bad++ < 3)
         EXPECT(0, "%s: element %zu: got %g want %g", what, i0 + i, g, wr);
@@ -82,7 +82,7 @@ static void test_allreduce(const char *algo) {
             if (n > 4096 && (inplace != (op % 2) || sc)) continue;
             double pre = sc ? 0.5 : 1.0, post = sc ? 4.0 : 1.0;
             char *send = xmalloc(n * es), *recv = xmalloc(n * es);
-            for (size_t i = 0; i < n; i++) store(send, d, i, input(d, (hora_op_t)op, rank, i));
+            for (size_t i = 0; i < n; i++) hora__elem_store(send, d, i, input(d, (hora_op_t)op, rank, i));
             memset(recv, 0x5a, n * es);
             char what[160];
             snprintf(what, sizeof what, "allreduce %s %s %s n=%zu %s pre=%g post=%g", algo, dnames[di],
@@ -94,7 +94,7 @@ static void test_allreduce(const char *algo) {
             if (rc == HORA_SUCCESS) check_reduced(what, recv, d, (hora_op_t)op, 0, n, pre, post);
             if (!inplace) {
               long changed = 0;
-              for (size_t i = 0; i < n; i++) changed += load(send, d, i) != input(d, (hora_op_t)op, rank, i);
+              for (size_t i = 0; i < n; i++) changed += hora__elem_load(send, d, i) != input(d, (hora_op_t)op, rank, i);
               EXPECT(changed == 0, "%s: sendbuf modified (%ld elements)", what, changed);
             }
             free(send);
@@ -112,7 +112,7 @@ static void test_reducescatter(void) {
           if (n > max_count) continue;
           if (n > 4096 && inplace != (op % 2)) continue;
           char *send = xmalloc(total * es), *recv = xmalloc(n * es);
-          for (size_t i = 0; i < total; i++) store(send, d, i, input(d, (hora_op_t)op, rank, i));
+          for (size_t i = 0; i < total; i++) hora__elem_store(send, d, i, input(d, (hora_op_t)op, rank, i));
           memset(recv, 0x5a, n * es);
           char *out = inplace ? send + (size_t)rank * n * es : recv;
           char what[160];
@@ -123,7 +123,7 @@ static void test_reducescatter(void) {
           if (rc == HORA_SUCCESS) check_reduced(what, out, d, (hora_op_t)op, (size_t)rank * n, n, 1, 1);
           if (!inplace) {
             long changed = 0;
-            for (size_t i = 0; i < total; i++) changed += load(send, d, i) != input(d, (hora_op_t)op, rank, i);
+            for (size_t i = 0; i < total; i++) changed += hora__elem_load(send, d, i) != input(d, (hora_op_t)op, rank, i);
             EXPECT(changed == 0, "%s: sendbuf modified (%ld elements)", what, changed);
           }
           free(send);

@@ -47,31 +47,6 @@ typedef struct {
 /* Small integer inputs: every reduction is exact, so #wrong counts real errors. */
 static double input(int r, size_t i) { return (double)((i * 13 + (size_t)r * 7) % 11); }
 
-static void store(void *buf, hora_dtype_t d, size_t i, double v) {
-  switch (d) {
-    case HORA_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    case HORA_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
-    case HORA_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case HORA_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case HORA_FLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_f16((float)v); break;
-    case HORA_BFLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_bf16((float)v); break;
-    case HORA_FLOAT32: ((float *)buf)[i] = (float)v; break;
-    case HORA_FLOAT64: ((double *)buf)[i] = v; break;
-  }
-}
-static double load(const void *buf, hora_dtype_t d, size_t i) {
-  switch (d) {
-    case HORA_UINT8: return ((const uint8_t *)buf)[i];
-    case HORA_INT8: return ((const int8_t *)buf)[i];
-    case HORA_INT32: return ((const int32_t *)buf)[i];
-    case HORA_INT64: return (double)((const int64_t *)buf)[i];
-    case HORA_FLOAT16: return hora__f16_to_f32(((const uint16_t *)buf)[i]);
-    case HORA_BFLOAT16: return hora__bf16_to_f32(((const uint16_t *)buf)[i]);
-    case HORA_FLOAT32: return ((const float *)buf)[i];
-    case HORA_FLOAT64: return ((const double *)buf)[i];
-  }
-  return NAN;
-}
 
 static double expect(hora_dtype_t d, hora_op_t op, int n, size_t i) {
   double acc = input(0, i);
@@ -84,8 +59,8 @@ static double expect(hora_dtype_t d, hora_op_t op, int n, size_t i) {
   }
   if (op == HORA_AVERAGE) acc = d >= HORA_FLOAT16 ? acc / n : trunc(acc / n);
   char tmp[8];
-  store(tmp, d, 0, acc);
-  return load(tmp, d, 0);
+  hora__elem_store(tmp, d, 0, acc);
+  return hora__elem_load(tmp, d, 0);
 }
 
 /* MPI's own datatype/op where it has one (the real baseline); hora's user op otherwise. */
@@ -197,7 +172,7 @@ int hora_bench_allreduce(int argc, char **argv) {
     fprintf(stderr, "hora-bench allreduce: out of memory\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  for (size_t i = 0; i < maxcount; i++) store(send, dt, i, input(rank, i));
+  for (size_t i = 0; i < maxcount; i++) hora__elem_store(send, dt, i, input(rank, i));
   memset(recv, 0, maxcount * es);
   FILE *jf = NULL;
   if (json && rank == 0 && !(jf = fopen(json, "w"))) {
@@ -257,7 +232,7 @@ int hora_bench_allreduce(int argc, char **argv) {
       memset(recv, 0, count * es);
       run_once(ctx, &sel[k], send, recv, count, dt, (hora_op_t)op);
       long bad = 0, all = 0;
-      for (size_t i = 0; i < count; i++) bad += load(recv, dt, i) != expect(dt, (hora_op_t)op, n, i);
+      for (size_t i = 0; i < count; i++) bad += hora__elem_load(recv, dt, i) != expect(dt, (hora_op_t)op, n, i);
       MPI_Allreduce(&bad, &all, 1, MPI_LONG, MPI_SUM, ctx->world);
       wrong_total += all;
       qsort(samples + k * repeat, (size_t)repeat, sizeof *samples, cmp_double);
