@@ -1,9 +1,6 @@
 /* The example's use of hora for data parallelism, behind four small wrappers: per-layer gradient
  * averaging (hora_allreduce_async, overlapping backward), checkpoints (hora_ckpt_*), and the
- * preemption signal (hora_ckpt_on_signal / hora_should_stop). When the library has those APIs
- * (MNIST_HAVE_ENGINE / MNIST_HAVE_CKPT, set by examples/CMakeLists.txt from hora.h) the wrappers
- * call them directly; otherwise they fall back to the blocking hora_allreduce and a plain
- * single-file checkpoint written by rank 0 (same semantics, no overlap, no background copy). */
+ * preemption signal (hora_ckpt_on_signal / hora_should_stop). */
 #ifndef MNIST_DIST_H
 #define MNIST_DIST_H
 
@@ -33,24 +30,8 @@ hora_result_t mnist_grad_layer_done(void *sync, int layer);
 hora_result_t mnist_grad_wait(mnist_grad_sync_t *sync);
 
 /* ---- checkpoints ---- */
-#ifdef MNIST_HAVE_CKPT
 typedef hora_tensor_t mnist_tensor_t;
 typedef hora_kv_t mnist_kv_t;
-#else
-typedef struct {
-  const char *name;
-  void *data;
-  size_t count;
-  hora_dtype_t dtype;
-  hora_device_t device;
-  int ndim;
-  const int64_t *shape;
-} mnist_tensor_t;
-typedef struct {
-  const char *key;
-  const char *value;
-} mnist_kv_t;
-#endif
 typedef struct mnist_ckpt mnist_ckpt_t;
 
 /* Collective. local_dir NULL: hora's default node-local directory; persist_dir NULL: none. */
