@@ -72,7 +72,12 @@ def main():
                 subprocess.run(["scancel", "--signal=USR1", job], check=True)
                 signalled = True
             if "requeueing job" in text and state == "PENDING" and released < 20:
-                # requeued jobs are held about 120 s on this cluster: start it now
+                # requeued jobs are held about 120 s on this cluster: start it now. Not in the
+                # same second as the requeue: slurmd rejects a launch credential created in the
+                # second its predecessor was revoked ("Job credential revoked"), and the job then
+                # ends FAILED (tests/slurm/test_ckpt_slurm.py waits the same way).
+                if released == 0:
+                    time.sleep(2.5)
                 subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"],
                                capture_output=True)
                 released += 1
