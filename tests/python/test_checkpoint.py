@@ -72,8 +72,12 @@ def test_save_restore_versions_and_persistent_copy():
     assert meta == ("1", "x y", "default")
     assert src.startswith(local) and src2.startswith(persist)
     if r == 0:
-        assert sorted(os.path.basename(d) for d in glob.glob(os.path.join(persist, "step-*"))) \
-            == ["step-2", "step-3"]
+        # The copier copies the newest committed step when it wakes, so a step
+        # committed while it was busy (here step 1 or 2) may never be copied; what
+        # is copied is pruned to keep=2 with the newest always present.
+        copied = sorted(os.path.basename(d) for d in glob.glob(os.path.join(persist, "step-*")))
+        assert copied[-1] == "step-3" and len(copied) <= 2 \
+            and set(copied) <= {"step-1", "step-2", "step-3"}, copied
         assert os.path.isdir(os.path.join(local, "step-3"))
 
 
