@@ -26,5 +26,25 @@ int main(void) {
                                   (size_t)(len - len / 3));
       EXPECT(inc == a, "incremental off %d len %d", off, len);
     }
+  /* lengths around the interleaved paths (3 x 256 and 3 x 8192 byte blocks) and their tails */
+  size_t bn = 3 * 8192 * 2 + 3 * 256 * 3 + 64;
+  unsigned char *huge = malloc(bn);
+  EXPECT(huge != NULL, "malloc");
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < bn; i++) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    huge[i] = (unsigned char)s;
+  }
+  static const size_t lens[] = {767, 768, 769, 1535, 1536, 2311, 24575, 24576, 24577, 24576 + 768,
+                                49152, 49152 + 2 * 768 + 5, 3 * 8192 * 2 + 3 * 256 * 3 + 60};
+  for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++)
+    for (size_t off = 0; off < 4; off++) {
+      uint32_t a = hora__crc32c(0, huge + off, lens[k]), b = hora__crc32c_sw(0, huge + off, lens[k]);
+      EXPECT(a == b, "interleaved off %zu len %zu: %08x vs %08x", off, lens[k], a, b);
+      uint32_t inc = hora__crc32c(hora__crc32c(0xdeadbeefu, huge + off, 1000), huge + off + 1000, lens[k] - 500);
+      uint32_t inc_sw = hora__crc32c_sw(hora__crc32c_sw(0xdeadbeefu, huge + off, 1000), huge + off + 1000, lens[k] - 500);
+      EXPECT(inc == inc_sw, "interleaved incremental off %zu len %zu", off, lens[k]);
+    }
+  free(huge);
   return hora_test_finish("test_crc32c");
 }
