@@ -277,6 +277,14 @@ static hora_result_t ck_finalizer(hora_ctx_t *ctx, void *arg) {
   return first;
 }
 
+/* hora-bench (rank 0): wait until the local write of every save so far is committed (or
+ * failed), without waiting for the copier. */
+void hora__ck_wait_written(hora_ckpt_t *ck) {
+  pthread_mutex_lock(&ck->mu);
+  while (ck->job_pending || ck->writing) pthread_cond_wait(&ck->cv, &ck->mu);
+  pthread_mutex_unlock(&ck->mu);
+}
+
 /* Figures for hora-bench (rank 0): snapshot (stall) seconds of the last save, seconds of the
  * last local write and of the last copy, and the file size. */
 void hora__ck_stats(hora_ckpt_t *ck, double *snapshot_s, double *write_s, double *copy_s, uint64_t *file_bytes) {

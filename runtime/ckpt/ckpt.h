@@ -181,6 +181,7 @@ struct hora_ckpt {
 };
 
 /* Figures of the last save/write/copy for hora-bench (rank 0). */
+void hora__ck_wait_written(hora_ckpt_t *ck);
 void hora__ck_stats(hora_ckpt_t *ck, double *snapshot_s, double *write_s, double *copy_s, uint64_t *file_bytes);
 void *hora__ck_writer_main(void *arg);
 void *hora__ck_copier_main(void *arg);

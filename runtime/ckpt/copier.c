@@ -29,7 +29,6 @@
 typedef struct {
   int fd;
   const char *path;
-  size_t chunk;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   uint64_t avail; /* bytes of dst copied so far */
@@ -39,9 +38,13 @@ typedef struct {
   int err; /* errno of a failed read, or -1 for a short file */
 } verify_t;
 
+/* Read-back size: small enough that the bytes are still in the L2 cache when the CRC reads them
+ * (a chunk-sized buffer would go out to memory and back). */
+#define VERIFY_READ_BYTES (256u << 10)
+
 static void *verify_main(void *arg) {
   verify_t *v = arg;
-  unsigned char *b = malloc(v->chunk);
+  unsigned char *b = malloc(VERIFY_READ_BYTES);
   if (!b) {
     v->err = ENOMEM;
     return NULL;
@@ -54,7 +57,7 @@ static void *verify_main(void *arg) {
     pthread_mutex_unlock(&v->mu);
     if (v->verified >= lim && done) break;
     while (v->verified < lim) {
-      size_t n = lim - v->verified < v->chunk ? (size_t)(lim - v->verified) : v->chunk;
+      size_t n = lim - v->verified < VERIFY_READ_BYTES ? (size_t)(lim - v->verified) : VERIFY_READ_BYTES;
       ssize_t x = pread(v->fd, b, n, (off_t)v->verified);
       if (x < 0 && errno == EINTR) continue;
       if (x <= 0) {
@@ -92,7 +95,7 @@ static hora_result_t copy_file(const char *src, const char *dst, uint32_t *crc, 
     return HORA_ERR(HORA_ERR_IO, "create %s: %s", dst, strerror(e));
   }
   posix_fadvise(in, 0, 0, POSIX_FADV_SEQUENTIAL);
-  verify_t v = {.fd = out, .path = dst, .chunk = chunk};
+  verify_t v = {.fd = out, .path = dst};
   pthread_mutex_init(&v.mu, NULL);
   pthread_cond_init(&v.cv, NULL);
   pthread_t vt;
