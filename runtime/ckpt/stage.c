@@ -75,12 +75,31 @@ typedef struct {
 /* Snapshot copy with non-temporal (streaming) stores. glibc's memcpy switches to them only above
  * a threshold derived from the last-level cache size, which large-L3 nodes put above a typical
  * tensor, so a 128 MiB tensor is copied with ordinary stores that first read every destination
- * line (1 GiB in 8 tensors on a 2-core VM: 150 ms with memcpy, 90 ms streamed). The staging
+ * line (1 GiB in 8 tensors on a 2-core VM: 150 ms with memcpy, 86 ms streamed). The staging
  * buffer is read next by the writer's write(), long after it has left the caches anyway.
  * Ours because no library offers a streaming memcpy; x86-64 only, memcpy elsewhere. */
 #if defined(__x86_64__)
 #include <immintrin.h>
+/* 16 KiB at a time as four 4 KiB pages walked side by side (64 bytes of each in turn, source
+ * prefetched ahead): several DRAM pages stay open at once, as in glibc's large-copy loop
+ * (1 GiB, one thread: 86 ms against 115 ms for a plain streaming loop). */
+__attribute__((target("avx2"))) static void stream_avx2_pages(unsigned char *d, const unsigned char *s, size_t n) {
+  for (size_t blk = 0; blk < n; blk += 16384)
+    for (size_t i = 0; i < 4096; i += 64)
+      for (size_t p = 0; p < 16384; p += 4096) {
+        const unsigned char *ss = s + blk + p + i;
+        unsigned char *dd = d + blk + p + i;
+        _mm_prefetch((const char *)(ss + 512), _MM_HINT_T0);
+        __m256i a = _mm256_loadu_si256((const __m256i *)ss);
+        __m256i b = _mm256_loadu_si256((const __m256i *)(ss + 32));
+        _mm256_stream_si256((__m256i *)dd, a);
+        _mm256_stream_si256((__m256i *)(dd + 32), b);
+      }
+}
 __attribute__((target("avx2"))) static void stream_avx2(unsigned char *d, const unsigned char *s, size_t n) {
+  size_t pages = n & ~(size_t)16383;
+  stream_avx2_pages(d, s, pages);
+  d += pages, s += pages, n -= pages;
   for (size_t i = 0; i < n; i += 128) {
     __m256i a = _mm256_loadu_si256((const __m256i *)(s + i));
     __m256i b = _mm256_loadu_si256((const __m256i *)(s + i + 32));
