@@ -294,6 +294,46 @@ static void test_corrupt(void) {
     EXPECT(corrupt == 1, "case %zu: corrupt count %llu", i, (unsigned long long)corrupt);
     hora_records_reader_close(r);
   }
+  /* Several bad data checksums close together (the reader checks three records' CRCs at once):
+   * records 1, 2 and 4 of part-1 (ids 76, 77, 79) flipped; skip mode delivers exactly the others
+   * in order and counts 3; without skip mode the error names record 1's offset. */
+  {
+    static unsigned char img[1 << 20];
+    FILE *f = fopen(src, "rb");
+    size_t n = fread(img, 1, sizeof img, f);
+    fclose(f);
+    long off = 0, offs[8];
+    for (uint32_t k = 0; k < 8; k++) {
+      offs[k] = off;
+      off += 16 + (long)make_record(75 + k, tmp);
+    }
+    img[offs[1] + 12 + 1] ^= 1;
+    img[offs[2] + 12 + 5] ^= 2;
+    img[offs[4] + 12 + 3] ^= 4;
+    f = fopen(bad, "wb");
+    fwrite(img, 1, n, f);
+    fclose(f);
+    static uint32_t ids[NREC];
+    ropts_t ro = {.pat = bad};
+    EXPECT(read_ids(&ro, ids, -1, NULL) == -1, "three corrupt records read without error");
+    char want_off[64];
+    snprintf(want_off, sizeof want_off, "byte offset %ld", offs[1]);
+    EXPECT(strstr(hora_last_error(), want_off), "first bad record: '%s' lacks '%s'", hora_last_error(), want_off);
+    ro.skip_corrupt = 1;
+    hora_records_reader_t *r = NULL;
+    long got = read_ids(&ro, ids, -1, &r);
+    EXPECT(got == 72, "skip mode with three corrupt records read %ld", got);
+    uint32_t want = 75;
+    for (long k = 0; k < got; k++) {
+      while (want == 76 || want == 77 || want == 79) want++;
+      EXPECT(ids[k] == want, "skip mode record %ld: id %u, want %u", k, ids[k], want);
+      want++;
+    }
+    uint64_t corrupt = 0;
+    if (r) EXPECT_OK(hora_records_reader_corrupt(r, &corrupt));
+    EXPECT(corrupt == 3, "three corrupt: count %llu", (unsigned long long)corrupt);
+    hora_records_reader_close(r);
+  }
   /* the error is sticky and HORA_ERR_DATA */
   corrupt_copy(src, bad, off3 + 14, -1);
   ropts_t ro = {.pat = bad};

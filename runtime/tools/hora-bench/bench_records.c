@@ -4,7 +4,7 @@
  *   small  - the same images as one file each (the many-small-files layout), open/read/close
  *   reader - hora_records_reader (prefetch thread, CRC checks), every record touched
  * Each rank reads its shard (by file, as the reader shards them); with several ranks (mpirun)
- * the time is the slowest rank's and the bytes are summed. "cold" runs evict the files from the
+ * the bytes are summed over the time from the first start to the last end. "cold" runs evict the files from the
  * page cache first (posix_fadvise DONTNEED; a VM's host may still cache them), "warm" runs read
  * them from the page cache.
  * The many-small-files layout holds the first --small-files images (default 20000: creating and
@@ -200,8 +200,18 @@ static long long run_reader(const args_t *a, int rank, int size) {
 
 typedef long long (*measure_fn)(const args_t *, int, int);
 
-/* Median GB/s over a->repeat runs: slowest rank's time, all ranks' bytes. */
+/* Median GB/s over a->repeat runs: all ranks' bytes over the time from the first rank's start to
+ * the last rank's end (CLOCK_MONOTONIC is one clock for the processes of a node). Across nodes
+ * the slowest rank's own time is used instead. The span matters when ranks share cores: each
+ * rank's own time then leaves out the slices it spent waiting for a core, and a run of 4 ranks
+ * on 2 cores would seem to read at twice the speed two cores can copy. */
 static double measure(hora_ctx_t *ctx, const args_t *a, measure_fn fn, int cold, int rank, int size) {
+  MPI_Comm node;
+  int node_size = 0;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_free(&node);
+  int one_node = node_size == size;
   double rates[32];
   long rep = a->repeat < 32 ? a->repeat : 32;
   if (!cold) fn(a, rank, size); /* warm the page cache */
@@ -210,13 +220,19 @@ static double measure(hora_ctx_t *ctx, const args_t *a, measure_fn fn, int cold,
     hora_barrier(ctx);
     double t0 = bench_now_s();
     long long b = fn(a, rank, size);
-    double dt = bench_now_s() - t0, tmax = 0;
+    double t1 = bench_now_s(), dt = t1 - t0, tmax = 0;
     long long btot = 0;
     if (b < 0) {
       fprintf(stderr, "hora-bench records: rank %d: read failed: %s\n", rank, hora_last_error());
       b = 0;
     }
-    MPI_Allreduce(&dt, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (one_node) {
+      double se[2] = {-t0, t1}, g[2];
+      MPI_Allreduce(se, g, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      tmax = g[1] + g[0]; /* last end - first start */
+    } else {
+      MPI_Allreduce(&dt, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    }
     MPI_Allreduce(&b, &btot, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
     rates[k] = btot / tmax / 1e9;
   }
