@@ -200,49 +200,62 @@ static long long run_reader(const args_t *a, int rank, int size) {
 
 typedef long long (*measure_fn)(const args_t *, int, int);
 
-/* Median GB/s over a->repeat runs: all ranks' bytes over the time from the first rank's start to
- * the last rank's end (CLOCK_MONOTONIC is one clock for the processes of a node). Across nodes
- * the slowest rank's own time is used instead. The span matters when ranks share cores: each
- * rank's own time then leaves out the slices it spent waiting for a core, and a run of 4 ranks
- * on 2 cores would seem to read at twice the speed two cores can copy. */
-static double measure(hora_ctx_t *ctx, const args_t *a, measure_fn fn, int cold, int rank, int size) {
+/* GB/s of one run of fn: all ranks' bytes over the time from the first rank's start to the last
+ * rank's end (CLOCK_MONOTONIC is one clock for the processes of a node). Across nodes the
+ * slowest rank's own time is used instead. The span matters when ranks share cores: each rank's
+ * own time then leaves out the slices it spent waiting for a core, and a run of 4 ranks on 2
+ * cores would seem to read at twice the speed two cores can copy. */
+static double run_once(hora_ctx_t *ctx, const args_t *a, measure_fn fn, int cold, int rank, int size,
+                       int one_node) {
+  if (cold) evict_mine(a, rank, size);
+  hora_barrier(ctx);
+  double t0 = bench_now_s();
+  long long b = fn(a, rank, size);
+  double t1 = bench_now_s(), dt = t1 - t0, tmax = 0;
+  long long btot = 0;
+  if (b < 0) {
+    fprintf(stderr, "hora-bench records: rank %d: read failed: %s\n", rank, hora_last_error());
+    b = 0;
+  }
+  if (one_node) {
+    double se[2] = {-t0, t1}, g[2];
+    MPI_Allreduce(se, g, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    tmax = g[1] + g[0]; /* last end - first start */
+  } else {
+    MPI_Allreduce(&dt, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  }
+  MPI_Allreduce(&b, &btot, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  return btot / tmax / 1e9;
+}
+
+static double median_of(double *v, long n) {
+  for (long i = 1; i < n; i++)
+    for (long j = i; j > 0 && v[j] < v[j - 1]; j--) {
+      double t = v[j];
+      v[j] = v[j - 1];
+      v[j - 1] = t;
+    }
+  return v[n / 2];
+}
+
+/* Median GB/s of each of the nm modes over a->repeat rounds; every round runs the modes one
+ * after the other, so a disk whose speed drifts (a VM's burst budget, other jobs) affects all
+ * of them alike instead of whichever mode ran last. */
+static void measure(hora_ctx_t *ctx, const args_t *a, const measure_fn *fns, int nm, int cold, int rank, int size,
+                    double *out) {
   MPI_Comm node;
   int node_size = 0;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
   MPI_Comm_size(node, &node_size);
   MPI_Comm_free(&node);
   int one_node = node_size == size;
-  double rates[32];
+  double rates[3][32];
   long rep = a->repeat < 32 ? a->repeat : 32;
-  if (!cold) fn(a, rank, size); /* warm the page cache */
-  for (long k = 0; k < rep; k++) {
-    if (cold) evict_mine(a, rank, size);
-    hora_barrier(ctx);
-    double t0 = bench_now_s();
-    long long b = fn(a, rank, size);
-    double t1 = bench_now_s(), dt = t1 - t0, tmax = 0;
-    long long btot = 0;
-    if (b < 0) {
-      fprintf(stderr, "hora-bench records: rank %d: read failed: %s\n", rank, hora_last_error());
-      b = 0;
-    }
-    if (one_node) {
-      double se[2] = {-t0, t1}, g[2];
-      MPI_Allreduce(se, g, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      tmax = g[1] + g[0]; /* last end - first start */
-    } else {
-      MPI_Allreduce(&dt, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    }
-    MPI_Allreduce(&b, &btot, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
-    rates[k] = btot / tmax / 1e9;
-  }
-  for (long i = 1; i < rep; i++)
-    for (long j = i; j > 0 && rates[j] < rates[j - 1]; j--) {
-      double t = rates[j];
-      rates[j] = rates[j - 1];
-      rates[j - 1] = t;
-    }
-  return rates[rep / 2];
+  if (!cold)
+    for (int m = 0; m < nm; m++) fns[m](a, rank, size); /* warm the page cache */
+  for (long k = 0; k < rep; k++)
+    for (int m = 0; m < nm; m++) rates[m][k] = run_once(ctx, a, fns[m], cold, rank, size, one_node);
+  for (int m = 0; m < nm; m++) out[m] = median_of(rates[m], rep);
 }
 
 int hora_bench_records(int argc, char **argv) {
@@ -301,8 +314,9 @@ int hora_bench_records(int argc, char **argv) {
   } modes[] = {{"plain", run_plain}, {"reader", run_reader}, {"small", run_small}};
   double gbps[2][3] = {{0}};
   int want[2] = {a.warm, a.cold}, first = 1;
+  const measure_fn fns[3] = {modes[0].fn, modes[1].fn, modes[2].fn};
   for (int cold = 0; cold < 2; cold++)
-    for (int m = 0; m < 3 && want[cold]; m++) gbps[cold][m] = measure(ctx, &a, modes[m].fn, cold, rank, size);
+    if (want[cold]) measure(ctx, &a, fns, 3, cold, rank, size, gbps[cold]);
   if (rank == 0) {
     double mb = a.records * (double)(a.record_bytes + 16) / 1e6;
     if (a.json) {
