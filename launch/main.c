@@ -523,7 +523,10 @@ static int allocation_mode(launch_opts_t *o) {
   snprintf(a_tpn, sizeof a_tpn, "--ntasks-per-node=%d", l.tpn[0]);
   push(&v, &n, "srun");
   push(&v, &n, "--mpi=pmix");
-  push(&v, &n, "--kill-on-bad-exit=1");
+  /* No --kill-on-bad-exit: each task's launch cancels the step itself when its program fails,
+   * and leaves it alone for HORA_EXIT_REQUEUE (3), which every rank returns after a collective
+   * checkpoint flush; with the flag the first rank to exit 3 would get the others killed and the
+   * step's status would no longer say "requeue". */
   push(&v, &n, "--cpu-bind=none");
   push(&v, &n, a_n);
   push(&v, &n, a_nodes);

@@ -168,6 +168,9 @@ echo "== rc=$?"
 t0=$(date +%s)
 PROBE_FAIL_RANK=1 {L} -np 4 {P}
 echo "== fail rc=$? seconds=$(( $(date +%s) - t0 ))"
+mkdir -p rq
+PROBE_REQUEUE=$PWD/rq {L} -np 4 {P}
+echo "== requeue rc=$? done=$(ls rq | wc -l)"
 """, ["-N2", "--ntasks-per-node=2", "--gres=gpu:4"])
     check(rc == 0, f"job exit status {rc}")
     head, _, tail = text.partition("== rc=")
@@ -179,6 +182,10 @@ echo "== fail rc=$? seconds=$(( $(date +%s) - t0 ))"
         check(m.group(1) == "7", f"failing run exited {m.group(1)}, want rank 1's status 7")
         check(int(m.group(2)) < 30, f"the other ranks took {m.group(2)} s to end")
     check("launch: rank 1 (node n1)" in text and "exited with status 7" in text, "no message naming the failed rank")
+    # Every rank stops for a requeue (status 3) at a slightly different time: none is killed by
+    # the first one's exit, and launch returns 3 for the batch script to requeue on.
+    m = re.search(r"== requeue rc=(\d+) done=\s*(\d+)", text)
+    check(m is not None and m.groups() == ("3", "4"), f"requeue run: {m and m.groups()} (want rc 3, 4 ranks done)")
 
 
 def case_allreduce():
