@@ -77,7 +77,7 @@ typedef struct {
  * tensor, so a 128 MiB tensor is copied with ordinary stores that first read every destination
  * line (1 GiB in 8 tensors on a 2-core VM: 150 ms with memcpy, 86 ms streamed). The staging
  * buffer is read next by the writer's write(), long after it has left the caches anyway.
- * Ours because no library offers a streaming memcpy; x86-64 only, memcpy elsewhere. */
+ * Ours because no library offers a streaming memcpy; x86-64 with AVX2 only, memcpy elsewhere. */
 #if defined(__x86_64__)
 #include <immintrin.h>
 /* 16 KiB at a time as four 4 KiB pages walked side by side (64 bytes of each in turn, source
@@ -111,29 +111,16 @@ __attribute__((target("avx2"))) static void stream_avx2(unsigned char *d, const 
     _mm256_stream_si256((__m256i *)(d + i + 96), e);
   }
 }
-static void stream_sse2(unsigned char *d, const unsigned char *s, size_t n) {
-  for (size_t i = 0; i < n; i += 64) {
-    __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
-    __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
-    __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
-    __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
-    _mm_stream_si128((__m128i *)(d + i), a);
-    _mm_stream_si128((__m128i *)(d + i + 16), b);
-    _mm_stream_si128((__m128i *)(d + i + 32), c);
-    _mm_stream_si128((__m128i *)(d + i + 48), e);
-  }
-}
 #endif
 
 static void copy_streaming(unsigned char *d, const unsigned char *s, size_t n) {
 #if defined(__x86_64__)
-  if (n >= ((size_t)1 << 20)) {
+  if (n >= ((size_t)1 << 20) && __builtin_cpu_supports("avx2")) {
     size_t head = (size_t)(-(uintptr_t)d & 127); /* align the destination to 128 bytes */
     memcpy(d, s, head);
     d += head, s += head, n -= head;
     size_t body = n & ~(size_t)127;
-    if (__builtin_cpu_supports("avx2")) stream_avx2(d, s, body);
-    else stream_sse2(d, s, body);
+    stream_avx2(d, s, body);
     _mm_sfence(); /* streaming stores are weakly ordered: fence before the writer reads them */
     d += body, s += body, n -= body;
   }

@@ -93,6 +93,29 @@ static inline uint32_t shift(const uint32_t t[4][256], uint32_t c) {
   return t[0][c & 0xff] ^ t[1][(c >> 8) & 0xff] ^ t[2][(c >> 16) & 0xff] ^ t[3][c >> 24];
 }
 
+/* Consume whole blocks of 3 x l bytes from p (8-byte aligned), extending the raw register *c;
+ * returns the first byte not consumed and leaves the rest in *len. */
+__attribute__((target("sse4.2"), always_inline)) static inline const unsigned char *crc3_blocks(
+    uint64_t *c, const unsigned char *p, size_t *len, size_t l, const uint32_t t[4][256]) {
+  while (*len >= 3 * l) {
+    uint64_t c0 = *c, c1 = 0, c2 = 0;
+    for (size_t i = 0; i < l; i += 8) {
+      uint64_t w0, w1, w2;
+      memcpy(&w0, p + i, 8);
+      memcpy(&w1, p + l + i, 8);
+      memcpy(&w2, p + 2 * l + i, 8);
+      c0 = _mm_crc32_u64(c0, w0);
+      c1 = _mm_crc32_u64(c1, w1);
+      c2 = _mm_crc32_u64(c2, w2);
+    }
+    c0 = shift(t, (uint32_t)c0) ^ (uint32_t)c1;
+    *c = shift(t, (uint32_t)c0) ^ (uint32_t)c2;
+    p += 3 * l;
+    *len -= 3 * l;
+  }
+  return p;
+}
+
 __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const void *buf, size_t len) {
   const unsigned char *p = buf;
   uint64_t c = ~crc;
@@ -100,38 +123,8 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const voi
     c = _mm_crc32_u8((uint32_t)c, *p++);
     len--;
   }
-  while (len >= 3 * LONG_L) {
-    uint64_t c1 = 0, c2 = 0;
-    for (size_t i = 0; i < LONG_L; i += 8) {
-      uint64_t w0, w1, w2;
-      memcpy(&w0, p + i, 8);
-      memcpy(&w1, p + LONG_L + i, 8);
-      memcpy(&w2, p + 2 * LONG_L + i, 8);
-      c = _mm_crc32_u64(c, w0);
-      c1 = _mm_crc32_u64(c1, w1);
-      c2 = _mm_crc32_u64(c2, w2);
-    }
-    c = shift(shift_long, (uint32_t)c) ^ (uint32_t)c1;
-    c = shift(shift_long, (uint32_t)c) ^ (uint32_t)c2;
-    p += 3 * LONG_L;
-    len -= 3 * LONG_L;
-  }
-  while (len >= 3 * SHORT_L) {
-    uint64_t c1 = 0, c2 = 0;
-    for (size_t i = 0; i < SHORT_L; i += 8) {
-      uint64_t w0, w1, w2;
-      memcpy(&w0, p + i, 8);
-      memcpy(&w1, p + SHORT_L + i, 8);
-      memcpy(&w2, p + 2 * SHORT_L + i, 8);
-      c = _mm_crc32_u64(c, w0);
-      c1 = _mm_crc32_u64(c1, w1);
-      c2 = _mm_crc32_u64(c2, w2);
-    }
-    c = shift(shift_short, (uint32_t)c) ^ (uint32_t)c1;
-    c = shift(shift_short, (uint32_t)c) ^ (uint32_t)c2;
-    p += 3 * SHORT_L;
-    len -= 3 * SHORT_L;
-  }
+  p = crc3_blocks(&c, p, &len, LONG_L, shift_long);
+  p = crc3_blocks(&c, p, &len, SHORT_L, shift_short);
   while (len >= 8) {
     uint64_t w;
     memcpy(&w, p, 8);
