@@ -1,4 +1,5 @@
-/* CRC32C: hardware (SSE4.2, three interleaved streams) with a slicing-by-8 fallback. See crc32c.h for why it is ours. */
+/* CRC32C: hardware (x86-64 SSE4.2 or AArch64 CRC32 instructions, three interleaved streams)
+ * with a slicing-by-8 fallback. See crc32c.h for why it is ours. */
 #include "core/crc32c.h"
 
 #include <pthread.h>
@@ -7,12 +8,30 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <nmmintrin.h>
+#define HORA_CRC_HW 1
+#define HW_TARGET __attribute__((target("sse4.2")))
+#define HW_U64(c, w) _mm_crc32_u64((c), (w))
+#define HW_U8(c, b) ((uint64_t)_mm_crc32_u8((uint32_t)(c), (b)))
+#elif defined(__aarch64__) && defined(__GNUC__)
+/* ARMv8.0 made the CRC32 instructions optional (ARMv8.1 requires them): checked at run time. */
+#include <arm_acle.h>
+#include <sys/auxv.h>
+#ifndef HWCAP_CRC32
+#define HWCAP_CRC32 (1 << 7)
+#endif
+#define HORA_CRC_HW 1
+#define HW_TARGET __attribute__((target("+crc")))
+#define HW_U64(c, w) ((uint64_t)__crc32cd((uint32_t)(c), (w)))
+#define HW_U8(c, b) ((uint64_t)__crc32cb((uint32_t)(c), (b)))
+#endif
+#ifndef HORA_CRC_HW
+#define HORA_CRC_HW 0
 #endif
 
 static uint32_t table[8][256];
 static pthread_once_t table_once = PTHREAD_ONCE_INIT;
 static int have_hw = 0;
-#if defined(__x86_64__)
+#if HORA_CRC_HW
 static void init_hw_shifts(void);
 #endif
 
@@ -27,6 +46,10 @@ static void init_tables(void) {
 #if defined(__x86_64__)
   unsigned a, b, c, d;
   if (__get_cpuid(1, &a, &b, &c, &d)) have_hw = (c & bit_SSE4_2) != 0;
+#elif HORA_CRC_HW
+  have_hw = (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0;
+#endif
+#if HORA_CRC_HW
   if (have_hw) init_hw_shifts();
 #endif
 }
@@ -53,7 +76,7 @@ uint32_t hora__crc32c_sw(uint32_t crc, const void *buf, size_t len) {
   return ~crc;
 }
 
-#if defined(__x86_64__)
+#if HORA_CRC_HW
 /* The crc32 instruction has a latency of 3 cycles and a throughput of 1 per cycle, so one
  * dependent chain runs at a third of what the unit can do. Long inputs are therefore split into
  * three streams of equal length L that run interleaved; the partial CRCs are joined with
@@ -61,20 +84,21 @@ uint32_t hora__crc32c_sw(uint32_t crc, const void *buf, size_t len) {
  * L zero bytes) is linear over GF(2) and is applied with four 256-entry tables (Intel's
  * "Fast CRC Computation for iSCSI Polynomial Using CRC32 Instruction", 2011, describes the
  * interleaving; the tables are the byte-wise form of zlib's crc32_combine operator).
- * Two stream lengths: LONG_L for bulk data, SHORT_L for record-sized inputs. */
+ * Two stream lengths: LONG_L for bulk data, SHORT_L for record-sized inputs. AArch64's CRC32CX
+ * has the same shape (latency 2-3 cycles, one per cycle on Neoverse cores), so both share it. */
 #define LONG_L 8192u
 #define SHORT_L 256u
 static uint32_t shift_long[4][256], shift_short[4][256];
 
-__attribute__((target("sse4.2"))) static uint32_t zeros_hw(uint32_t c, size_t len) {
-  uint64_t r = c;
-  for (size_t i = 0; i < len; i += 8) r = _mm_crc32_u64(r, 0);
-  return (uint32_t)r;
+/* The raw register after `len` zero bytes, with the byte table (init only). */
+static uint32_t zeros(uint32_t c, size_t len) {
+  for (size_t i = 0; i < len; i++) c = (c >> 8) ^ table[0][c & 0xff];
+  return c;
 }
 
 static void make_shift(uint32_t t[4][256], size_t len) {
   uint32_t basis[32];
-  for (int b = 0; b < 32; b++) basis[b] = zeros_hw(1u << b, len);
+  for (int b = 0; b < 32; b++) basis[b] = zeros(1u << b, len);
   for (int k = 0; k < 4; k++)
     for (uint32_t v = 0; v < 256; v++) {
       uint32_t x = 0;
@@ -95,7 +119,7 @@ static inline uint32_t shift(const uint32_t t[4][256], uint32_t c) {
 
 /* Consume whole blocks of 3 x l bytes from p (8-byte aligned), extending the raw register *c;
  * returns the first byte not consumed and leaves the rest in *len. */
-__attribute__((target("sse4.2"), always_inline)) static inline const unsigned char *crc3_blocks(
+HW_TARGET __attribute__((always_inline)) static inline const unsigned char *crc3_blocks(
     uint64_t *c, const unsigned char *p, size_t *len, size_t l, const uint32_t t[4][256]) {
   while (*len >= 3 * l) {
     uint64_t c0 = *c, c1 = 0, c2 = 0;
@@ -104,9 +128,9 @@ __attribute__((target("sse4.2"), always_inline)) static inline const unsigned ch
       memcpy(&w0, p + i, 8);
       memcpy(&w1, p + l + i, 8);
       memcpy(&w2, p + 2 * l + i, 8);
-      c0 = _mm_crc32_u64(c0, w0);
-      c1 = _mm_crc32_u64(c1, w1);
-      c2 = _mm_crc32_u64(c2, w2);
+      c0 = HW_U64(c0, w0);
+      c1 = HW_U64(c1, w1);
+      c2 = HW_U64(c2, w2);
     }
     c0 = shift(t, (uint32_t)c0) ^ (uint32_t)c1;
     *c = shift(t, (uint32_t)c0) ^ (uint32_t)c2;
@@ -116,11 +140,11 @@ __attribute__((target("sse4.2"), always_inline)) static inline const unsigned ch
   return p;
 }
 
-__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const void *buf, size_t len) {
+HW_TARGET static uint32_t crc_hw(uint32_t crc, const void *buf, size_t len) {
   const unsigned char *p = buf;
   uint64_t c = ~crc;
   while (len && ((uintptr_t)p & 7)) {
-    c = _mm_crc32_u8((uint32_t)c, *p++);
+    c = HW_U8(c, *p++);
     len--;
   }
   p = crc3_blocks(&c, p, &len, LONG_L, shift_long);
@@ -128,17 +152,15 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const voi
   while (len >= 8) {
     uint64_t w;
     memcpy(&w, p, 8);
-    c = _mm_crc32_u64(c, w);
+    c = HW_U64(c, w);
     p += 8;
     len -= 8;
   }
-  while (len--) c = _mm_crc32_u8((uint32_t)c, *p++);
+  while (len--) c = HW_U8(c, *p++);
   return ~(uint32_t)c;
 }
-#endif
 
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) static void crc_hw_x3(const void *const p[3], const size_t n[3], uint32_t out[3]) {
+HW_TARGET static void crc_hw_x3(const void *const p[3], const size_t n[3], uint32_t out[3]) {
   size_t m = n[0] < n[1] ? n[0] : n[1];
   if (n[2] < m) m = n[2];
   m &= ~(size_t)7;
@@ -149,9 +171,9 @@ __attribute__((target("sse4.2"))) static void crc_hw_x3(const void *const p[3], 
     memcpy(&wa, a + i, 8);
     memcpy(&wb, b + i, 8);
     memcpy(&wc, c + i, 8);
-    ca = _mm_crc32_u64(ca, wa);
-    cb = _mm_crc32_u64(cb, wb);
-    cc = _mm_crc32_u64(cc, wc);
+    ca = HW_U64(ca, wa);
+    cb = HW_U64(cb, wb);
+    cc = HW_U64(cc, wc);
   }
   /* the rest of each buffer continues its own chain (crc_hw takes and returns inverted values) */
   out[0] = crc_hw(~(uint32_t)ca, a + m, n[0] - m);
@@ -162,7 +184,7 @@ __attribute__((target("sse4.2"))) static void crc_hw_x3(const void *const p[3], 
 
 void hora__crc32c_x3(const void *const p[3], const size_t n[3], uint32_t out[3]) {
   pthread_once(&table_once, init_tables);
-#if defined(__x86_64__)
+#if HORA_CRC_HW
   if (have_hw) {
     crc_hw_x3(p, n, out);
     return;
@@ -171,9 +193,14 @@ void hora__crc32c_x3(const void *const p[3], const size_t n[3], uint32_t out[3])
   for (int i = 0; i < 3; i++) out[i] = hora__crc32c_sw(0, p[i], n[i]);
 }
 
+int hora__crc32c_hw(void) {
+  pthread_once(&table_once, init_tables);
+  return have_hw;
+}
+
 uint32_t hora__crc32c(uint32_t crc, const void *buf, size_t len) {
   pthread_once(&table_once, init_tables);
-#if defined(__x86_64__)
+#if HORA_CRC_HW
   if (have_hw) return crc_hw(crc, buf, len);
 #endif
   return hora__crc32c_sw(crc, buf, len);

@@ -1,9 +1,13 @@
 /* CRC32C against the standard check vectors (RFC 3720 B.4 and the "123456789" check value),
- * hardware vs table implementations on odd lengths and offsets, and incremental use. */
+ * hardware vs table implementations on odd lengths and offsets, and incremental use.
+ * HORA_TEST_EXPECT_CRC_HW=1|0 also asserts which implementation hora__crc32c uses (set by
+ * tests/unit/cross_arch.sh, which runs this test on AArch64 under qemu). */
 #include "core/crc32c.h"
 #include "hora_test.h"
 
 int main(void) {
+  const char *want_hw = getenv("HORA_TEST_EXPECT_CRC_HW");
+  if (want_hw) EXPECT(hora__crc32c_hw() == atoi(want_hw), "hardware CRC32C: %d, want %s", hora__crc32c_hw(), want_hw);
   EXPECT(hora__crc32c(0, "123456789", 9) == 0xE3069283u, "check value %08x", hora__crc32c(0, "123456789", 9));
   EXPECT(hora__crc32c_sw(0, "123456789", 9) == 0xE3069283u, "sw check value");
   unsigned char buf[32];
