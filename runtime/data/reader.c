@@ -37,7 +37,6 @@
 #include "data/records.h"
 
 #define BLOCK_BYTES (1u << 20)
-#define READAHEAD_BYTES (8u << 20)
 #define SHUFFLE_ITEM_RECORDS 64
 #define FREE_LIST_MAX 4
 #define DEFAULT_PREFETCH 256
@@ -392,9 +391,10 @@ static hora_result_t read_file(hora_records_reader_t *r, const char *path) {
   }
   int at_eof = 0;
   crc_batch_t batch = {.n = 0, .next = 0};
-  /* Ask the kernel to read ahead READAHEAD_BYTES past what we consumed, so that the disk keeps
-   * streaming while this thread checks CRCs (POSIX_FADV_SEQUENTIAL alone leaves gaps). */
-  uint64_t read_off = 0, ra_off = 0;
+  /* Read-ahead is the kernel's (POSIX_FADV_SEQUENTIAL above). Explicit POSIX_FADV_WILLNEED of
+   * 8 MiB windows ahead was tried: cold reads of 206 MB of shards went from 0.92-0.95x to
+   * 0.84-0.89x of a plain sequential read with one rank, and from 1.00x to 0.80x with 4 ranks
+   * (hora-bench records, docs/benchmarks.md). */
   for (;;) {
     size_t avail = blk->used - pos;
     size_t need = HORA_RECORD_HEADER_BYTES;
@@ -497,13 +497,7 @@ static hora_result_t read_file(hora_records_reader_t *r, const char *path) {
     pos = 0;
     batch.n = batch.next = 0; /* positions were offsets in the old block */
     size_t got = 0;
-    if (read_off + READAHEAD_BYTES / 2 >= ra_off && ra_off < size) {
-      if (ra_off < read_off) ra_off = read_off;
-      posix_fadvise(fd, (off_t)ra_off, READAHEAD_BYTES, POSIX_FADV_WILLNEED);
-      ra_off += READAHEAD_BYTES;
-    }
     if ((rc = read_more(r, fd, blk, path, &got)) != HORA_SUCCESS) break;
-    read_off += got;
     if (got == 0) at_eof = 1;
   }
   close(fd);
