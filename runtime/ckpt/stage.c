@@ -183,7 +183,10 @@ static hora_result_t copy_tensors(hora_tensor_t *t, size_t n, const size_t *off,
   cudaError_t e;
   if (any_dev) {
     if (device >= 0 && (e = cudaSetDevice(device)) != cudaSuccess) return cuda_err(e, "cudaSetDevice");
-    if ((e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess)
+    /* A blocking stream: it orders after the caller's work on the legacy default stream (as the
+     * collectives' streams do, runtime/comm), so the snapshot sees the optimizer step that the
+     * caller just enqueued there; a non-blocking stream could copy the weights before it. */
+    if ((e = cudaStreamCreateWithFlags(&s, cudaStreamDefault)) != cudaSuccess)
       return cuda_err(e, "cudaStreamCreate");
     for (size_t i = 0; i < n; i++) {
       if (t[i].device != HORA_DEVICE_CUDA || !t[i].count) continue;

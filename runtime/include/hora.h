@@ -441,7 +441,9 @@ hora_result_t hora_ckpt_open(hora_ctx_t *ctx, const hora_ckpt_opts_t *opts, hora
  * (data-parallel replicas hold the same state), other ranks may pass NULL/0.
  * Rank 0 copies the ntensors tensors (host memory with memcpy; device memory with
  * cudaMemcpyAsync into pinned staging, then one stream synchronize) and returns as soon as
- * the copy is complete: the caller may overwrite its buffers right after. The file is written
+ * the copy is complete: the caller may overwrite its buffers right after. As for the
+ * collectives, hora's copy stream orders after the caller's work on the legacy default stream;
+ * work on other streams that writes the tensors must be complete before the call. The file is written
  * in the background (tensors in the order given, back to back). One snapshot exists at a
  * time: a save that finds the previous checkpoint still being written waits for it (and logs a
  * warning saying how long). Saving a step that is already committed writes a new version of
