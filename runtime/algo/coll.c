@@ -333,15 +333,16 @@ HORA_EXPORT hora_result_t hora_allgatherv(hora_ctx_t *ctx, const void *sendbuf, 
     goto done;
   }
   size_t off = 0;
+  char *mine = (char *)recvbuf; /* this rank's block of recvbuf */
   for (int i = 0; i < n; i++) {
     rp[i] = (char *)recvbuf + off * es;
+    if (i == ctx->rank) mine = rp[i];
     rb[i] = recvcounts[i] * es;
-    sp[i] = sendbuf;
     sb[i] = sendcount * es;
     off += recvcounts[i];
   }
-  if (sendcount && rp[ctx->rank] != (const char *)sendbuf) memmove(rp[ctx->rank], sendbuf, sendcount * es);
-  for (int i = 0; i < n; i++) sp[i] = rp[ctx->rank];
+  if (sendcount && mine != (const char *)sendbuf) memmove(mine, sendbuf, sendcount * es);
+  for (int i = 0; i < n; i++) sp[i] = mine;
   rc = exchange(ctx, sp, sb, rp, rb);
 done:
   free(sp);
