@@ -160,8 +160,10 @@ hora_result_t hora__dense_fwd_cuda(const float *x, size_t n, int in, const float
 hora_result_t hora__dense_bwd_cuda(const float *x, const float *dy, size_t n, int in,
                                    const float *wt, int out, float *dwt, float *dbias, float *dx);
 /* labels in device memory; *loss_sum and *correct are host memory (written after the kernel has
- * finished). The rows' losses are summed in a tree, not in row order: *loss_sum can differ from
- * the host's in the last bits. */
+ * finished). One block of 256 threads (a row per thread) sums the rows' losses in a tree, not in
+ * row order: *loss_sum can differ from the host's in the last bits. The sums pass through one
+ * __device__ variable per GPU: calls from several host threads on the same GPU at once are not
+ * supported (the example calls it from its training thread only). */
 hora_result_t hora__softmax_xent_cuda(const float *logits, const uint8_t *labels, size_t n,
                                       int classes, float grad_scale, double *loss_sum,
                                       size_t *correct, float *dlogits);
