@@ -33,8 +33,26 @@ __global__ void k_col2im(hora_conv_shape_t s, const float *dcol, float *dx, size
 __global__ void k_bias_act(float *y, const float *bias, int k, int relu, size_t count) {
   GRID_STRIDE(i, count) y[i] = hora_body_bias_act(y, bias, k, relu, i);
 }
+/* Bias gradient: one block per channel (grid-stride over channels); each thread sums one residue
+ * class of rows, then the block adds the partial sums in the tree of hora_body_tree_sum. The
+ * m rows of a conv layer (n*oh*ow, 43264 for conv1 at batch 64) are spread over the block instead
+ * of one thread walking them all. */
 __global__ void k_col_sum(const float *dy, size_t m, int k, float *dbias) {
-  GRID_STRIDE(j, (size_t)k) dbias[j] = hora_body_col_sum(dy, m, k, (int)j);
+  __shared__ double part[kThreads];
+  for (size_t j = blockIdx.x; j < (size_t)k; j += gridDim.x) {
+    part[threadIdx.x] = hora_body_col_sum_part(dy, m, k, (int)j, threadIdx.x, blockDim.x);
+    __syncthreads();
+    for (unsigned h = blockDim.x / 2; h > 0; h /= 2) {
+      if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) dbias[j] = (float)part[0];
+    __syncthreads();
+  }
+}
+hora_result_t col_sum(const float *dy, size_t m, int k, float *dbias) {
+  k_col_sum<<<(unsigned)(k < 65535 ? k : 65535), kThreads>>>(dy, m, k, dbias);
+  return HORA_CUDA_LAUNCHED("k_col_sum");
 }
 __global__ void k_relu_bwd(const float *y, float *dy, size_t count) {
   GRID_STRIDE(i, count) dy[i] = hora_body_relu_bwd(y, dy, i);
@@ -202,7 +220,7 @@ hora_result_t hora__conv2d_bwd_cuda(const hora_conv_shape_t *s, const float *col
   const int oh = s->h - s->kh + 1, ow = s->w - s->kw + 1, kk = s->kh * s->kw * s->c;
   const int m = (int)(s->n * (size_t)oh * ow);
   TRY(gemm_rm(true, false, s->k, kk, m, dy, s->k, col, kk, dwt, kk));
-  LAUNCH(k_col_sum, (size_t)s->k, dy, (size_t)m, s->k, dbias);
+  TRY(col_sum(dy, (size_t)m, s->k, dbias));
   if (dx) {
     TRY(gemm_rm(false, false, m, kk, s->k, dy, s->k, wt, kk, dcol, kk));
     const size_t xn = s->n * (size_t)s->h * s->w * s->c;
@@ -268,7 +286,7 @@ hora_result_t hora__dense_bwd_cuda(const float *x, const float *dy, size_t n, in
                                    const float *wt, int out, float *dwt, float *dbias, float *dx) {
   if (!hora_body_dense_ok(n, in, out) || !x || !dy || !wt || !dwt || !dbias) return BAD;
   TRY(gemm_rm(true, false, out, in, (int)n, dy, out, x, in, dwt, in));
-  LAUNCH(k_col_sum, (size_t)out, dy, n, out, dbias);
+  TRY(col_sum(dy, n, out, dbias));
   if (dx) TRY(gemm_rm(false, false, (int)n, in, out, dy, out, wt, in, dx, in));
   return HORA_SUCCESS;
 }

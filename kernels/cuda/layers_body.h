@@ -111,12 +111,29 @@ static inline HORA_HD float hora_body_bias_act(const float *y, const float *bias
   return v;
 }
 
-/* Channel j's bias gradient: the sum over the m rows of dy [m][k] column j, accumulated in double
- * in row order (as the host's col_sums). */
-static inline HORA_HD float hora_body_col_sum(const float *dy, size_t m, int k, int j) {
+/* Part of channel j's bias gradient: the sum in double of rows first, first + stride, ... (< m) of
+ * column j of dy [m][k], in row order. first 0, stride 1 is the host's col_sums exactly; the CUDA
+ * kernel gives each of a block's threads one residue class (stride = threads per block) and adds
+ * the partial sums in a fixed tree, so its result is deterministic but can differ from the host's
+ * in the last bit of the float. */
+static inline HORA_HD double hora_body_col_sum_part(const float *dy, size_t m, int k, int j,
+                                                    size_t first, size_t stride) {
   double acc = 0.0;
-  for (size_t r = 0; r < m; r++) acc += dy[r * (size_t)k + (size_t)j];
-  return (float)acc;
+  for (size_t r = first; r < m; r += stride) acc += dy[r * (size_t)k + (size_t)j];
+  return acc;
+}
+
+/* Channel j's bias gradient in row order (the host's order). */
+static inline HORA_HD float hora_body_col_sum(const float *dy, size_t m, int k, int j) {
+  return (float)hora_body_col_sum_part(dy, m, k, j, 0, 1);
+}
+
+/* The tree the CUDA kernel adds a block's n (a power of two) partial sums in: v[t] += v[t + h]
+ * for h = n/2, n/4, ..., 1; the total ends in v[0]. Host form, for the unit test. */
+static inline double hora_body_tree_sum(double *v, unsigned n) {
+  for (unsigned h = n / 2; h > 0; h /= 2)
+    for (unsigned t = 0; t < h; t++) v[t] += v[t + h];
+  return v[0];
 }
 
 /* ---- ReLU, pooling, dropout ---- */

@@ -128,8 +128,9 @@ float hora__rng_uniform(uint64_t seed, uint64_t i);
  * result: the per-element work is kernels/cuda/layers_body.h, whose functions give the host's bits
  * (checked on the CPU by tests/unit/test_layers_body); the matrix products go to cuBLAS
  * (cublasSgemm, one handle per GPU created on first use), whose summation order differs from
- * OpenBLAS's (float rounding differences only). col2im is a gather (each dx element sums the
- * dcol entries that map to it): no atomics, deterministic.
+ * OpenBLAS's (float rounding differences only), and the bias gradients add 256 partial sums per
+ * channel in a fixed tree (within a float ulp of the host's). col2im is a gather (each dx element
+ * sums the dcol entries that map to it): no atomics; every kernel is deterministic.
  * Stream: the legacy default stream (stream 0) of the current device; the calls are asynchronous
  * (they return once the work is enqueued) except hora__softmax_xent_cuda, which waits for its
  * kernel to return the loss and count on the host. Work the caller runs on other streams must be

@@ -40,6 +40,19 @@ static size_t first_diff(const void *a, const void *b, size_t n, size_t es) {
     EXPECT(d_ == (size_t)-1, what ": element %zu of %zu differs" , ##__VA_ARGS__, d_, (size_t)(n)); \
   } while (0)
 
+/* The device's bias gradient: 256 residue classes of rows, added in the kernel's tree; within one
+ * float ulp (relative 2^-23) of the host's row-order sum, plus a tiny absolute slack for sums
+ * that cancel. */
+static void check_tree_col_sums(const float *dy, size_t m, int k, const float *host, const char *what) {
+  double part[256];
+  for (int j = 0; j < k; j++) {
+    for (unsigned t = 0; t < 256; t++) part[t] = hora_body_col_sum_part(dy, m, k, j, t, 256);
+    float got = (float)hora_body_tree_sum(part, 256);
+    EXPECT(fabsf(got - host[j]) <= 1.2e-7f * fabsf(host[j]) + 1e-12f, "%s: tree column sum %d: %.9g vs %.9g",
+           what, j, got, host[j]);
+  }
+}
+
 static void test_conv(hora_conv_shape_t s) {
   const size_t xn = s.n * (size_t)s.h * s.w * s.c, wn = (size_t)s.k * s.kh * s.kw * s.c;
   const size_t yn = hora__conv2d_out_count(&s), cn = hora__conv2d_col_count(&s);
@@ -62,6 +75,7 @@ static void test_conv(hora_conv_shape_t s) {
   EXPECT_OK(hora__conv2d_bwd_host(&s, col, dy, wt, dwt, db, dcol, dx));
   for (int j = 0; j < s.k; j++) got[j] = hora_body_col_sum(dy, m, s.k, j);
   SAME(got, db, (size_t)s.k, "conv bias gradient (column sums) k %d", s.k);
+  check_tree_col_sums(dy, m, s.k, db, "conv");
   for (size_t i = 0; i < xn; i++) gx[i] = hora_body_col2im(s, dcol, i);
   SAME(gx, dx, xn, "col2im h %d w %d c %d kh %d kw %d", s.h, s.w, s.c, s.kh, s.kw);
   /* relu backward on the conv output */
@@ -129,6 +143,7 @@ static void test_dense(size_t n, int in, int out) {
   EXPECT_OK(hora__dense_bwd_host(x, y, n, in, wt, out, dwt, db, dx));
   for (int j = 0; j < out; j++) got[j] = hora_body_col_sum(y, n, out, j);
   SAME(got, db, (size_t)out, "dense bias gradient out %d", out);
+  check_tree_col_sums(y, n, out, db, "dense");
   free(x), free(wt), free(b), free(zero), free(y), free(z), free(got), free(dwt), free(db), free(dx);
 }
 
