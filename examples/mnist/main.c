@@ -210,6 +210,16 @@ static int affinity_cores(void) {
   return n > 0 ? n : 1;
 }
 
+/* The message of the last failure: the CUDA layer kernels keep their own (they cannot reach
+ * hora_last_error() through the shared libhora), everything else is hora's. */
+static const char *err_text(int cuda) {
+#ifdef MNIST_HAVE_CUDA
+  if (cuda && hora__layers_cuda_last_error()[0]) return hora__layers_cuda_last_error();
+#endif
+  (void)cuda;
+  return hora_last_error();
+}
+
 /* Test-set evaluation: every rank runs its share (by-record or by-file sharding, no shuffle)
  * without dropout; sums go through one allreduce. */
 static hora_result_t evaluate(hora_ctx_t *ctx, mnist_model_t *m, const mnist_data_t *d,
@@ -224,7 +234,10 @@ static hora_result_t evaluate(hora_ctx_t *ctx, mnist_model_t *m, const mnist_dat
     rc = mnist_read_batch(r, m->capacity, m->x_in, m->labels_in, &got, err, errlen);
     if (rc != HORA_SUCCESS || got == 0) break;
     rc = mnist_model_forward(m, got, 0, 0, &l, &ok);
-    if (rc != HORA_SUCCESS) break;
+    if (rc != HORA_SUCCESS) {
+      snprintf(err, errlen, "forward: %s: %s", hora_result_name(rc), err_text(m->cuda));
+      break;
+    }
     sums[0] += l, sums[1] += (double)ok, sums[2] += (double)got;
   }
   hora_records_reader_close(r);
@@ -343,7 +356,7 @@ static hora_result_t save_ckpt(mnist_ckpt_t *ck, int64_t step, int64_t spe, cons
 #define CHECK(call, what)                                                                  \
   do {                                                                                     \
     hora_result_t rc_ = (call);                                                            \
-    if (rc_ != HORA_SUCCESS) FAIL("%s: %s: %s", what, hora_result_name(rc_), hora_last_error()); \
+    if (rc_ != HORA_SUCCESS) FAIL("%s: %s: %s", what, hora_result_name(rc_), err_text(cuda)); \
   } while (0)
 
 int main(int argc, char **argv) {

@@ -9,6 +9,8 @@
  * summation order; the tests use a tolerance there). */
 #include <cublas_v2.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 
 #include "common.cuh"
 #include "hora_layers.h"
@@ -20,6 +22,33 @@ namespace {
 
 using hora_cuda::blocks_for;
 using hora_cuda::kThreads;
+
+/* The message of this thread's last failure (hora__layers_cuda_last_error). Also handed to
+ * hora__error when libhora's internals are linked in (hora_last_error() then has it too); a
+ * program on the shared libhora, which does not export them, reads it here. */
+thread_local char g_err[512];
+
+__attribute__((format(printf, 3, 4))) hora_result_t fail(hora_result_t rc, int line,
+                                                        const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_err, sizeof g_err, fmt, ap);
+  va_end(ap);
+  if (hora__error) return hora__error(rc, __FILE__, line, "%s", g_err);
+  return rc;
+}
+hora_result_t cuda_fail(cudaError_t e, const char *what, int line) {
+  return fail(HORA_ERR_CUDA, line, "%s failed: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+hora_result_t launched(const char *kernel, int line) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return HORA_SUCCESS;
+  return fail(HORA_ERR_CUDA, line, "%s: kernel launch failed: %s (%s)", kernel, cudaGetErrorString(e),
+              cudaGetErrorName(e));
+}
+#define LAUNCHED(kernel) launched((kernel), __LINE__)
+#define CALL(call) ([&]() -> hora_result_t { cudaError_t e_ = (call); \
+                     return e_ == cudaSuccess ? HORA_SUCCESS : cuda_fail(e_, #call, __LINE__); }())
 
 #define GRID_STRIDE(i, count) \
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (count); i += (size_t)gridDim.x * blockDim.x)
@@ -52,7 +81,7 @@ __global__ void k_col_sum(const float *dy, size_t m, int k, float *dbias) {
 }
 hora_result_t col_sum(const float *dy, size_t m, int k, float *dbias) {
   k_col_sum<<<(unsigned)(k < 65535 ? k : 65535), kThreads>>>(dy, m, k, dbias);
-  return HORA_CUDA_LAUNCHED("k_col_sum");
+  return LAUNCHED("k_col_sum");
 }
 __global__ void k_relu_bwd(const float *y, float *dy, size_t count) {
   GRID_STRIDE(i, count) dy[i] = hora_body_relu_bwd(y, dy, i);
@@ -146,15 +175,14 @@ const char *blas_name(cublasStatus_t st) {
 }
 
 hora_result_t blas_fail(cublasStatus_t st, const char *what, int line) {
-  if (!hora__error) return HORA_ERR_CUDA;
-  return hora__error(HORA_ERR_CUDA, __FILE__, line, "%s: %s (%d)", what, blas_name(st), (int)st);
+  return fail(HORA_ERR_CUDA, line, "%s: %s (%d)", what, blas_name(st), (int)st);
 }
 
 hora_result_t blas_handle(cublasHandle_t *h) {
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return HORA_CUDA_CALL(e);
-  if (dev < 0 || dev >= 64) return hora__error ? hora__error(HORA_ERR_CUDA, __FILE__, __LINE__, "device ordinal %d >= 64", dev) : HORA_ERR_CUDA;
+  if (e != cudaSuccess) return cuda_fail(e, "cudaGetDevice", __LINE__);
+  if (dev < 0 || dev >= 64) return fail(HORA_ERR_CUDA, __LINE__, "device ordinal %d >= 64", dev);
   pthread_mutex_lock(&g_blas_mu);
   hora_result_t rc = HORA_SUCCESS;
   if (!g_blas[dev]) {
@@ -188,7 +216,7 @@ hora_result_t gemm_rm(bool ta, bool tb, int M, int N, int K, const float *A, int
 #define LAUNCH(kernel, work, ...)                                  \
   do {                                                             \
     kernel<<<blocks_for(work), kThreads>>>(__VA_ARGS__);           \
-    hora_result_t rc_ = HORA_CUDA_LAUNCHED(#kernel);               \
+    hora_result_t rc_ = LAUNCHED(#kernel);                         \
     if (rc_ != HORA_SUCCESS) return rc_;                           \
   } while (0)
 #define TRY(call)                                \
@@ -200,6 +228,8 @@ hora_result_t gemm_rm(bool ta, bool tb, int M, int N, int K, const float *A, int
 }  // namespace
 
 extern "C" {
+
+const char *hora__layers_cuda_last_error(void) { return g_err; }
 
 hora_result_t hora__conv2d_fwd_cuda(const hora_conv_shape_t *s, const float *x, const float *wt,
                                     const float *bias, int relu, float *col, float *y) {
@@ -296,16 +326,13 @@ hora_result_t hora__softmax_xent_cuda(const float *logits, const uint8_t *labels
                                       size_t *correct, float *dlogits) {
   if (n == 0 || classes <= 0 || !logits || !labels || !loss_sum || !correct) return BAD;
   xent_out *out = NULL;
-  TRY(HORA_CUDA_CALL(cudaGetSymbolAddress((void **)&out, g_xent_out)));
+  TRY(CALL(cudaGetSymbolAddress((void **)&out, g_xent_out)));
   k_xent<<<1, kThreads>>>(logits, labels, n, classes, grad_scale, dlogits, out);
-  TRY(HORA_CUDA_LAUNCHED("k_xent"));
+  TRY(LAUNCHED("k_xent"));
   xent_out h;
   /* a synchronous copy on the legacy default stream: waits for the kernel */
-  TRY(HORA_CUDA_CALL(cudaMemcpy(&h, out, sizeof h, cudaMemcpyDeviceToHost)));
-  if (h.bad) {
-    if (!hora__error) return BAD;
-    return hora__error(BAD, __FILE__, __LINE__, "softmax_xent: a label is >= classes (%d)", classes);
-  }
+  TRY(CALL(cudaMemcpy(&h, out, sizeof h, cudaMemcpyDeviceToHost)));
+  if (h.bad) return fail(BAD, __LINE__, "softmax_xent_cuda: a label is >= classes (%d)", classes);
   *loss_sum = h.loss;
   *correct = (size_t)h.correct;
   return HORA_SUCCESS;

@@ -173,6 +173,11 @@ hora_result_t hora__sgd_momentum_cuda(float *param, const float *grad, float *ve
 hora_result_t hora__adam_cuda(float *param, const float *grad, float *m, float *v, size_t count,
                               float lr, float beta1, float beta2, float eps, int64_t t);
 hora_result_t hora__init_uniform_cuda(float *w, size_t count, float limit, uint64_t seed);
+/* The message of the calling thread's last HORA_ERR_CUDA (or device-detected bad label) from a
+ * _cuda layer kernel, "" if none yet; valid until that thread's next failing call. The same text
+ * goes to hora_last_error() only where libhora's internal symbols are linked (libhora_static):
+ * a program on the shared libhora reads it here. */
+const char *hora__layers_cuda_last_error(void);
 
 #ifdef __cplusplus
 }

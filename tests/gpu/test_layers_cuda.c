@@ -283,6 +283,8 @@ static void test_xent(size_t n, int classes) {
   CK(cudaMemcpy(d_lab, lab, n, cudaMemcpyHostToDevice));
   CK(cudaMemset(d_d, 0xa5, n * classes * 4));
   EXPECT_RC(hora__softmax_xent_cuda(d_z, d_lab, n, classes, 1.0f, &gloss, &gok, d_d), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(hora__layers_cuda_last_error(), "label") != NULL, "bad label message: '%s'",
+         hora__layers_cuda_last_error());
   unsigned char *raw = down(d_d, n * classes * 4);
   size_t touched = 0;
   for (size_t i = 0; i < n * classes * 4; i++) touched += raw[i] != 0xa5;
