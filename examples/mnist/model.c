@@ -141,8 +141,12 @@ hora_result_t mnist_model_create_on(mnist_model_t *m, size_t capacity, int cuda)
 #undef F
 #undef B
   if (cuda) {
-    m->x_in = calloc(n * MNIST_PIXELS, sizeof(float));
-    m->labels_in = calloc(n, 1);
+#ifdef MNIST_HAVE_CUDA
+    /* pinned, so that the per-step upload is one DMA without a bounce buffer */
+    if (cudaMallocHost((void **)&m->x_in, n * MNIST_PIXELS * sizeof(float)) != cudaSuccess)
+      m->x_in = NULL;
+    if (cudaMallocHost((void **)&m->labels_in, n) != cudaSuccess) m->labels_in = NULL;
+#endif
     ok = ok && m->x_in && m->labels_in;
   } else {
     m->x_in = m->x;
@@ -160,10 +164,12 @@ void mnist_model_destroy(mnist_model_t *m) {
                m->y2,     m->p2,    m->d,      m->logits, m->arg1,  m->arg2, m->keep,
                m->labels, m->dlogits, m->dd,   m->dy2,  m->dcol2,   m->dp1, m->dy1};
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) zfree(m->cuda, p[i]);
+#ifdef MNIST_HAVE_CUDA
   if (m->cuda) {
-    free(m->x_in);
-    free(m->labels_in);
+    if (m->x_in) cudaFreeHost(m->x_in);
+    if (m->labels_in) cudaFreeHost(m->labels_in);
   }
+#endif
   memset(m, 0, sizeof *m);
 }
 

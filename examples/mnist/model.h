@@ -45,7 +45,7 @@ typedef struct {
   float *dlogits, *dd, *dy2, *dcol2, *dp1, *dy1;
   size_t n; /* images of the last forward */
   /* Where the data reader puts a batch: m->x and m->labels on the CPU path; on the GPU path host
-   * staging buffers that mnist_model_forward copies to the device (cudaMemcpy). */
+   * staging buffers (pinned, cudaMallocHost) that mnist_model_forward copies to the device. */
   float *x_in;
   uint8_t *labels_in;
 } mnist_model_t;
