@@ -376,6 +376,7 @@ int main(int argc, char **argv) {
   int cuda = 0; /* this run's layers, optimizer state and evaluation are on the GPU */
   mnist_ckpt_t *ck = NULL;
   hora_tb_t *tb = NULL;
+  hora_gpumon_t *gpumon = NULL;
   hora_records_reader_t *reader = NULL;
   char err[4400] = "";
   int pa = parse_args(argc, argv, &o);
@@ -499,6 +500,22 @@ int main(int argc, char **argv) {
   }
 
   if (g_rank == 0 && o.tensorboard) CHECK(hora_tb_open(o.tensorboard, &tb), "tensorboard");
+  if (tb && cuda) {
+    /* On the GPU: rank 0's GPU utilization, memory, power, temperature and clock beside the
+     * training scalars (gpu<N>/... in TensorBoard, and a CSV in the same directory); without
+     * NVML the monitor is simply off. */
+    char csv[4200];
+    snprintf(csv, sizeof csv, "%s/hora-gpu-0.csv", o.tensorboard);
+    hora_gpumon_opts_t go;
+    memset(&go, 0, sizeof go);
+    go.size = sizeof go;
+    go.csv_path = csv;
+    go.tb = tb;
+    go.ctx = ctx;
+    rc = hora_gpumon_start(&go, &gpumon);
+    if (rc != HORA_SUCCESS && rc != HORA_ERR_NOT_SUPPORTED)
+      FAIL("GPU monitor: %s: %s", hora_result_name(rc), hora_last_error());
+  }
   if (cuda) threads = 0;
   say("mnist: %d rank(s), %d OpenBLAS thread(s) on rank 0, device %s, %lld train images per "
       "rank per epoch (%llu test), batch %d per rank (%d global), %lld steps per epoch, %d epochs, "
@@ -649,6 +666,7 @@ done:
     _exit(exit_code);
   }
   if (reader) hora_records_reader_close(reader);
+  if (gpumon) hora_gpumon_stop(gpumon); /* before the TensorBoard file it writes to */
   if (tb) hora_tb_close(tb);
   if (ck) {
     hora_result_t crc = mnist_ckpt_close(ck);
