@@ -10,12 +10,15 @@ hora_result_t mnist_grad_layer_done(void *arg, int layer) {
   mnist_grad_sync_t *s = arg;
   const mnist_layer_t *L = &s->model->layer[layer];
   float *g = s->model->grads + L->offset;
-  /* The engine negotiates, fuses and reduces on its own thread while backward goes on. */
+  /* The engine negotiates, fuses and reduces on its own thread while backward goes on. On the GPU
+   * path the gradient is device memory written by kernels on the legacy default stream; hora's
+   * streams are blocking streams, so its allreduce orders after them (docs/gpu.md). */
   char name[64];
   snprintf(name, sizeof name, "grad.%s", L->name);
   hora_handle_t *h = NULL;
   hora_result_t rc = hora_allreduce_async(s->ctx, name, g, g, L->count, HORA_FLOAT32, HORA_AVERAGE,
-                                          1.0, 1.0, HORA_DEVICE_HOST, &h);
+                                          1.0, 1.0,
+                                          s->model->cuda ? HORA_DEVICE_CUDA : HORA_DEVICE_HOST, &h);
   if (rc == HORA_SUCCESS) s->pending[layer] = h;
   return rc;
 }

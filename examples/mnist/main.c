@@ -22,6 +22,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef MNIST_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #include "data.h"
 #include "dist.h"
@@ -30,6 +33,7 @@
 
 typedef struct {
   const char *data, *ckpt_dir, *persist_dir, *tensorboard, *cache_dir, *save_weights;
+  const char *device; /* auto|cpu|cuda */
   int epochs, batch, ckpt_every, resume, log_every, threads;
   double lr, momentum, warmup_epochs;
   int sgd;
@@ -74,7 +78,13 @@ static void usage(FILE *f) {
     "  --ckpt-every STEPS    checkpoint every STEPS steps (default 0: only on a signal and at the end)\n"
     "  --resume              continue from the newest valid checkpoint, if any\n"
     "  --tensorboard DIR     write TensorBoard scalars under DIR (rank 0)\n"
-    "  --device D            auto|cpu|cuda (default auto: cpu in this build)\n"
+#ifdef MNIST_HAVE_CUDA
+    "  --device D            auto|cpu|cuda: cuda runs every layer, the optimizer and the\n"
+    "                        evaluation on the GPU hora gives the rank (hora_device_index);\n"
+    "                        auto = cuda when every rank has a GPU, else cpu (default auto)\n"
+#else
+    "  --device D            auto|cpu|cuda (default auto: cpu; this build has no CUDA layer kernels)\n"
+#endif
     "  --log-every STEPS     progress line every STEPS steps (default 50)\n"
     "  --threads N           OpenBLAS threads per rank (default: the cores this rank is bound to)\n"
     "  --max-steps N         stop after global step N (checkpoint, test, final line)\n"
@@ -173,11 +183,7 @@ static int parse_args(int argc, char **argv, opts_t *o) {
     }
     return -1;
   }
-  if (!strcmp(device, "cuda")) {
-    if (g_rank == 0)
-      fprintf(stderr, "mnist: --device cuda: this build has no CUDA layer kernels; use --device cpu\n");
-    return -1;
-  }
+  o->device = device;
   o->sgd = !strcmp(opt, "sgd");
   if (o->lr < 0) o->lr = o->sgd ? 0.01 : 0.001;
   if (!strcmp(o->lr_scaling, "auto")) o->lr_scaling = o->sgd ? "linear" : "sqrt";
@@ -204,6 +210,16 @@ static int affinity_cores(void) {
   return n > 0 ? n : 1;
 }
 
+/* The message of the last failure: the CUDA layer kernels keep their own (they cannot reach
+ * hora_last_error() through the shared libhora), everything else is hora's. */
+static const char *err_text(int cuda) {
+#ifdef MNIST_HAVE_CUDA
+  if (cuda && hora__layers_cuda_last_error()[0]) return hora__layers_cuda_last_error();
+#endif
+  (void)cuda;
+  return hora_last_error();
+}
+
 /* Test-set evaluation: every rank runs its share (by-record or by-file sharding, no shuffle)
  * without dropout; sums go through one allreduce. */
 static hora_result_t evaluate(hora_ctx_t *ctx, mnist_model_t *m, const mnist_data_t *d,
@@ -215,10 +231,13 @@ static hora_result_t evaluate(hora_ctx_t *ctx, mnist_model_t *m, const mnist_dat
   for (;;) {
     size_t got, ok;
     double l;
-    rc = mnist_read_batch(r, m->capacity, m->x, m->labels, &got, err, errlen);
+    rc = mnist_read_batch(r, m->capacity, m->x_in, m->labels_in, &got, err, errlen);
     if (rc != HORA_SUCCESS || got == 0) break;
     rc = mnist_model_forward(m, got, 0, 0, &l, &ok);
-    if (rc != HORA_SUCCESS) break;
+    if (rc != HORA_SUCCESS) {
+      snprintf(err, errlen, "forward: %s: %s", hora_result_name(rc), err_text(m->cuda));
+      break;
+    }
     sums[0] += l, sums[1] += (double)ok, sums[2] += (double)got;
   }
   hora_records_reader_close(r);
@@ -230,13 +249,66 @@ static hora_result_t evaluate(hora_ctx_t *ctx, mnist_model_t *m, const mnist_dat
   return HORA_SUCCESS;
 }
 
-static int save_weights(const char *path, const float *p, size_t n) {
+/* Zeroed host or device buffer (the optimizer state), and its release. */
+static void *dev_zalloc(int cuda, size_t bytes) {
+#ifdef MNIST_HAVE_CUDA
+  if (cuda) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) return NULL;
+    if (cudaMemset(p, 0, bytes) != cudaSuccess) {
+      cudaFree(p);
+      return NULL;
+    }
+    return p;
+  }
+#endif
+  (void)cuda;
+  return calloc(bytes, 1);
+}
+static void dev_free(int cuda, void *p) {
+#ifdef MNIST_HAVE_CUDA
+  if (cuda) {
+    if (p) cudaFree(p);
+    return;
+  }
+#endif
+  (void)cuda;
+  free(p);
+}
+
+/* The optimizers of each path (one signature per optimizer for both). */
+#ifdef MNIST_HAVE_CUDA
+#define sgd_cuda hora__sgd_momentum_cuda
+#define adam_cuda hora__adam_cuda
+#else
+#define sgd_cuda hora__sgd_momentum_host
+#define adam_cuda hora__adam_host
+#endif
+
+static int save_weights(const char *path, const float *dp, size_t n, int cuda) {
+  const float *p = dp;
+  float *staged = NULL;
+#ifdef MNIST_HAVE_CUDA
+  if (cuda) {
+    staged = malloc(n * sizeof(float));
+    if (!staged || cudaMemcpy(staged, dp, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) {
+      free(staged);
+      return -1;
+    }
+    p = staged;
+  }
+#endif
+  (void)cuda;
   char tmp[4200];
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
   FILE *f = fopen(tmp, "wb");
-  if (!f) return -1;
+  if (!f) {
+    free(staged);
+    return -1;
+  }
   int ok = fwrite(p, sizeof(float), n, f) == n;
   ok = (fclose(f) == 0) && ok;
+  free(staged);
   if (ok && rename(tmp, path) == 0) return 0;
   unlink(tmp);
   return -1;
@@ -252,7 +324,13 @@ static uint64_t fnv1a(const char *s) {
  * epoch consumed by every rank (all ranks consume the same count, so rank 0's position stands
  * for all), plus what a resume must match. */
 static hora_result_t save_ckpt(mnist_ckpt_t *ck, int64_t step, int64_t spe, const opts_t *o,
-                               int size, const mnist_tensor_t *t, size_t nt) {
+                               int size, const mnist_tensor_t *t, size_t nt, int cuda) {
+#ifdef MNIST_HAVE_CUDA
+  /* hora_ckpt_save copies device tensors on a non-blocking stream of its own, which does not
+   * order after our kernels on the default stream: the optimizer step must be complete first. */
+  if (cuda && cudaDeviceSynchronize() != cudaSuccess) return HORA_ERR_CUDA;
+#endif
+  (void)cuda;
   uint64_t pe = (uint64_t)(step / spe), pr = (uint64_t)((step % spe) * o->batch);
   if (step > 0 && step % spe == 0) pe--, pr = (uint64_t)(spe * o->batch);
   char v[6][64];
@@ -278,7 +356,7 @@ static hora_result_t save_ckpt(mnist_ckpt_t *ck, int64_t step, int64_t spe, cons
 #define CHECK(call, what)                                                                  \
   do {                                                                                     \
     hora_result_t rc_ = (call);                                                            \
-    if (rc_ != HORA_SUCCESS) FAIL("%s: %s: %s", what, hora_result_name(rc_), hora_last_error()); \
+    if (rc_ != HORA_SUCCESS) FAIL("%s: %s: %s", what, hora_result_name(rc_), err_text(cuda)); \
   } while (0)
 
 int main(int argc, char **argv) {
@@ -295,8 +373,10 @@ int main(int argc, char **argv) {
   mnist_model_t m;
   memset(&m, 0, sizeof m);
   float *opt_m = NULL, *opt_v = NULL;
+  int cuda = 0; /* this run's layers, optimizer state and evaluation are on the GPU */
   mnist_ckpt_t *ck = NULL;
   hora_tb_t *tb = NULL;
+  hora_gpumon_t *gpumon = NULL;
   hora_records_reader_t *reader = NULL;
   char err[4400] = "";
   int pa = parse_args(argc, argv, &o);
@@ -305,6 +385,36 @@ int main(int argc, char **argv) {
     goto done;
   }
   const int B = o.batch;
+  /* Device: cuda needs the CUDA layer kernels in this build and a GPU for the rank
+   * (hora_device_index); every rank must take the same path (hora's collectives take one device
+   * for all ranks), so the ranks agree with one allreduce. */
+  if (strcmp(o.device, "cpu") != 0) {
+    char why[512] = "this build has no CUDA layer kernels (no CUDA toolkit or cuBLAS when it was "
+                    "configured)";
+    int64_t have = 0;
+#ifdef MNIST_HAVE_CUDA
+    int dev = -1, ndev = 0;
+    cudaError_t ne = cudaGetDeviceCount(&ndev);
+    hora_result_t drc = HORA_ERR_NOT_SUPPORTED;
+    if (ne != cudaSuccess || ndev == 0)
+      snprintf(why, sizeof why, "no GPU visible to rank %d (cudaGetDeviceCount: %s)", g_rank,
+               ne != cudaSuccess ? cudaGetErrorString(ne) : "0 devices");
+    else if ((drc = hora_device_index(ctx, &dev)) != HORA_SUCCESS) {
+      snprintf(why, sizeof why, "no GPU for rank %d (hora_device_index: %s: %s)", g_rank,
+               hora_result_name(drc), hora_last_error());
+    } else {
+      cudaError_t ce = cudaSetDevice(dev);
+      if (ce == cudaSuccess) have = 1;
+      else snprintf(why, sizeof why, "cudaSetDevice(%d): %s", dev, cudaGetErrorString(ce));
+    }
+#endif
+    int64_t all = have;
+    CHECK(hora_allreduce(ctx, &have, &all, 1, HORA_INT64, HORA_MIN, 1.0, 1.0, HORA_DEVICE_HOST),
+          "allreduce");
+    if (!strcmp(o.device, "cuda") && !all)
+      FAIL("--device cuda: %s; use --device cpu (or auto)", have ? "another rank has no GPU" : why);
+    cuda = (int)all;
+  }
   int threads = o.threads ? o.threads : affinity_cores();
   openblas_set_num_threads(threads);
 
@@ -330,13 +440,14 @@ int main(int argc, char **argv) {
   const int64_t total_steps = spe * o.epochs;
   const int64_t last_step = o.max_steps && o.max_steps < total_steps ? o.max_steps : total_steps;
 
-  CHECK(mnist_model_create(&m, (size_t)B), "model");
-  opt_m = calloc(m.nparams, sizeof(float));
-  opt_v = calloc(m.nparams, sizeof(float));
-  if (!opt_m || !opt_v) FAIL("out of memory");
+  const hora_device_t mem = cuda ? HORA_DEVICE_CUDA : HORA_DEVICE_HOST;
+  CHECK(mnist_model_create_on(&m, (size_t)B, cuda), "model");
+  opt_m = dev_zalloc(cuda, m.nparams * sizeof(float));
+  opt_v = dev_zalloc(cuda, m.nparams * sizeof(float));
+  if (!opt_m || !opt_v) FAIL("out of %s memory", cuda ? "GPU" : "host");
   if (g_rank == 0) mnist_model_init_params(&m, o.seed);
   /* Parameters start from rank 0's on every rank. */
-  CHECK(hora_broadcast(ctx, m.params, m.nparams, HORA_FLOAT32, 0, HORA_DEVICE_HOST), "broadcast");
+  CHECK(hora_broadcast(ctx, m.params, m.nparams, HORA_FLOAT32, 0, mem), "broadcast");
 
   rc = mnist_ckpt_open(ctx, o.ckpt_dir, o.persist_dir, &ck);
   if (rc != HORA_SUCCESS)
@@ -345,9 +456,9 @@ int main(int argc, char **argv) {
          hora_result_name(rc), hora_last_error());
   CHECK(mnist_on_signal(ctx), "signal handlers");
   mnist_tensor_t tensors[3] = {
-      {"params", m.params, m.nparams, HORA_FLOAT32, HORA_DEVICE_HOST, 0, NULL},
-      {"opt.m", opt_m, m.nparams, HORA_FLOAT32, HORA_DEVICE_HOST, 0, NULL},
-      {"opt.v", opt_v, m.nparams, HORA_FLOAT32, HORA_DEVICE_HOST, 0, NULL}};
+      {"params", m.params, m.nparams, HORA_FLOAT32, mem, 0, NULL},
+      {"opt.m", opt_m, m.nparams, HORA_FLOAT32, mem, 0, NULL},
+      {"opt.v", opt_v, m.nparams, HORA_FLOAT32, mem, 0, NULL}};
   const size_t ntensors = o.sgd ? 2 : 3;
   int64_t step = 0;
   if (o.resume) {
@@ -389,10 +500,27 @@ int main(int argc, char **argv) {
   }
 
   if (g_rank == 0 && o.tensorboard) CHECK(hora_tb_open(o.tensorboard, &tb), "tensorboard");
-  say("mnist: %d rank(s), %d OpenBLAS thread(s) on rank 0, device cpu, %lld train images per "
+  if (tb && cuda) {
+    /* On the GPU: rank 0's GPU utilization, memory, power, temperature and clock beside the
+     * training scalars (gpu<N>/... in TensorBoard, and a CSV in the same directory); without
+     * NVML the monitor is simply off. */
+    char csv[4200];
+    snprintf(csv, sizeof csv, "%s/hora-gpu-0.csv", o.tensorboard);
+    hora_gpumon_opts_t go;
+    memset(&go, 0, sizeof go);
+    go.size = sizeof go;
+    go.csv_path = csv;
+    go.tb = tb;
+    go.ctx = ctx;
+    rc = hora_gpumon_start(&go, &gpumon);
+    if (rc != HORA_SUCCESS && rc != HORA_ERR_NOT_SUPPORTED)
+      FAIL("GPU monitor: %s: %s", hora_result_name(rc), hora_last_error());
+  }
+  if (cuda) threads = 0;
+  say("mnist: %d rank(s), %d OpenBLAS thread(s) on rank 0, device %s, %lld train images per "
       "rank per epoch (%llu test), batch %d per rank (%d global), %lld steps per epoch, %d epochs, "
       "%s lr %g -> %g (%s scaling, %.3g warm-up epochs, then %s), seed %llu\n",
-      size, threads, (long long)(spe * B), (unsigned long long)data.test_records, B, B * size,
+      size, threads, cuda ? "cuda" : "cpu", (long long)(spe * B), (unsigned long long)data.test_records, B, B * size,
       (long long)spe, o.epochs, o.sgd ? "sgd" : "adam", o.lr,
       o.lr * (!strcmp(o.lr_scaling, "linear") ? size : !strcmp(o.lr_scaling, "sqrt") ? sqrt(size) : 1),
       o.lr_scaling, o.warmup_epochs, o.cosine ? "cosine decay" : "constant",
@@ -419,7 +547,7 @@ int main(int argc, char **argv) {
     for (int64_t s = first; s < spe && step < last_step; s++) {
       double t0 = now_s();
       size_t got;
-      rc = mnist_read_batch(reader, (size_t)B, m.x, m.labels, &got, err, sizeof err);
+      rc = mnist_read_batch(reader, (size_t)B, m.x_in, m.labels_in, &got, err, sizeof err);
       if (rc != HORA_SUCCESS) FAIL("train data: %s", err);
       if (got != (size_t)B) FAIL("train data ended early (%zu of %d records in step %lld)", got, B, (long long)step);
       double loss;
@@ -439,11 +567,12 @@ int main(int argc, char **argv) {
         lr = 0.5 * lr_target *
              (1.0 + cos(M_PI * ((double)step - warm_steps) / ((double)total_steps - warm_steps)));
       if (o.sgd)
-        CHECK(hora__sgd_momentum_host(m.params, m.grads, opt_m, m.nparams, (float)lr,
-                                      (float)o.momentum), "sgd");
+        CHECK((cuda ? sgd_cuda : hora__sgd_momentum_host)(m.params, m.grads, opt_m, m.nparams,
+                                                          (float)lr, (float)o.momentum), "sgd");
       else
-        CHECK(hora__adam_host(m.params, m.grads, opt_m, opt_v, m.nparams, (float)lr, 0.9f, 0.999f,
-                              1e-7f, step + 1), "adam");
+        CHECK((cuda ? adam_cuda : hora__adam_host)(m.params, m.grads, opt_m, opt_v, m.nparams,
+                                                   (float)lr, 0.9f, 0.999f, 1e-7f, step + 1),
+              "adam");
       step++;
       train_time += now_s() - t0;
       images_trained += (int64_t)B * size;
@@ -482,7 +611,7 @@ int main(int argc, char **argv) {
         if (pe != (uint64_t)epoch || pr != (uint64_t)((s + 1) * B))
           FAIL("reader position epoch %llu records %llu, want %lld %lld", (unsigned long long)pe,
                (unsigned long long)pr, (long long)epoch, (long long)((s + 1) * B));
-        CHECK(save_ckpt(ck, step, spe, &o, size, tensors, ntensors), "checkpoint save");
+        CHECK(save_ckpt(ck, step, spe, &o, size, tensors, ntensors, cuda), "checkpoint save");
       }
       if (stop) {
         CHECK(mnist_ckpt_flush(ck), "checkpoint flush");
@@ -498,7 +627,7 @@ int main(int argc, char **argv) {
     if (stopped) break;
     /* The end-of-run checkpoint (also when --max-steps ends the run mid-epoch). */
     if (step == last_step && !(o.ckpt_every > 0 && step % o.ckpt_every == 0))
-      CHECK(save_ckpt(ck, step, spe, &o, size, tensors, ntensors), "checkpoint save");
+      CHECK(save_ckpt(ck, step, spe, &o, size, tensors, ntensors, cuda), "checkpoint save");
     double ep_time = now_s() - t_epoch;
     rc = evaluate(ctx, &m, &data, &test_loss, &test_acc, err, sizeof err);
     if (rc != HORA_SUCCESS) FAIL("test: %s", err);
@@ -519,7 +648,8 @@ int main(int argc, char **argv) {
       rc = evaluate(ctx, &m, &data, &test_loss, &test_acc, err, sizeof err);
       if (rc != HORA_SUCCESS) FAIL("test: %s", err);
     }
-    if (o.save_weights && g_rank == 0 && save_weights(o.save_weights, m.params, m.nparams) != 0)
+    if (o.save_weights && g_rank == 0 &&
+        save_weights(o.save_weights, m.params, m.nparams, cuda) != 0)
       FAIL("--save-weights %s: cannot write", o.save_weights);
     CHECK(mnist_ckpt_flush(ck), "checkpoint flush");
     say("mnist: %lld steps in %.1fs (%.1fs training)\n", (long long)step, now_s() - t_start,
@@ -536,6 +666,7 @@ done:
     _exit(exit_code);
   }
   if (reader) hora_records_reader_close(reader);
+  if (gpumon) hora_gpumon_stop(gpumon); /* before the TensorBoard file it writes to */
   if (tb) hora_tb_close(tb);
   if (ck) {
     hora_result_t crc = mnist_ckpt_close(ck);
@@ -545,8 +676,8 @@ done:
     }
   }
   mnist_model_destroy(&m);
-  free(opt_m);
-  free(opt_v);
+  dev_free(cuda, opt_m);
+  dev_free(cuda, opt_v);
   hora_finalize(ctx);
   return exit_code;
 }

@@ -34,6 +34,7 @@ typedef struct {
 
 typedef struct {
   size_t capacity; /* images per forward/backward, at most */
+  int cuda;        /* 1: every buffer below is device memory of the current GPU, _cuda kernels */
   float dropout;   /* 0.5 */
   mnist_layer_t layer[MNIST_LAYERS];
   size_t nparams;
@@ -43,18 +44,26 @@ typedef struct {
   uint8_t *arg1, *arg2, *keep, *labels;
   float *dlogits, *dd, *dy2, *dcol2, *dp1, *dy1;
   size_t n; /* images of the last forward */
+  /* Where the data reader puts a batch: m->x and m->labels on the CPU path; on the GPU path host
+   * staging buffers (pinned, cudaMallocHost) that mnist_model_forward copies to the device. */
+  float *x_in;
+  uint8_t *labels_in;
 } mnist_model_t;
 
 /* Allocates every buffer for up to `capacity` images; params/grads zeroed. HORA_ERR_NO_MEMORY,
  * HORA_ERR_INVALID_ARGUMENT (capacity 0 or too large). */
 hora_result_t mnist_model_create(mnist_model_t *m, size_t capacity);
+/* The same with cuda = 1: the buffers in device memory of the current GPU (cudaSetDevice first)
+ * and the _cuda layer kernels; HORA_ERR_NOT_SUPPORTED in a build without MNIST_HAVE_CUDA (the
+ * CUDA layer kernels), HORA_ERR_NO_MEMORY when cudaMalloc fails. */
+hora_result_t mnist_model_create_on(mnist_model_t *m, size_t capacity, int cuda);
 void mnist_model_destroy(mnist_model_t *m);
 
 /* He uniform for the convolutions (ReLU follows), Glorot uniform for the dense layer, zero biases;
  * a function of `seed` only. */
 void mnist_model_init_params(mnist_model_t *m, uint64_t seed);
 
-/* Forward pass on m->x (n images, pixels in [0, 1]) and m->labels. train nonzero: dropout with a
+/* Forward pass on m->x_in (n images, pixels in [0, 1]) and m->labels_in. train nonzero: dropout with a
  * mask drawn from dropout_seed (hora__dropout_fwd_host), and the gradient of the mean loss is
  * prepared for mnist_model_backward; else dropout is the identity. Outputs the summed loss and the
  * number of correct predictions. */

@@ -121,6 +121,64 @@ hora_result_t hora__init_uniform_host(float *w, size_t count, float limit, uint6
 uint64_t hora__rng_u64(uint64_t seed, uint64_t i);
 float hora__rng_uniform(uint64_t seed, uint64_t i);
 
+/* ---- device versions (suffix _cuda; kernels/cuda/layers.cu, library hora_layers_cuda) ----
+ * Built only when CUDA is found; not part of libhora. Each takes the arguments of the _host
+ * version of the same name, in the same order, with every array in device memory of the calling
+ * thread's current GPU (cudaSetDevice; the example uses hora_device_index), and computes the same
+ * result: the per-element work is kernels/cuda/layers_body.h, whose functions give the host's bits
+ * (checked on the CPU by tests/unit/test_layers_body); the matrix products go to cuBLAS
+ * (cublasSgemm, one handle per GPU created on first use), whose summation order differs from
+ * OpenBLAS's (float rounding differences only), and the bias gradients add 256 partial sums per
+ * channel in a fixed tree (within a float ulp of the host's). col2im is a gather (each dx element
+ * sums the dcol entries that map to it): no atomics; every kernel is deterministic.
+ * Stream: the legacy default stream (stream 0) of the current device; the calls are asynchronous
+ * (they return once the work is enqueued) except hora__softmax_xent_cuda, which waits for its
+ * kernel to return the loss and count on the host. Work the caller runs on other streams must be
+ * complete before a call; hora's collectives order after the default stream (docs/gpu.md).
+ * Errors: HORA_ERR_INVALID_ARGUMENT as the _host version (checked on the host before anything is
+ * enqueued; the label check of the softmax is done on the device, before anything is written);
+ * HORA_ERR_CUDA when a launch or cuBLAS call fails (hora_last_error() names the kernel or call
+ * and gives the CUDA error string or cuBLAS status). Pointers are not checked to be device memory:
+ * a host pointer is a CUDA error at the launch or later (an illegal address). */
+hora_result_t hora__conv2d_fwd_cuda(const hora_conv_shape_t *s, const float *x, const float *wt,
+                                    const float *bias, int relu, float *col, float *y);
+hora_result_t hora__conv2d_bwd_cuda(const hora_conv_shape_t *s, const float *col, const float *dy,
+                                    const float *wt, float *dwt, float *dbias, float *dcol,
+                                    float *dx);
+hora_result_t hora__relu_bwd_cuda(const float *y, float *dy, size_t count);
+hora_result_t hora__maxpool2_fwd_cuda(const float *x, size_t n, int h, int w, int c, float *y,
+                                      uint8_t *arg);
+hora_result_t hora__maxpool2_bwd_cuda(const float *dy, const uint8_t *arg, size_t n, int h, int w,
+                                      int c, float *dx);
+hora_result_t hora__maxpool2_relu_bwd_cuda(const float *dy, const uint8_t *arg, const float *x,
+                                           size_t n, int h, int w, int c, float *dx);
+hora_result_t hora__dropout_fwd_cuda(const float *x, float *y, uint8_t *keep, size_t count,
+                                     float p, uint64_t seed);
+hora_result_t hora__dropout_bwd_cuda(const float *dy, const uint8_t *keep, size_t count, float p,
+                                     float *dx);
+hora_result_t hora__dense_fwd_cuda(const float *x, size_t n, int in, const float *wt,
+                                   const float *bias, int out, float *y);
+hora_result_t hora__dense_bwd_cuda(const float *x, const float *dy, size_t n, int in,
+                                   const float *wt, int out, float *dwt, float *dbias, float *dx);
+/* labels in device memory; *loss_sum and *correct are host memory (written after the kernel has
+ * finished). One block of 256 threads (a row per thread) sums the rows' losses in a tree, not in
+ * row order: *loss_sum can differ from the host's in the last bits. The sums pass through one
+ * __device__ variable per GPU: calls from several host threads on the same GPU at once are not
+ * supported (the example calls it from its training thread only). */
+hora_result_t hora__softmax_xent_cuda(const float *logits, const uint8_t *labels, size_t n,
+                                      int classes, float grad_scale, double *loss_sum,
+                                      size_t *correct, float *dlogits);
+hora_result_t hora__sgd_momentum_cuda(float *param, const float *grad, float *velocity,
+                                      size_t count, float lr, float momentum);
+hora_result_t hora__adam_cuda(float *param, const float *grad, float *m, float *v, size_t count,
+                              float lr, float beta1, float beta2, float eps, int64_t t);
+hora_result_t hora__init_uniform_cuda(float *w, size_t count, float limit, uint64_t seed);
+/* The message of the calling thread's last HORA_ERR_CUDA (or device-detected bad label) from a
+ * _cuda layer kernel, "" if none yet; valid until that thread's next failing call. The same text
+ * goes to hora_last_error() only where libhora's internal symbols are linked (libhora_static):
+ * a program on the shared libhora reads it here. */
+const char *hora__layers_cuda_last_error(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,6 +9,13 @@
 #   run_mnist.sh signal MNIST MPIEXEC [MPIEXEC_FLAGS...]
 #       SIGUSR1 midway: exit status 3 after a checkpoint; --resume finishes with the same weights
 #       as the uninterrupted run.
+#   run_mnist.sh nogpu  MNIST MPIEXEC [MPIEXEC_FLAGS...]
+#       on a machine without a GPU (exit 77 where nvidia-smi lists one): --device cuda fails with
+#       status 1 and a message naming --device cuda, and --device auto trains on the CPU.
+#   run_mnist.sh cuda   MNIST MPIEXEC [MPIEXEC_FLAGS...]
+#       on a GPU machine (exit 77 without one, or when the build has no CUDA layer kernels): one
+#       epoch with --device cuda (loss falls, test accuracy >= 0.88), then 90 steps uninterrupted
+#       vs 40 + --resume on the GPU: the final weights are bitwise equal.
 set -u
 mode=$1 mnist=$2
 shift 2
@@ -75,5 +82,37 @@ signal)
   cmp "$work/wa" "$work/wb" || fail "weights after signal + resume differ from the uninterrupted run"
   echo "PASS: stopped by SIGUSR1 with status 3, resumed to the same weights"
   ;;
-*) echo "usage: run_mnist.sh train|resume|signal MNIST MPIEXEC..."; exit 2 ;;
+nogpu)
+  if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then echo "SKIP: this machine has a GPU"; exit 77; fi
+  run 1 "$work/c" --epochs 1 --max-steps 2 --device cuda
+  rc=$?
+  cat "$work/c"
+  [ $rc = 1 ] || fail "--device cuda without a GPU: exit status $rc, want 1"
+  grep -q 'mnist: rank 0: --device cuda: .*use --device cpu' "$work/c" || fail "no clear --device cuda message"
+  run 2 "$work/a" --epochs 1 --max-steps 30 --log-every 10 --device auto || { cat "$work/a"; fail "--device auto run"; }
+  cat "$work/a"
+  grep -q ', device cpu, ' "$work/a" || fail "--device auto did not pick the CPU"
+  grep -q '^\(\[0\] \)\?test_accuracy=' "$work/a" || fail "--device auto: no result line"
+  echo "PASS: --device cuda refused without a GPU, --device auto trained on the CPU"
+  ;;
+cuda)
+  nvidia-smi -L 2>/dev/null | grep -q '^GPU' || { echo "SKIP: no GPU"; exit 77; }
+  "$mnist" --help | grep -q 'cuda runs every layer' || { echo "SKIP: built without the CUDA layer kernels"; exit 77; }
+  run 2 "$work/out" --epochs 1 --log-every 10 --device cuda --ckpt-dir "$work/ck0" || { cat "$work/out"; fail "cuda run failed"; }
+  cat "$work/out"
+  grep -q ', device cuda, ' "$work/out" || fail "not on the GPU"
+  first=$(grep -m1 -o 'loss [0-9.]*' "$work/out" | awk '{print $2}')
+  last=$(grep -o ' loss [0-9.]*' "$work/out" | tail -1 | awk '{print $2}')
+  acc=$(sed -n 's/^.*test_accuracy=\([0-9.]*\) images_per_s=\([0-9]*\) ranks=2$/\1/p' "$work/out")
+  [ -n "$first" ] && [ -n "$last" ] && [ -n "$acc" ] || fail "missing progress or final line"
+  awk -v a="$first" -v b="$last" 'BEGIN{exit !(b < 0.5 * a)}' || fail "loss did not fall: $first -> $last"
+  awk -v a="$acc" 'BEGIN{exit !(a >= 0.88)}' || fail "test accuracy $acc < 0.88"
+  run 2 "$work/a" --device cuda --epochs 2 --max-steps 90 --ckpt-dir "$work/cka" --save-weights "$work/wa" || { cat "$work/a"; fail "full run"; }
+  run 2 "$work/b1" --device cuda --epochs 2 --max-steps 40 --ckpt-every 15 --ckpt-dir "$work/ckb" || { cat "$work/b1"; fail "first half"; }
+  run 2 "$work/b2" --device cuda --epochs 2 --max-steps 90 --resume --ckpt-dir "$work/ckb" --save-weights "$work/wb" || { cat "$work/b2"; fail "resumed run"; }
+  grep -q 'resume: step 40 ' "$work/b2" || fail "the resumed run did not start at step 40"
+  cmp "$work/wa" "$work/wb" || fail "resumed GPU weights differ from the uninterrupted GPU run"
+  echo "PASS: GPU run: loss $first -> $last, test accuracy $acc; resume bitwise equal"
+  ;;
+*) echo "usage: run_mnist.sh train|resume|signal|nogpu|cuda MNIST MPIEXEC..."; exit 2 ;;
 esac
