@@ -324,13 +324,9 @@ static uint64_t fnv1a(const char *s) {
  * epoch consumed by every rank (all ranks consume the same count, so rank 0's position stands
  * for all), plus what a resume must match. */
 static hora_result_t save_ckpt(mnist_ckpt_t *ck, int64_t step, int64_t spe, const opts_t *o,
-                               int size, const mnist_tensor_t *t, size_t nt, int cuda) {
-#ifdef MNIST_HAVE_CUDA
-  /* hora_ckpt_save copies device tensors on a non-blocking stream of its own, which does not
-   * order after our kernels on the default stream: the optimizer step must be complete first. */
-  if (cuda && cudaDeviceSynchronize() != cudaSuccess) return HORA_ERR_CUDA;
-#endif
-  (void)cuda;
+                               int size, const mnist_tensor_t *t, size_t nt) {
+  /* Device tensors need no synchronization here: the layer kernels run on the legacy default
+   * stream, and hora_ckpt_save's copy stream orders after it (hora.h). */
   uint64_t pe = (uint64_t)(step / spe), pr = (uint64_t)((step % spe) * o->batch);
   if (step > 0 && step % spe == 0) pe--, pr = (uint64_t)(spe * o->batch);
   char v[6][64];
@@ -611,7 +607,7 @@ int main(int argc, char **argv) {
         if (pe != (uint64_t)epoch || pr != (uint64_t)((s + 1) * B))
           FAIL("reader position epoch %llu records %llu, want %lld %lld", (unsigned long long)pe,
                (unsigned long long)pr, (long long)epoch, (long long)((s + 1) * B));
-        CHECK(save_ckpt(ck, step, spe, &o, size, tensors, ntensors, cuda), "checkpoint save");
+        CHECK(save_ckpt(ck, step, spe, &o, size, tensors, ntensors), "checkpoint save");
       }
       if (stop) {
         CHECK(mnist_ckpt_flush(ck), "checkpoint flush");
@@ -627,7 +623,7 @@ int main(int argc, char **argv) {
     if (stopped) break;
     /* The end-of-run checkpoint (also when --max-steps ends the run mid-epoch). */
     if (step == last_step && !(o.ckpt_every > 0 && step % o.ckpt_every == 0))
-      CHECK(save_ckpt(ck, step, spe, &o, size, tensors, ntensors, cuda), "checkpoint save");
+      CHECK(save_ckpt(ck, step, spe, &o, size, tensors, ntensors), "checkpoint save");
     double ep_time = now_s() - t_epoch;
     rc = evaluate(ctx, &m, &data, &test_loss, &test_acc, err, sizeof err);
     if (rc != HORA_SUCCESS) FAIL("test: %s", err);
