@@ -8,6 +8,10 @@
 #include <string.h>
 
 #include "hora_layers.h"
+/* The optimizers' and the initializer's per-element formulas are the ones the CUDA kernels use
+ * (one definition for both paths; the index-heavy kernels stay separate so that
+ * tests/unit/test_layers_body.c checks the device's index math against an independent host). */
+#include "../cuda/layers_body.h"
 
 #define BAD HORA_ERR_INVALID_ARGUMENT
 
@@ -314,11 +318,7 @@ hora_result_t hora__softmax_xent_host(const float *logits, const uint8_t *labels
 hora_result_t hora__sgd_momentum_host(float *param, const float *grad, float *velocity,
                                       size_t count, float lr, float momentum) {
   if (count && (!param || !grad || !velocity)) return BAD;
-  for (size_t i = 0; i < count; i++) {
-    float v = momentum * velocity[i] + grad[i];
-    velocity[i] = v;
-    param[i] -= lr * v;
-  }
+  for (size_t i = 0; i < count; i++) hora_body_sgd(param, grad, velocity, lr, momentum, i);
   return HORA_SUCCESS;
 }
 
@@ -327,20 +327,13 @@ hora_result_t hora__adam_host(float *param, const float *grad, float *m, float *
   if (t < 1 || (count && (!param || !grad || !m || !v))) return BAD;
   const float c1 = 1.0f / (float)(1.0 - pow(beta1, (double)t));
   const float c2 = 1.0f / (float)(1.0 - pow(beta2, (double)t));
-  for (size_t i = 0; i < count; i++) {
-    float g = grad[i];
-    float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] -= lr * (mi * c1) / (sqrtf(vi * c2) + eps);
-  }
+  for (size_t i = 0; i < count; i++) hora_body_adam(param, grad, m, v, lr, beta1, beta2, eps, c1, c2, i);
   return HORA_SUCCESS;
 }
 
 hora_result_t hora__init_uniform_host(float *w, size_t count, float limit, uint64_t seed) {
   if (count && !w) return BAD;
   if (!(limit >= 0.0f)) return BAD;
-  for (size_t i = 0; i < count; i++) w[i] = (2.0f * hora__rng_uniform(seed, i) - 1.0f) * limit;
+  for (size_t i = 0; i < count; i++) w[i] = hora_body_init_uniform(limit, seed, i);
   return HORA_SUCCESS;
 }

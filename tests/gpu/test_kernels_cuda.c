@@ -11,15 +11,8 @@
 
 #include "hora_kernels.h"
 #include "hora_test.h"
+#include "hora_test_cuda.h"
 
-#define CK(call)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (call);                                                              \
-    if (e_ != cudaSuccess) {                                                              \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(1);                                                                            \
-    }                                                                                     \
-  } while (0)
 
 static const size_t sizes[] = {1, 2, 7, 15, 16, 17, 255, 1000, 4099, (1u << 20) + 3};
 #define NSIZES (sizeof sizes / sizeof *sizes)

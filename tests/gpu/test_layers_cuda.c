@@ -12,15 +12,8 @@
 
 #include "hora_layers.h"
 #include "hora_test.h"
+#include "hora_test_cuda.h"
 
-#define CK(call)                                                                              \
-  do {                                                                                        \
-    cudaError_t e_ = (call);                                                                  \
-    if (e_ != cudaSuccess) {                                                                  \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(1);                                                                                \
-    }                                                                                         \
-  } while (0)
 
 static uint64_t rng_state = 4242;
 static float frand(void) { return 2.0f * hora__rng_uniform(0xc0dull, rng_state++) - 1.0f; }
