@@ -35,16 +35,22 @@ run() { # np log args...
     --threads 1 "$@" > "$log" 2>&1
 }
 
+# A one-epoch run learned: the loss halved from the first progress line to the last, and the final
+# line reports a test accuracy of at least 0.88 (sets first, last and acc for the PASS line).
+check_learned() {
+  first=$(grep -m1 -o 'loss [0-9.]*' "$1" | awk '{print $2}')
+  last=$(grep -o ' loss [0-9.]*' "$1" | tail -1 | awk '{print $2}')
+  acc=$(sed -n 's/^.*test_accuracy=\([0-9.]*\) images_per_s=\([0-9]*\) ranks=2$/\1/p' "$1")
+  [ -n "$first" ] && [ -n "$last" ] && [ -n "$acc" ] || fail "missing progress or final line"
+  awk -v a="$first" -v b="$last" 'BEGIN{exit !(b < 0.5 * a)}' || fail "loss did not fall: $first -> $last"
+  awk -v a="$acc" 'BEGIN{exit !(a >= 0.88)}' || fail "test accuracy $acc < 0.88"
+}
+
 case "$mode" in
 train)
   run 2 "$work/out" --epochs 1 --log-every 10 --ckpt-dir "$work/ck" --tensorboard "$work/tb" || { cat "$work/out"; fail "run failed"; }
   cat "$work/out"
-  first=$(grep -m1 -o 'loss [0-9.]*' "$work/out" | awk '{print $2}')
-  last=$(grep -o ' loss [0-9.]*' "$work/out" | tail -1 | awk '{print $2}')
-  acc=$(sed -n 's/^.*test_accuracy=\([0-9.]*\) images_per_s=\([0-9]*\) ranks=2$/\1/p' "$work/out")
-  [ -n "$first" ] && [ -n "$last" ] && [ -n "$acc" ] || fail "missing progress or final line"
-  awk -v a="$first" -v b="$last" 'BEGIN{exit !(b < 0.5 * a)}' || fail "loss did not fall: $first -> $last"
-  awk -v a="$acc" 'BEGIN{exit !(a >= 0.88)}' || fail "test accuracy $acc < 0.88"
+  check_learned "$work/out"
   tail -1 "$work/out" | grep -q '^\(\[0\] \)\?test_accuracy=' || fail "last line is not the result line"
   # TensorBoard: the file_version event, 4 scalars per progress line, 2 per epoch, all CRC-valid
   lines=$(grep -c ' images/s ' "$work/out")
@@ -101,12 +107,7 @@ cuda)
   run 2 "$work/out" --epochs 1 --log-every 10 --device cuda --ckpt-dir "$work/ck0" || { cat "$work/out"; fail "cuda run failed"; }
   cat "$work/out"
   grep -q ', device cuda, ' "$work/out" || fail "not on the GPU"
-  first=$(grep -m1 -o 'loss [0-9.]*' "$work/out" | awk '{print $2}')
-  last=$(grep -o ' loss [0-9.]*' "$work/out" | tail -1 | awk '{print $2}')
-  acc=$(sed -n 's/^.*test_accuracy=\([0-9.]*\) images_per_s=\([0-9]*\) ranks=2$/\1/p' "$work/out")
-  [ -n "$first" ] && [ -n "$last" ] && [ -n "$acc" ] || fail "missing progress or final line"
-  awk -v a="$first" -v b="$last" 'BEGIN{exit !(b < 0.5 * a)}' || fail "loss did not fall: $first -> $last"
-  awk -v a="$acc" 'BEGIN{exit !(a >= 0.88)}' || fail "test accuracy $acc < 0.88"
+  check_learned "$work/out"
   run 2 "$work/a" --device cuda --epochs 2 --max-steps 90 --ckpt-dir "$work/cka" --save-weights "$work/wa" || { cat "$work/a"; fail "full run"; }
   run 2 "$work/b1" --device cuda --epochs 2 --max-steps 40 --ckpt-every 15 --ckpt-dir "$work/ckb" || { cat "$work/b1"; fail "first half"; }
   run 2 "$work/b2" --device cuda --epochs 2 --max-steps 90 --resume --ckpt-dir "$work/ckb" --save-weights "$work/wb" || { cat "$work/b2"; fail "resumed run"; }
