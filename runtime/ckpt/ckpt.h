@@ -160,14 +160,14 @@ struct hora_ckpt {
   ck_snap_t job;          /* the snapshot the writer owns while job_pending or writing */
   int job_pending, writing;
   hora_result_t write_rc; /* deferred error of a background write (reported once) */
-  char write_msg[CK_MSG_MAX];
+  char write_msg[2 * CK_MSG_MAX]; /* a CK_MSG_MAX message with its context */
   uint64_t commit_seq;    /* local commits so far */
   int64_t committed_step; /* newest committed locally (valid when commit_seq > 0) */
   uint64_t copied_seq;    /* commit_seq of the newest copy that is durable in persist_dir */
   int64_t copying_step;   /* step the copier reads now (pruning skips it); INT64_MIN: none */
   int flush_waiters;
   hora_result_t copy_rc;  /* result of the copier's last attempt */
-  char copy_msg[CK_MSG_MAX];
+  char copy_msg[2 * CK_MSG_MAX];
   double copy_retry_at, last_copy_s;
   int copy_failed_logged;
   /* Figures for hora-bench (rank 0). */

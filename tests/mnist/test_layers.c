@@ -120,7 +120,7 @@ static void test_conv(hora_conv_shape_t s) {
 
 static void test_conv_errors(void) {
   hora_conv_shape_t s = {2, 4, 4, 1, 2, 5, 3}; /* kernel taller than the input */
-  float buf[64];
+  float buf[64] = {0};
   EXPECT_RC(hora__conv2d_fwd_host(&s, buf, buf, buf, 0, buf, buf), HORA_ERR_INVALID_ARGUMENT);
   EXPECT(hora__conv2d_out_count(&s) == 0, "bad shape has a count");
   hora_conv_shape_t ok = {1, 4, 4, 1, 1, 3, 3};
