@@ -179,11 +179,15 @@ int hora_bench_allreduce(int argc, char **argv) {
     fprintf(stderr, "hora-bench allreduce: cannot write %s\n", json);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
+  char chunk_txt[64];
+  if (hora__params()->shm_chunk_bytes)
+    snprintf(chunk_txt, sizeof chunk_txt, "%llu B", (unsigned long long)hora__params()->shm_chunk_bytes);
+  else
+    snprintf(chunk_txt, sizeof chunk_txt, "auto (%s)", ctx->local_size > ctx->local_cpus ? "4 MiB" : "1 MiB");
   if (rank == 0) {
     printf("# hora-bench allreduce: %d ranks on %d node(s), local size %d, dtype %s, op %s, "
-           "segment %llu B, shm chunk %llu B\n", n, ctx->cross_size, ctx->local_size, dnames[d],
-           onames[op], (unsigned long long)hora__params()->ring_segment_bytes,
-           (unsigned long long)hora__params()->shm_chunk_bytes);
+           "segment %llu B, shm chunk %s\n", n, ctx->cross_size, ctx->local_size, dnames[d],
+           onames[op], (unsigned long long)hora__params()->ring_segment_bytes, chunk_txt);
     printf("# busbw = algbw * 2(n-1)/n, GB = 1e9 B; time = max over ranks of the mean over iters%s\n",
            repeat > 1 ? ", median of the repeats" : "");
     printf("%12s %12s %9s %6s %6s %11s %9s %9s %7s\n", "size(B)", "count", "type", "redop", "algo",
