@@ -3,7 +3,8 @@
  * max-pool and softmax cross-entropy computed on the device. Outside the matrix products and the
  * bias gradients the device results must be bit-identical to the host's (the bodies are shared
  * and layers.cu is built with --fmad=false); GEMM outputs (cuBLAS vs OpenBLAS summation order)
- * and bias gradients (a tree of partial sums) within a relative 1e-4. Exits 77 without a GPU. */
+ * and bias gradients (a tree of partial sums) within a relative 1e-4. Then the example's whole model
+ * (examples/mnist/model.c) on the GPU against the same model on the CPU. Exits 77 without a GPU. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -13,6 +14,7 @@
 #include "hora_layers.h"
 #include "hora_test.h"
 #include "hora_test_cuda.h"
+#include "model.h"
 
 
 static uint64_t rng_state = 4242;
@@ -323,6 +325,82 @@ static void test_elementwise(size_t count) {
   for (size_t i = 0; i < sizeof dl / sizeof *dl; i++) CK(cudaFree(dl[i]));
 }
 
+/* Relative L2 distance of a device array from a host one (0 when both are 0). */
+static double rel_l2(const float *d, const float *want, size_t n) {
+  float *got = down(d, n * 4);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    double e = (double)got[i] - want[i];
+    num += e * e, den += (double)want[i] * want[i];
+  }
+  free(got);
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static hora_result_t record_layer(void *arg, int layer) {
+  int *order = arg;
+  order[order[3]++] = layer;
+  return HORA_SUCCESS;
+}
+
+/* The example's model (examples/mnist/model.c) on the GPU against the same model on the CPU: same
+ * initial parameters (bit-identical: the init kernel shares its body), then a training forward and
+ * backward on the same batch with the same dropout seed, a partial batch, and an evaluation
+ * forward. This checks the device path's buffer sizes, copies and call sequence as a whole. The
+ * losses must agree to a relative 1e-4 and every layer's gradient to a relative 1e-2 (L2 over the
+ * layer): cuBLAS and OpenBLAS round differently, which can move a near-tie of a max-pool window or
+ * a ReLU at 0 and so route one gradient entry elsewhere, so bit equality is not expected; a wrong
+ * buffer, size or row is off by far more. */
+static void test_model(size_t cap) {
+  mnist_model_t h, d;
+  EXPECT_OK(mnist_model_create(&h, cap));
+  EXPECT_OK(mnist_model_create_on(&d, cap, 1));
+  EXPECT(d.cuda == 1 && d.nparams == h.nparams, "device model: cuda %d, %zu params vs %zu", d.cuda,
+         d.nparams, h.nparams);
+  mnist_model_init_params(&h, 11);
+  mnist_model_init_params(&d, 11);
+  same(d.params, h.params, h.nparams, 4, "model init");
+  for (size_t i = 0; i < cap * MNIST_PIXELS; i++) d.x_in[i] = h.x_in[i] = hora__rng_uniform(0x1ab, i);
+  for (size_t r = 0; r < cap; r++) d.labels_in[r] = h.labels_in[r] = (uint8_t)(r * 7 % MNIST_CLASSES);
+  const size_t sizes[2] = {cap, cap - 1}; /* full batch, then a partial one */
+  for (int t = 0; t < 2; t++) {
+    size_t n = sizes[t], hok = 0, dok = 0;
+    double hl = 0, dl = 0;
+    EXPECT_OK(mnist_model_forward(&h, n, 1, 0x5eed + t, &hl, &hok));
+    EXPECT_OK(mnist_model_forward(&d, n, 1, 0x5eed + t, &dl, &dok));
+    EXPECT(fabs(dl - hl) <= 1e-4 * fabs(hl), "model n %zu: training loss %.9g on the GPU, %.9g on the CPU", n, dl, hl);
+    EXPECT(dok + 1 >= hok && hok + 1 >= dok, "model n %zu: %zu correct on the GPU, %zu on the CPU", n, dok, hok);
+    same(d.keep, h.keep, n * 5 * 5 * 64, 1, "model dropout mask");
+    int horder[4] = {0}, dorder[4] = {0};
+    EXPECT_OK(mnist_model_backward(&h, record_layer, horder));
+    EXPECT_OK(mnist_model_backward(&d, record_layer, dorder));
+    EXPECT(dorder[3] == 3 && !memcmp(dorder, horder, sizeof horder), "model: layer_done order on the GPU");
+    for (int l = 0; l < MNIST_LAYERS; l++) {
+      const mnist_layer_t *L = &h.layer[l];
+      double e = rel_l2(d.grads + L->offset, h.grads + L->offset, L->count);
+      EXPECT(e <= 1e-2, "model n %zu: %s gradient off by %.3g (relative L2)", n, L->name, e);
+    }
+  }
+  double hl = 0, dl = 0;
+  size_t hok = 0, dok = 0;
+  EXPECT_OK(mnist_model_forward(&h, cap, 0, 0, &hl, &hok));
+  EXPECT_OK(mnist_model_forward(&d, cap, 0, 0, &dl, &dok));
+  EXPECT(fabs(dl - hl) <= 1e-4 * fabs(hl), "model: evaluation loss %.9g on the GPU, %.9g on the CPU", dl, hl);
+  /* an optimizer step on the device model leaves it equal to the same step on the host */
+  float *m0 = calloc(h.nparams, 4), *v0 = calloc(h.nparams, 4);
+  float *dm = dev(h.nparams * 4), *dv = dev(h.nparams * 4);
+  CK(cudaMemset(dm, 0, h.nparams * 4));
+  CK(cudaMemset(dv, 0, h.nparams * 4));
+  EXPECT_OK(hora__adam_host(h.params, h.grads, m0, v0, h.nparams, 1e-3f, 0.9f, 0.999f, 1e-7f, 1));
+  EXPECT_OK(hora__adam_cuda(d.params, d.grads, dm, dv, d.nparams, 1e-3f, 0.9f, 0.999f, 1e-7f, 1));
+  EXPECT(rel_l2(d.params, h.params, h.nparams) <= 1e-3, "model: parameters after an Adam step");
+  free(m0), free(v0);
+  CK(cudaFree(dm));
+  CK(cudaFree(dv));
+  mnist_model_destroy(&h);
+  mnist_model_destroy(&d);
+}
+
 int main(void) {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -347,5 +425,11 @@ int main(void) {
   test_xent(5, 3);
   test_elementwise(1600 * 64 + 3);
   test_elementwise(17);
+  /* more elements than the capped grid has threads (blocks_for: 8 blocks of 256 per SM): every
+   * grid-stride loop goes round more than once, as conv1's im2col does at batch 64 */
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  test_elementwise((size_t)sms * 8 * 256 * 3 + 5);
+  test_model(8);
   return hora_test_finish("test_layers_cuda");
 }
