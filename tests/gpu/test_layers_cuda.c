@@ -402,11 +402,7 @@ static void test_model(size_t cap) {
 }
 
 int main(void) {
-  int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-    printf("test_layers_cuda: no GPU (cudaGetDeviceCount: %d devices): skipped\n", ndev);
-    return HORA_TEST_SKIP;
-  }
+  if (!hora_test_have_gpu("test_layers_cuda")) return HORA_TEST_SKIP;
   test_conv((hora_conv_shape_t){4, 28, 28, 1, 32, 3, 3}, 1);
   test_conv((hora_conv_shape_t){3, 13, 13, 32, 64, 3, 3}, 0);
   test_conv((hora_conv_shape_t){2, 7, 5, 3, 5, 3, 2}, 1);
