@@ -66,6 +66,8 @@ __global__ void k_bias_act(float *y, const float *bias, int k, int relu, size_t 
  * class of rows, then the block adds the partial sums in the tree of hora_body_tree_sum. The
  * m rows of a conv layer (n*oh*ow, 43264 for conv1 at batch 64) are spread over the block instead
  * of one thread walking them all. */
+static_assert(kThreads > 0 && (kThreads & (kThreads - 1)) == 0,
+              "k_col_sum and k_xent halve the block in their trees: kThreads must be a power of two");
 __global__ void k_col_sum(const float *dy, size_t m, int k, float *dbias) {
   __shared__ double part[kThreads];
   for (size_t j = blockIdx.x; j < (size_t)k; j += gridDim.x) {

@@ -3,7 +3,8 @@
  * max-pool and softmax cross-entropy computed on the device. Outside the matrix products and the
  * bias gradients the device results must be bit-identical to the host's (the bodies are shared
  * and layers.cu is built with --fmad=false); GEMM outputs (cuBLAS vs OpenBLAS summation order)
- * and bias gradients (a tree of partial sums) within a relative 1e-4. Then the example's whole model
+ * and bias gradients (a tree of partial sums) within a relative 1e-4 (plus, for the GEMMs, a bound
+ * that grows with the number of summed products: near()). Then the example's whole model
  * (examples/mnist/model.c) on the GPU against the same model on the CPU. Exits 77 without a GPU. */
 #include <cuda_runtime.h>
 #include <math.h>
