@@ -66,6 +66,8 @@ __global__ void k_bias_act(float *y, const float *bias, int k, int relu, size_t 
  * class of rows, then the block adds the partial sums in the tree of hora_body_tree_sum. The
  * m rows of a conv layer (n*oh*ow, 43264 for conv1 at batch 64) are spread over the block instead
  * of one thread walking them all. */
+static_assert(kThreads > 0 && (kThreads & (kThreads - 1)) == 0,
+              "k_col_sum and k_xent halve the block in their trees: kThreads must be a power of two");
 __global__ void k_col_sum(const float *dy, size_t m, int k, float *dbias) {
   __shared__ double part[kThreads];
   for (size_t j = blockIdx.x; j < (size_t)k; j += gridDim.x) {
@@ -190,8 +192,10 @@ hora_result_t blas_handle(cublasHandle_t *h) {
     if (st != CUBLAS_STATUS_SUCCESS) {
       g_blas[dev] = NULL;
       rc = blas_fail(st, "cublasCreate", __LINE__);
-    } else {
-      cublasSetStream(g_blas[dev], 0);
+    } else if ((st = cublasSetStream(g_blas[dev], 0)) != CUBLAS_STATUS_SUCCESS) {
+      cublasDestroy(g_blas[dev]);
+      g_blas[dev] = NULL;
+      rc = blas_fail(st, "cublasSetStream", __LINE__);
     }
   }
   *h = g_blas[dev];
@@ -199,16 +203,16 @@ hora_result_t blas_handle(cublasHandle_t *h) {
   return rc;
 }
 
-/* Row-major C [M x N] = op(A) * op(B) (the cblas_sgemm(CblasRowMajor, ...) call of the host
- * kernels), as the column-major product C^T = op(B)^T * op(A)^T. */
-hora_result_t gemm_rm(bool ta, bool tb, int M, int N, int K, const float *A, int lda, const float *B,
-                      int ldb, float *C, int ldc) {
+/* The row-major product g (the host kernels' cblas_sgemm(CblasRowMajor, ...) call, built by the
+ * hora_body_gemm_* functions) as the column-major cublasSgemm of hora_body_gemm_cm. */
+hora_result_t gemm(hora_body_gemm_t g) {
   cublasHandle_t h;
   hora_result_t rc = blas_handle(&h);
   if (rc != HORA_SUCCESS) return rc;
+  const hora_body_gemm_t c = hora_body_gemm_cm(g);
   const float one = 1.0f, zero = 0.0f;
-  cublasStatus_t st = cublasSgemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N,
-                                  M, K, &one, B, ldb, A, lda, &zero, C, ldc);
+  cublasStatus_t st = cublasSgemm(h, c.ta ? CUBLAS_OP_T : CUBLAS_OP_N, c.tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  c.m, c.n, c.k, &one, c.a, c.lda, c.b, c.ldb, &zero, c.c, c.ldc);
   if (st != CUBLAS_STATUS_SUCCESS) return blas_fail(st, "cublasSgemm", __LINE__);
   return HORA_SUCCESS;
 }
@@ -238,7 +242,7 @@ hora_result_t hora__conv2d_fwd_cuda(const hora_conv_shape_t *s, const float *x, 
   const int m = (int)(s->n * (size_t)oh * ow);
   const size_t cn = (size_t)m * kk, yn = (size_t)m * s->k;
   LAUNCH(k_im2col, cn, *s, x, col, cn);
-  TRY(gemm_rm(false, true, m, s->k, kk, col, kk, wt, kk, y, s->k));
+  TRY(gemm(hora_body_gemm_conv_fwd(s, col, wt, y)));
   LAUNCH(k_bias_act, yn, y, bias, s->k, relu, yn);
   return HORA_SUCCESS;
 }
@@ -247,12 +251,11 @@ hora_result_t hora__conv2d_bwd_cuda(const hora_conv_shape_t *s, const float *col
                                     const float *wt, float *dwt, float *dbias, float *dcol,
                                     float *dx) {
   if (!hora_body_conv_ok(s) || !col || !dy || !wt || !dwt || !dbias || (dx && !dcol)) return BAD;
-  const int oh = s->h - s->kh + 1, ow = s->w - s->kw + 1, kk = s->kh * s->kw * s->c;
-  const int m = (int)(s->n * (size_t)oh * ow);
-  TRY(gemm_rm(true, false, s->k, kk, m, dy, s->k, col, kk, dwt, kk));
+  const int m = (int)(s->n * (size_t)(s->h - s->kh + 1) * (size_t)(s->w - s->kw + 1));
+  TRY(gemm(hora_body_gemm_conv_dwt(s, dy, col, dwt)));
   TRY(col_sum(dy, (size_t)m, s->k, dbias));
   if (dx) {
-    TRY(gemm_rm(false, false, m, kk, s->k, dy, s->k, wt, kk, dcol, kk));
+    TRY(gemm(hora_body_gemm_conv_dcol(s, dy, wt, dcol)));
     const size_t xn = s->n * (size_t)s->h * s->w * s->c;
     LAUNCH(k_col2im, xn, *s, dcol, dx, xn);
   }
@@ -306,7 +309,7 @@ hora_result_t hora__dropout_bwd_cuda(const float *dy, const uint8_t *keep, size_
 hora_result_t hora__dense_fwd_cuda(const float *x, size_t n, int in, const float *wt,
                                    const float *bias, int out, float *y) {
   if (!hora_body_dense_ok(n, in, out) || !x || !wt || !bias || !y) return BAD;
-  TRY(gemm_rm(false, true, (int)n, out, in, x, in, wt, in, y, out));
+  TRY(gemm(hora_body_gemm_dense_fwd(x, n, in, wt, out, y)));
   const size_t yn = n * (size_t)out;
   LAUNCH(k_bias_act, yn, y, bias, out, 0, yn);
   return HORA_SUCCESS;
@@ -315,9 +318,9 @@ hora_result_t hora__dense_fwd_cuda(const float *x, size_t n, int in, const float
 hora_result_t hora__dense_bwd_cuda(const float *x, const float *dy, size_t n, int in,
                                    const float *wt, int out, float *dwt, float *dbias, float *dx) {
   if (!hora_body_dense_ok(n, in, out) || !x || !dy || !wt || !dwt || !dbias) return BAD;
-  TRY(gemm_rm(true, false, out, in, (int)n, dy, out, x, in, dwt, in));
+  TRY(gemm(hora_body_gemm_dense_dwt(x, dy, n, in, out, dwt)));
   TRY(col_sum(dy, n, out, dbias));
-  if (dx) TRY(gemm_rm(false, false, (int)n, in, out, dy, out, wt, in, dx, in));
+  if (dx) TRY(gemm(hora_body_gemm_dense_dx(dy, n, in, wt, out, dx)));
   return HORA_SUCCESS;
 }
 

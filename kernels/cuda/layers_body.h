@@ -50,6 +50,76 @@ static inline int hora_body_dense_ok(size_t n, int in, int out) {
   return n > 0 && n <= 0x7fffffff && in > 0 && out > 0;
 }
 
+/* ---- matrix products ----
+ * Each layer's product is stated once here, in the row-major form of the host kernels'
+ * cblas_sgemm(CblasRowMajor, ...) call; hora_body_gemm_cm turns it into the arguments of the
+ * column-major cublasSgemm of layers.cu. The unit test runs both forms through OpenBLAS
+ * (CblasRowMajor and CblasColMajor) and compares them with the host kernels, so the operand swap,
+ * the transposes, m/n/k and the leading dimensions of the device path are checked without a GPU. */
+
+/* C [m x n] = op(A) [m x k] * op(B) [k x n], row-major, leading dimensions in elements. */
+typedef struct {
+  int ta, tb; /* 1: op(X) = X^T */
+  int m, n, k;
+  const float *a;
+  int lda;
+  const float *b;
+  int ldb;
+  float *c;
+  int ldc;
+} hora_body_gemm_t;
+
+/* The column-major form of g: C^T [n x m] = op(B)^T * op(A)^T. A row-major matrix read as
+ * column-major is its transpose, so the operands swap places (each keeps its own transpose flag
+ * and leading dimension) and m and n swap; C's leading dimension is unchanged. */
+static inline hora_body_gemm_t hora_body_gemm_cm(hora_body_gemm_t g) {
+  hora_body_gemm_t c = {g.tb, g.ta, g.n, g.m, g.k, g.b, g.ldb, g.a, g.lda, g.c, g.ldc};
+  return c;
+}
+
+/* conv forward: y [m x k] = col [m x kk] * wt^T (wt [k x kk]); m = n*oh*ow, kk = kh*kw*c. */
+static inline hora_body_gemm_t hora_body_gemm_conv_fwd(const hora_conv_shape_t *s, const float *col,
+                                                       const float *wt, float *y) {
+  const int m = (int)(s->n * (size_t)(s->h - s->kh + 1) * (size_t)(s->w - s->kw + 1));
+  const int kk = s->kh * s->kw * s->c;
+  hora_body_gemm_t g = {0, 1, m, s->k, kk, col, kk, wt, kk, y, s->k};
+  return g;
+}
+/* conv weight gradient: dwt [k x kk] = dy^T (dy [m x k]) * col [m x kk]. */
+static inline hora_body_gemm_t hora_body_gemm_conv_dwt(const hora_conv_shape_t *s, const float *dy,
+                                                       const float *col, float *dwt) {
+  const int m = (int)(s->n * (size_t)(s->h - s->kh + 1) * (size_t)(s->w - s->kw + 1));
+  const int kk = s->kh * s->kw * s->c;
+  hora_body_gemm_t g = {1, 0, s->k, kk, m, dy, s->k, col, kk, dwt, kk};
+  return g;
+}
+/* conv input gradient (before col2im): dcol [m x kk] = dy [m x k] * wt [k x kk]. */
+static inline hora_body_gemm_t hora_body_gemm_conv_dcol(const hora_conv_shape_t *s, const float *dy,
+                                                        const float *wt, float *dcol) {
+  const int m = (int)(s->n * (size_t)(s->h - s->kh + 1) * (size_t)(s->w - s->kw + 1));
+  const int kk = s->kh * s->kw * s->c;
+  hora_body_gemm_t g = {0, 0, m, kk, s->k, dy, s->k, wt, kk, dcol, kk};
+  return g;
+}
+/* dense forward: y [n x out] = x [n x in] * wt^T (wt [out x in]). */
+static inline hora_body_gemm_t hora_body_gemm_dense_fwd(const float *x, size_t n, int in,
+                                                        const float *wt, int out, float *y) {
+  hora_body_gemm_t g = {0, 1, (int)n, out, in, x, in, wt, in, y, out};
+  return g;
+}
+/* dense weight gradient: dwt [out x in] = dy^T (dy [n x out]) * x [n x in]. */
+static inline hora_body_gemm_t hora_body_gemm_dense_dwt(const float *x, const float *dy, size_t n,
+                                                        int in, int out, float *dwt) {
+  hora_body_gemm_t g = {1, 0, out, in, (int)n, dy, out, x, in, dwt, in};
+  return g;
+}
+/* dense input gradient: dx [n x in] = dy [n x out] * wt [out x in]. */
+static inline hora_body_gemm_t hora_body_gemm_dense_dx(const float *dy, size_t n, int in,
+                                                       const float *wt, int out, float *dx) {
+  hora_body_gemm_t g = {0, 0, (int)n, in, out, dy, out, wt, in, dx, in};
+  return g;
+}
+
 /* ---- the counter-based generator (the same bits as hora__rng_u64 / hora__rng_uniform) ---- */
 
 static inline HORA_HD uint64_t hora_body_rng_u64(uint64_t seed, uint64_t i) {

@@ -1,6 +1,9 @@
 #!/bin/bash
 # CI checks of examples/mnist on 2 ranks with the 10k real MNIST digits (8000 train / 2000 test),
 # located beside the source tree as ../shared/data/mnist-digits-10k (exit 77 when absent).
+# train, resume and signal check the CPU path (--device cpu, also on a GPU machine: there --device
+# auto would train on the GPU, and its GPU monitor adds scalars to the TensorBoard file that the
+# train mode counts); nogpu and cuda check the device choice and the GPU path.
 #   run_mnist.sh train  MNIST MPIEXEC [MPIEXEC_FLAGS...]
 #       one epoch: the loss of the last progress line is below that of the first, and the test
 #       accuracy is at least 0.88 (measured 0.926 with these settings).
@@ -48,7 +51,7 @@ check_learned() {
 
 case "$mode" in
 train)
-  run 2 "$work/out" --epochs 1 --log-every 10 --ckpt-dir "$work/ck" --tensorboard "$work/tb" || { cat "$work/out"; fail "run failed"; }
+  run 2 "$work/out" --device cpu --epochs 1 --log-every 10 --ckpt-dir "$work/ck" --tensorboard "$work/tb" || { cat "$work/out"; fail "run failed"; }
   cat "$work/out"
   check_learned "$work/out"
   tail -1 "$work/out" | grep -q '^\(\[0\] \)\?test_accuracy=' || fail "last line is not the result line"
@@ -62,9 +65,9 @@ train)
   echo "PASS: loss $first -> $last, test accuracy $acc, $n TensorBoard events"
   ;;
 resume)
-  run 2 "$work/a" --epochs 2 --max-steps 90 --ckpt-dir "$work/cka" --save-weights "$work/wa" || { cat "$work/a"; fail "full run"; }
-  run 2 "$work/b1" --epochs 2 --max-steps 40 --ckpt-every 15 --ckpt-dir "$work/ckb" || { cat "$work/b1"; fail "first half"; }
-  run 2 "$work/b2" --epochs 2 --max-steps 90 --resume --ckpt-dir "$work/ckb" --save-weights "$work/wb" || { cat "$work/b2"; fail "resumed run"; }
+  run 2 "$work/a" --device cpu --epochs 2 --max-steps 90 --ckpt-dir "$work/cka" --save-weights "$work/wa" || { cat "$work/a"; fail "full run"; }
+  run 2 "$work/b1" --device cpu --epochs 2 --max-steps 40 --ckpt-every 15 --ckpt-dir "$work/ckb" || { cat "$work/b1"; fail "first half"; }
+  run 2 "$work/b2" --device cpu --epochs 2 --max-steps 90 --resume --ckpt-dir "$work/ckb" --save-weights "$work/wb" || { cat "$work/b2"; fail "resumed run"; }
   cat "$work/b2"
   grep -q 'resume: step 40 ' "$work/b2" || fail "the resumed run did not start at step 40"
   cmp "$work/wa" "$work/wb" || fail "resumed weights differ from the uninterrupted run"
@@ -72,9 +75,9 @@ resume)
   echo "PASS: resumed run bitwise equal to the uninterrupted run"
   ;;
 signal)
-  run 2 "$work/a" --epochs 2 --max-steps 90 --ckpt-dir "$work/cka" --save-weights "$work/wa" || { cat "$work/a"; fail "full run"; }
+  run 2 "$work/a" --device cpu --epochs 2 --max-steps 90 --ckpt-dir "$work/cka" --save-weights "$work/wa" || { cat "$work/a"; fail "full run"; }
   "${mpi[@]}" -np 2 "$mnist" --data "$data" --cache-dir "$work/cache" --batch-size 64 --threads 1 \
-    --epochs 2 --max-steps 90 --log-every 5 --ckpt-dir "$work/ckb" > "$work/b1" 2>&1 &
+    --device cpu --epochs 2 --max-steps 90 --log-every 5 --ckpt-dir "$work/ckb" > "$work/b1" 2>&1 &
   pid=$!
   for _ in $(seq 600); do grep -q 'step 20/' "$work/b1" && break; sleep 0.05; done
   kill -USR1 $pid
@@ -83,7 +86,7 @@ signal)
   cat "$work/b1"
   [ $rc = 3 ] || fail "exit status $rc after SIGUSR1, want 3"
   grep -q 'stop signal: checkpoint of step' "$work/b1" || fail "no checkpoint message"
-  run 2 "$work/b2" --epochs 2 --max-steps 90 --resume --ckpt-dir "$work/ckb" --save-weights "$work/wb" || { cat "$work/b2"; fail "resumed run"; }
+  run 2 "$work/b2" --device cpu --epochs 2 --max-steps 90 --resume --ckpt-dir "$work/ckb" --save-weights "$work/wb" || { cat "$work/b2"; fail "resumed run"; }
   cat "$work/b2"
   cmp "$work/wa" "$work/wb" || fail "weights after signal + resume differ from the uninterrupted run"
   echo "PASS: stopped by SIGUSR1 with status 3, resumed to the same weights"

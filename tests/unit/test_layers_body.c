@@ -2,8 +2,11 @@
  * CPU by a plain loop over every index, against the host layer kernels (kernels/host/layers.c) on
  * random shapes (odd sizes, odd pooled sizes, several batch sizes). This is the CPU check of the
  * device path's index math: every comparison is bit-exact (the bodies keep the host's arithmetic
- * order), except where stated. OpenBLAS runs single-threaded (the test's ENV), so two GEMM calls
+ * order), except where stated. The matrix products of the device path (hora_body_gemm_*, turned
+ * into cublasSgemm's column-major arguments by hora_body_gemm_cm) run through OpenBLAS's
+ * column-major sgemm. OpenBLAS runs single-threaded (the test's ENV), so two GEMM calls
  * on the same inputs give the same bits. */
+#include <cblas.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -53,6 +56,26 @@ static void check_tree_col_sums(const float *dy, size_t m, int k, const float *h
   }
 }
 
+/* A layer product as layers.cu issues it: the column-major arguments of hora_body_gemm_cm(g), run
+ * through OpenBLAS's column-major sgemm (what cublasSgemm computes), into a poisoned buffer;
+ * compared with the host kernel's output `want` (count elements; the same OpenBLAS kernels, so
+ * any difference beyond rounding is a wrong operand order, transpose, size or leading dimension). */
+static void check_gemm(hora_body_gemm_t g, const float *want, size_t count, const char *what) {
+  float *out = malloc(count * sizeof(float));
+  for (size_t i = 0; i < count; i++) out[i] = NAN;
+  g.c = out;
+  hora_body_gemm_t c = hora_body_gemm_cm(g);
+  EXPECT(c.m == g.n && c.n == g.m && c.k == g.k && c.ldc == g.ldc, "%s: column-major sizes", what);
+  cblas_sgemm(CblasColMajor, c.ta ? CblasTrans : CblasNoTrans, c.tb ? CblasTrans : CblasNoTrans, c.m,
+              c.n, c.k, 1.0f, c.a, c.lda, c.b, c.ldb, 0.0f, c.c, c.ldc);
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < count; i++)
+    if (!(fabsf(out[i] - want[i]) <= 1e-5f * (1.0f + fabsf(want[i])))) first = bad++ ? first : i;
+  EXPECT(bad == 0, "%s: column-major GEMM: %zu of %zu elements differ from the host's (first %zu: %g vs %g)",
+         what, bad, count, first, bad ? out[first] : 0.0f, bad ? want[first] : 0.0f);
+  free(out);
+}
+
 static void test_conv(hora_conv_shape_t s) {
   const size_t xn = s.n * (size_t)s.h * s.w * s.c, wn = (size_t)s.k * s.kh * s.kw * s.c;
   const size_t yn = hora__conv2d_out_count(&s), cn = hora__conv2d_col_count(&s);
@@ -78,6 +101,10 @@ static void test_conv(hora_conv_shape_t s) {
   check_tree_col_sums(dy, m, s.k, db, "conv");
   for (size_t i = 0; i < xn; i++) gx[i] = hora_body_col2im(s, dcol, i);
   SAME(gx, dx, xn, "col2im h %d w %d c %d kh %d kw %d", s.h, s.w, s.c, s.kh, s.kw);
+  /* the three products of the device path (z: the forward GEMM alone, from the loop above) */
+  check_gemm(hora_body_gemm_conv_fwd(&s, col, wt, NULL), z, yn, "conv fwd");
+  check_gemm(hora_body_gemm_conv_dwt(&s, dy, col, NULL), dwt, wn, "conv dwt");
+  check_gemm(hora_body_gemm_conv_dcol(&s, dy, wt, NULL), dcol, cn, "conv dcol");
   /* relu backward on the conv output */
   memcpy(z, dy, yn * 4);
   EXPECT_OK(hora__relu_bwd_host(y, z, yn));
@@ -141,6 +168,9 @@ static void test_dense(size_t n, int in, int out) {
   for (size_t i = 0; i < n * out; i++) got[i] = hora_body_bias_act(z, b, out, 0, i);
   SAME(got, y, n * out, "dense bias n %zu out %d", n, out);
   EXPECT_OK(hora__dense_bwd_host(x, y, n, in, wt, out, dwt, db, dx));
+  check_gemm(hora_body_gemm_dense_fwd(x, n, in, wt, out, NULL), z, n * out, "dense fwd");
+  check_gemm(hora_body_gemm_dense_dwt(x, y, n, in, out, NULL), dwt, (size_t)in * out, "dense dwt");
+  check_gemm(hora_body_gemm_dense_dx(y, n, in, wt, out, NULL), dx, n * in, "dense dx");
   for (int j = 0; j < out; j++) got[j] = hora_body_col_sum(y, n, out, j);
   SAME(got, db, (size_t)out, "dense bias gradient out %d", out);
   check_tree_col_sums(y, n, out, db, "dense");
