@@ -48,7 +48,7 @@ def main():
                        capture_output=True)
     out = os.path.join(work, "job.out")
     env = dict(os.environ, HORA_BIN=binDir, DATA=data, EPOCHS="3", BATCH="64",
-               EXTRA="--log-every 5 --threads 1",
+               EXTRA="--log-every 5 --threads 1 --device cpu",
                # The two test nodes are one machine: launch binds each node's ranks to "its" cores,
                # so ranks of n1 and n2 share cores one to one. With the CPU-bound training loop
                # this stalled Open MPI's TCP connection set-up between the nodes past the peer
