@@ -512,11 +512,13 @@ int main(int argc, char **argv) {
     if (rc != HORA_SUCCESS && rc != HORA_ERR_NOT_SUPPORTED)
       FAIL("GPU monitor: %s: %s", hora_result_name(rc), hora_last_error());
   }
-  if (cuda) threads = 0;
-  say("mnist: %d rank(s), %d OpenBLAS thread(s) on rank 0, device %s, %lld train images per "
+  char where[64];
+  if (cuda) snprintf(where, sizeof where, "device cuda");
+  else snprintf(where, sizeof where, "%d OpenBLAS thread(s) on rank 0, device cpu", threads);
+  say("mnist: %d rank(s), %s, %lld train images per "
       "rank per epoch (%llu test), batch %d per rank (%d global), %lld steps per epoch, %d epochs, "
       "%s lr %g -> %g (%s scaling, %.3g warm-up epochs, then %s), seed %llu\n",
-      size, threads, cuda ? "cuda" : "cpu", (long long)(spe * B), (unsigned long long)data.test_records, B, B * size,
+      size, where, (long long)(spe * B), (unsigned long long)data.test_records, B, B * size,
       (long long)spe, o.epochs, o.sgd ? "sgd" : "adam", o.lr,
       o.lr * (!strcmp(o.lr_scaling, "linear") ? size : !strcmp(o.lr_scaling, "sqrt") ? sqrt(size) : 1),
       o.lr_scaling, o.warmup_epochs, o.cosine ? "cosine decay" : "constant",

@@ -195,11 +195,7 @@ static void test_errors(void) {
 }
 
 int main(void) {
-  int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-    printf("test_kernels_cuda: no GPU (cudaGetDeviceCount: %d devices): skipped\n", ndev);
-    return HORA_TEST_SKIP;
-  }
+  if (!hora_test_have_gpu("test_kernels_cuda")) return HORA_TEST_SKIP;
   rng = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
   if (!rng) rng = 1;
   printf("test_kernels_cuda: seed %llu\n", (unsigned long long)rng);
