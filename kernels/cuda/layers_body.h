@@ -300,8 +300,14 @@ static inline HORA_HD void hora_body_sgd(float *param, const float *grad, float 
   param[i] -= lr * v;
 }
 
-/* Adam, element i; c1 = 1 / (1 - beta1^t), c2 = 1 / (1 - beta2^t) computed once per step by the
- * caller in double, as the host kernel does. */
+/* Adam's bias corrections of update t >= 1: c1 = 1 / (1 - beta1^t), c2 = 1 / (1 - beta2^t),
+ * computed once per step on the host in double. */
+static inline void hora_body_adam_scales(float beta1, float beta2, int64_t t, float *c1, float *c2) {
+  *c1 = 1.0f / (float)(1.0 - pow(beta1, (double)t));
+  *c2 = 1.0f / (float)(1.0 - pow(beta2, (double)t));
+}
+
+/* Adam, element i, with c1 and c2 from hora_body_adam_scales. */
 static inline HORA_HD void hora_body_adam(float *param, const float *grad, float *m, float *v,
                                           float lr, float beta1, float beta2, float eps, float c1,
                                           float c2, size_t i) {

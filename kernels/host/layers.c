@@ -325,8 +325,8 @@ hora_result_t hora__sgd_momentum_host(float *param, const float *grad, float *ve
 hora_result_t hora__adam_host(float *param, const float *grad, float *m, float *v, size_t count,
                               float lr, float beta1, float beta2, float eps, int64_t t) {
   if (t < 1 || (count && (!param || !grad || !m || !v))) return BAD;
-  const float c1 = 1.0f / (float)(1.0 - pow(beta1, (double)t));
-  const float c2 = 1.0f / (float)(1.0 - pow(beta2, (double)t));
+  float c1, c2;
+  hora_body_adam_scales(beta1, beta2, t, &c1, &c2);
   for (size_t i = 0; i < count; i++) hora_body_adam(param, grad, m, v, lr, beta1, beta2, eps, c1, c2, i);
   return HORA_SUCCESS;
 }

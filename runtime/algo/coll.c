@@ -116,14 +116,24 @@ hora_result_t hora__check_broadcast(hora_ctx_t *ctx, const char *fn, void *buf, 
   return HORA_SUCCESS;
 }
 
+/* *total = count * world size (elements of a buffer with one block per rank), or the error that
+ * it overflows size_t bytes; `what` names the argument. */
+static hora_result_t world_blocks(const hora_ctx_t *ctx, const char *fn, const char *what, size_t count,
+                                  hora_dtype_t dtype, size_t *total) {
+  if (count > SIZE_MAX / hora__dtype_size(dtype) / (size_t)ctx->size)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: %s %zu x world size %d overflows", fn, what, count, ctx->size);
+  *total = count * (size_t)ctx->size;
+  return HORA_SUCCESS;
+}
+
 hora_result_t hora__check_allgather(hora_ctx_t *ctx, const char *fn, const void *sendbuf, void *recvbuf,
                                     size_t count, hora_dtype_t dtype, hora_device_t device, size_t *bytes) {
   HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
   size_t b;
   HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, count, dtype, &b));
-  if (count > SIZE_MAX / hora__dtype_size(dtype) / (size_t)ctx->size)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: count %zu x world size %d overflows", fn, count, ctx->size);
-  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, count * (size_t)ctx->size, dtype, NULL));
+  size_t total = 0;
+  HORA_CHECK(world_blocks(ctx, fn, "count", count, dtype, &total));
+  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, total, dtype, NULL));
   const char *mine = (const char *)recvbuf + (size_t)ctx->rank * b;
   if (b && sendbuf != mine && overlaps(sendbuf, b, recvbuf, b * (size_t)ctx->size))
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sendbuf overlaps recvbuf but is not this rank's block", fn);
@@ -138,9 +148,8 @@ hora_result_t hora__check_reducescatter(hora_ctx_t *ctx, const char *fn, const v
   if ((unsigned)op >= HORA_OP_COUNT)
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: op %d is not a hora_op_t", fn, (int)op);
   size_t es = hora__dtype_size(dtype);
-  if (recvcount > SIZE_MAX / es / (size_t)ctx->size)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: recvcount %zu x world size overflows", fn, recvcount);
-  size_t total = recvcount * (size_t)ctx->size;
+  size_t total = 0;
+  HORA_CHECK(world_blocks(ctx, fn, "recvcount", recvcount, dtype, &total));
   HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, total, dtype, NULL));
   HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, recvcount, dtype, NULL));
   if (recvcount && (const char *)recvbuf != (const char *)sendbuf + (size_t)ctx->rank * recvcount * es &&
@@ -154,9 +163,8 @@ hora_result_t hora__check_alltoall(hora_ctx_t *ctx, const char *fn, const void *
                                    size_t count, hora_dtype_t dtype, hora_device_t device) {
   HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
   size_t es = hora__dtype_size(dtype);
-  if (count > SIZE_MAX / es / (size_t)ctx->size)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: count %zu x world size overflows", fn, count);
-  size_t total = count * (size_t)ctx->size;
+  size_t total = 0;
+  HORA_CHECK(world_blocks(ctx, fn, "count", count, dtype, &total));
   HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, total, dtype, NULL));
   HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, total, dtype, NULL));
   if (overlaps(sendbuf, total * es, recvbuf, total * es))

@@ -96,21 +96,6 @@ __attribute__((target("avx2"))) static void stream_avx2_pages(unsigned char *d, 
         _mm256_stream_si256((__m256i *)(dd + 32), b);
       }
 }
-__attribute__((target("avx2"))) static void stream_avx2(unsigned char *d, const unsigned char *s, size_t n) {
-  size_t pages = n & ~(size_t)16383;
-  stream_avx2_pages(d, s, pages);
-  d += pages, s += pages, n -= pages;
-  for (size_t i = 0; i < n; i += 128) {
-    __m256i a = _mm256_loadu_si256((const __m256i *)(s + i));
-    __m256i b = _mm256_loadu_si256((const __m256i *)(s + i + 32));
-    __m256i c = _mm256_loadu_si256((const __m256i *)(s + i + 64));
-    __m256i e = _mm256_loadu_si256((const __m256i *)(s + i + 96));
-    _mm256_stream_si256((__m256i *)(d + i), a);
-    _mm256_stream_si256((__m256i *)(d + i + 32), b);
-    _mm256_stream_si256((__m256i *)(d + i + 64), c);
-    _mm256_stream_si256((__m256i *)(d + i + 96), e);
-  }
-}
 #endif
 
 static void copy_streaming(unsigned char *d, const unsigned char *s, size_t n) {
@@ -119,8 +104,8 @@ static void copy_streaming(unsigned char *d, const unsigned char *s, size_t n) {
     size_t head = (size_t)(-(uintptr_t)d & 127); /* align the destination to 128 bytes */
     memcpy(d, s, head);
     d += head, s += head, n -= head;
-    size_t body = n & ~(size_t)127;
-    stream_avx2(d, s, body);
+    size_t body = n & ~(size_t)16383; /* whole 16 KiB blocks; memcpy takes the rest */
+    stream_avx2_pages(d, s, body);
     _mm_sfence(); /* streaming stores are weakly ordered: fence before the writer reads them */
     d += body, s += body, n -= body;
   }

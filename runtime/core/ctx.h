@@ -26,6 +26,7 @@ struct hora_ctx {
   int cross_rank, cross_size; /* node index and node count */
   int uniform_local_size;     /* 1 if every node has the same local_size */
   int local_cpus;             /* CPUs in the union of this node's ranks' affinity masks */
+  int overlaps_compute;       /* collectives run beside the caller's compute (the engine's shadow) */
   int device;                 /* CUDA ordinal, or -1 */
   int mpi_owned;              /* hora called MPI_Init and must call MPI_Finalize */
   pthread_mutex_t lock;       /* guards the finalizer list and module slots */

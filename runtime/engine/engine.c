@@ -89,6 +89,7 @@ static hora_result_t shadow_create(hora_ctx_t *ctx, hora_ctx_t **out) {
   s->finalizers = NULL;
   s->algo = s->engine = s->ckpt = s->trace = s->signal = NULL;
   s->mpi_owned = 0;
+  s->overlaps_compute = 1; /* the engine reduces while the training loop computes (algo/dispatch.c) */
   pthread_mutex_init(&s->lock, NULL);
   int rc = MPI_Comm_dup(ctx->world, &s->world);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(ctx->local, &s->local);

@@ -219,16 +219,6 @@ static void finish(hora_engine_t *eng, eng_resp_t *x, hora_result_t rc) {
 hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
   hora_algo_t algo;
   HORA_CHECK(hora__algo_parse(eng->prm.allreduce_algo, &algo));
-  /* The engine's allreduces run while the training loop computes. On a node with more ranks
-   * than CPUs, `auto` keeps MPI_Allreduce up to 256 KiB (the faster choice for back-to-back
-   * allreduces, hora-bench allreduce), but MPI waits by polling and so takes the cores from the
-   * ranks that are still computing; the shared-memory algorithm sleeps while it waits. The
-   * engine therefore uses shared memory at every size there (examples/mnist, 4 ranks on 2 cores,
-   * 60 steps of batch 64: 2,560 images/s with auto's choice, 4,920 with shared memory; with 2
-   * ranks on 2 cores the two are within 4 %). */
-  const hora_ctx_t *sh = eng->shadow;
-  if (algo == HORA_ALGO_AUTO && sh->cross_size == 1 && sh->local_size > 1 && sh->local_size > sh->local_cpus)
-    algo = HORA_ALGO_SHM;
   if (eng->tl) hora__timeline_cycle(eng->tl, hora__now_s(), eng->cycle);
   size_t threshold = (size_t)eng->prm.fusion_threshold;
   uint8_t *used = calloc(n, 1);
