@@ -4,10 +4,14 @@
  *     │  shard: file i -> rank i % W        (at least as many files as ranks)
  *     │     or record j -> rank j % W       (fewer files than ranks: every rank reads all)
  *     ▼
- *   producer thread: read 1 MiB blocks ──► parse + check CRCs in place ──► keep this rank's
- *     │   no shuffle: the block itself becomes a queue item (records point into it: no copy)
+ *   producer thread: read 1 MiB blocks, or map the file ──► parse + check CRCs in place ──►
+ *     │   keep this rank's records
+ *     │   no shuffle: the block (or about 1 MiB of the mapping) becomes a queue item (records
+ *     │               point into it: no copy)
  *     │   shuffle:    records are copied into a B-slot buffer; a random slot is emitted
- *     ▼               into an output item (one copy)
+ *     │               into an output item (one copy)
+ *     │   mapped, by file, no shuffle: the rest of the file becomes one "segment" item at once;
+ *     ▼               the consumer parses and checks it in hora_records_next
  *   bounded queue of items (about `prefetch` records)
  *     ▼
  *   hora_records_next(): pointer + length into the consumer's current item; the item goes back
@@ -17,6 +21,16 @@
  * Determinism: the order depends on (seed, epoch, rank) through a splitmix64 generator that is
  * reseeded at every epoch; the shuffle buffer is drained at the end of each epoch. Skipping
  * `skip_records` happens after shuffling, on the exact stream the consumer would have seen.
+ *
+ * Mapped or read: a file already in the page cache is mapped read-only (mapped.c; HORA_RECORDS_MMAP
+ * decides), so the CRC check is the only pass over its bytes and the records handed out point
+ * into the page cache; other files are read with read() into 1 MiB blocks, which keeps the
+ * kernel's read-ahead for data on disk. Items over a mapping hold a reference to it. Segments
+ * exist because a hand-off per 1 MiB item cost more than the parsing itself once the copy was
+ * gone (hora-bench records warm, 1 rank: 0.70-0.75x of a plain read with the producer checking
+ * the mapping, 0.88-1.0x with the consumer doing it), and because the consumer then reads bytes
+ * its own core just checked. A file truncated while mapped fails with HORA_ERR_IO naming it
+ * (mapped.c's SIGBUS guard).
  *
  * Ownership: the producer owns the block being filled, the shuffle slots and the output item
  * being filled; the queue and the free list are shared under `lock`; the consumer owns the item
@@ -40,14 +54,27 @@
 #define SHUFFLE_ITEM_RECORDS 64
 #define FREE_LIST_MAX 4
 #define DEFAULT_PREFETCH 256
+/* Mapped files: fault pages in POPULATE_BYTES at a time ahead of the parser, and prefetch
+ * PREFETCH_AHEAD bytes ahead into the cache (hardware prefetchers stop at page boundaries):
+ * a single-thread probe of the mapped CRC pass went from 0.70x of a plain read without them to
+ * 0.9-1.0x with them (8-16 KiB ahead best; 64 KiB worse). The pages the consumer has passed leave
+ * the page tables DROP_SPAN at a time: each drop flushes the TLBs of every CPU this process runs
+ * on. */
+#define POPULATE_BYTES ((size_t)1 << 20)
+#define PREFETCH_AHEAD 16384
+#define DROP_SPAN ((size_t)64 << 20)
 
 typedef struct item {
-  unsigned char *buf;
-  size_t cap, used; /* bytes allocated / filled */
+  unsigned char *buf; /* owned, or the base of `map` */
+  size_t cap, used;   /* bytes allocated / filled (mapped: cap 0, used = the file's size) */
+  hora_map_t *map;    /* a reference, when the records point into a mapped file */
   struct rec {
     size_t off, len;
   } *recs;
   size_t nrec, rec_cap;
+  int seg;          /* a segment: the consumer parses map's bytes from seg_start to the end */
+  size_t seg_start;
+  size_t queued;    /* what the item counts for in queued_records */
   uint64_t epoch;
   struct item *next;
 } item_t;
@@ -57,12 +84,16 @@ typedef struct {
   size_t cap, len;
 } slot_t;
 
+enum { MMAP_AUTO, MMAP_ON, MMAP_OFF };
+enum { SEG_GOING, SEG_END, SEG_BAD_HEADER, SEG_TRUNCATED };
+
 struct hora_records_reader {
   /* fixed after open */
   char **files; /* this rank's files (by file) or all files (by record) */
   size_t nfiles;
   int by_record, rank, world;
   size_t prefetch, shuffle;
+  int mmap_mode; /* MMAP_AUTO, MMAP_ON or MMAP_OFF (HORA_RECORDS_MMAP) */
   uint64_t seed, epochs, start_epoch, skip;
   int skip_corrupt;
 
@@ -90,6 +121,16 @@ struct hora_records_reader {
   /* consumer state */
   item_t *cur;
   size_t cur_i;
+  struct {
+    size_t pos;       /* file offset of the next record to parse */
+    size_t populated; /* page tables filled up to here */
+    size_t prefetched, dropped, last_ret;
+    int stop;         /* a SEG_* below once parsing has stopped */
+    struct rec q[3];  /* parsed records not yet returned, with their data CRC results */
+    int ok[3], n, i;
+  } seg;
+  hora_result_t cons_err; /* a consumer-side error repeats on every later call */
+  char cons_msg[640];
   uint64_t pos_epoch, pos_records;
   int eof_seen;
 };
@@ -117,7 +158,8 @@ static size_t rand_below(uint64_t *s, size_t n) {
 /* ---- items and the queue ---- */
 static void item_free(item_t *it) {
   if (!it) return;
-  free(it->buf);
+  if (it->map) hora__map_unref(it->map);
+  else free(it->buf);
   free(it->recs);
   free(it);
 }
@@ -134,6 +176,7 @@ static item_t *item_get(hora_records_reader_t *r, size_t cap) {
   if (!it && !(it = calloc(1, sizeof *it))) return NULL;
   it->next = NULL;
   it->used = it->nrec = 0;
+  it->seg = 0;
   it->epoch = r->epoch;
   if (it->cap < cap) {
     unsigned char *b = realloc(it->buf, cap);
@@ -148,6 +191,21 @@ static item_t *item_get(hora_records_reader_t *r, size_t cap) {
 }
 
 static void item_release_locked(hora_records_reader_t *r, item_t *it) {
+  if (it->map) {
+    if (it->nrec) {
+      /* pages the consumer is done with leave the page tables DROP_SPAN at a time */
+      size_t lo = it->recs[0].off - HORA_RECORD_HEADER_BYTES;
+      size_t hi = it->recs[it->nrec - 1].off + it->recs[it->nrec - 1].len + HORA_RECORD_FOOTER_BYTES;
+      if (hi / DROP_SPAN > lo / DROP_SPAN) {
+        size_t end = hi / DROP_SPAN * DROP_SPAN;
+        hora__map_drop(it->map, end - DROP_SPAN, DROP_SPAN);
+      }
+    }
+    hora__map_unref(it->map);
+    it->map = NULL;
+    it->buf = NULL;
+    it->cap = 0;
+  }
   if (r->free_count < FREE_LIST_MAX && it->cap <= 4 * (size_t)BLOCK_BYTES) {
     it->next = r->free_list;
     r->free_list = it;
@@ -155,6 +213,19 @@ static void item_release_locked(hora_records_reader_t *r, item_t *it) {
   } else {
     item_free(it);
   }
+}
+
+/* An item whose records point into the mapping `m` (offsets from the start of the file). */
+static item_t *item_view(hora_records_reader_t *r, hora_map_t *m) {
+  item_t *it = item_get(r, 0);
+  if (!it) return NULL;
+  free(it->buf);
+  it->buf = (unsigned char *)hora__map_base(m); /* read-only: nothing writes through it */
+  it->cap = 0;
+  it->used = hora__map_len(m);
+  it->map = m;
+  hora__map_ref(m);
+  return it;
 }
 
 static int item_add_rec(item_t *it, size_t off, size_t len) {
@@ -184,7 +255,9 @@ static int push(hora_records_reader_t *r, item_t *it) {
   if (r->tail) r->tail->next = it;
   else r->head = it;
   r->tail = it;
-  r->queued_records += it->nrec;
+  /* a segment counts as a full queue: one waits, one is read, one is being mapped */
+  it->queued = it->seg ? r->prefetch : it->nrec;
+  r->queued_records += it->queued;
   pthread_cond_broadcast(&r->cond);
   pthread_mutex_unlock(&r->lock);
   return 1;
@@ -369,8 +442,20 @@ static int data_crc_ok(const hora_records_reader_t *r, const item_t *blk, size_t
   return hora__load_le32(d + len) == hora__masked_crc(d, (size_t)len);
 }
 
+/* A mapped file lost pages under the parser (truncated while mapped): the bytes it read from
+ * them are zeros, so a bad checksum there is not the file's content. */
+static int changed(hora_records_reader_t *r, const hora_map_t *map, const char *path, hora_result_t *rc) {
+  if (!map || !hora__map_faulted(map)) return 0;
+  *rc = fail(r, HORA_ERR_IO,
+             "%s changed while it was being read (truncated or rewritten in place by another process?): "
+             "replace record files by renaming a new file over them",
+             path);
+  return 1;
+}
+
 /* Read `path`, checking framing, and pass this rank's records to take(). Blocks travel to the
- * consumer (no-shuffle mode) as soon as the parser needs bytes past their end. */
+ * consumer (no-shuffle mode) as soon as the parser needs bytes past their end; over a mapping,
+ * every BLOCK_BYTES of the file. */
 static hora_result_t read_file(hora_records_reader_t *r, const char *path) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return fail(r, HORA_ERR_IO, "open %s: %s", path, strerror(errno));
@@ -384,23 +469,72 @@ static hora_result_t read_file(hora_records_reader_t *r, const char *path) {
   uint64_t file_off = 0; /* file offset of blk->buf[pos] */
   size_t pos = 0;
   hora_result_t rc = HORA_SUCCESS;
-  item_t *blk = item_get(r, BLOCK_BYTES);
+  hora_map_t *map = NULL;
+  if (r->mmap_mode != MMAP_OFF && size > 0 && size <= SIZE_MAX)
+    map = hora__map_open(fd, (size_t)size, path, r->mmap_mode == MMAP_AUTO);
+  /* Over a mapping the "block" is the whole file, already at its end: the parser never asks for
+   * more bytes, and an incomplete record at the end is reported as truncated. */
+  item_t *blk = map ? item_view(r, map) : item_get(r, BLOCK_BYTES);
+  int at_eof = map != NULL;
+  size_t item_start = 0, populated = 0, prefetched = 0;
+  if (map) hora__map_unref(map); /* the items hold it from here on */
   if (!blk) {
     close(fd);
     return fail(r, HORA_ERR_NO_MEMORY, "out of memory");
   }
-  int at_eof = 0;
   crc_batch_t batch = {.n = 0, .next = 0};
   /* Read-ahead is the kernel's (POSIX_FADV_SEQUENTIAL above). Explicit POSIX_FADV_WILLNEED of
    * 8 MiB windows ahead was tried: cold reads of 206 MB of shards went from 0.92-0.95x to
    * 0.84-0.89x of a plain sequential read with one rank, and from 1.00x to 0.80x with 4 ranks
    * (hora-bench records, docs/benchmarks.md). */
   for (;;) {
+    if (map && r->shuffle <= 1 && !r->by_record && !(r->epoch == r->start_epoch && r->emitted < r->skip)) {
+      /* From here the consumer parses and checks the file itself, in the thread that uses the
+       * records (hora_records_next): no hand-off per record, and the bytes are read once, into
+       * the cache of the core that uses them. (Sharding by record needs the record count of
+       * every file and stays here; so do the records a resume skips.) */
+      if (blk->nrec) { /* not reached: records are kept only after the skip */
+        rc = fail(r, HORA_ERR_INTERNAL, "records reader: %s: records before a segment", path);
+        break;
+      }
+      blk->seg = 1;
+      blk->seg_start = pos;
+      item_t *seg = blk;
+      blk = NULL;
+      if (!push(r, seg)) rc = HORA_ERR_SHUTDOWN;
+      break;
+    }
+    if (map) {
+      if (pos + POPULATE_BYTES / 2 > populated && populated < blk->used) {
+        if (!hora__map_populate(blk->map, populated, POPULATE_BYTES)) populated = blk->used; /* old kernel */
+        populated += POPULATE_BYTES;
+      }
+      size_t until = pos + PREFETCH_AHEAD < blk->used ? pos + PREFETCH_AHEAD : blk->used;
+      if (prefetched < pos) prefetched = pos;
+      for (; prefetched < until; prefetched += 64) __builtin_prefetch(blk->buf + prefetched);
+      if (r->shuffle <= 1 && blk->nrec && pos - item_start >= BLOCK_BYTES) {
+        /* about 1 MiB of records: hand them over, go on in a new item over the same mapping */
+        if (changed(r, blk->map, path, &rc)) break;
+        item_t *nb = item_view(r, blk->map);
+        if (!nb) {
+          rc = fail(r, HORA_ERR_NO_MEMORY, "out of memory");
+          break;
+        }
+        item_t *full = blk;
+        blk = nb;
+        item_start = pos;
+        if (!push(r, full)) {
+          rc = HORA_ERR_SHUTDOWN;
+          break;
+        }
+      }
+    }
     size_t avail = blk->used - pos;
     size_t need = HORA_RECORD_HEADER_BYTES;
     if (avail >= HORA_RECORD_HEADER_BYTES) {
       uint64_t len;
       if (!hora__record_header_ok(blk->buf + pos, &len)) {
+        if (changed(r, blk->map, path, &rc)) break;
         if (r->skip_corrupt) {
           atomic_fetch_add(&r->corrupt, 1);
           HORA_WARN(DATA, "%s: bad length checksum at byte offset %llu: skipping the rest of the file",
@@ -430,6 +564,7 @@ static hora_result_t read_file(hora_records_reader_t *r, const char *path) {
         r->global_index++;
         if (mine) {
           if (!crc_ok) {
+            if (changed(r, blk->map, path, &rc)) break;
             if (!r->skip_corrupt) {
               rc = fail(r, HORA_ERR_DATA, "%s: bad data checksum of the record at byte offset %llu",
                         path, (unsigned long long)file_off);
@@ -450,6 +585,7 @@ static hora_result_t read_file(hora_records_reader_t *r, const char *path) {
     /* The record at pos is incomplete in the block: get more bytes. */
     if (at_eof) {
       if (avail == 0) break; /* clean end of file */
+      if (changed(r, blk->map, path, &rc)) break;
       if (r->skip_corrupt) {
         atomic_fetch_add(&r->corrupt, 1);
         HORA_WARN(DATA, "%s: truncated record at byte offset %llu: skipping it", path,
@@ -501,6 +637,14 @@ static hora_result_t read_file(hora_records_reader_t *r, const char *path) {
     if (got == 0) at_eof = 1;
   }
   close(fd);
+  if (!blk) return rc; /* handed to the consumer as a segment */
+  if (rc == HORA_SUCCESS && changed(r, blk->map, path, &rc)) {
+    /* the file lost pages under the parser: its records are not handed out */
+    pthread_mutex_lock(&r->lock);
+    item_release_locked(r, blk);
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+  }
   /* Records parsed before an error still reach the consumer, then the error does. */
   if (rc != HORA_ERR_SHUTDOWN && r->shuffle <= 1 && blk->nrec > 0) {
     if (!push(r, blk)) rc = HORA_ERR_SHUTDOWN;
@@ -674,6 +818,8 @@ HORA_EXPORT hora_result_t hora_records_reader_open(const hora_records_reader_opt
   r->start_epoch = o->start_epoch;
   r->skip = o->skip_records;
   r->skip_corrupt = o->skip_corrupt != 0;
+  const char *mm = hora__params()->records_mmap;
+  r->mmap_mode = !strcmp(mm, "on") ? MMAP_ON : !strcmp(mm, "off") ? MMAP_OFF : MMAP_AUTO;
   r->pos_epoch = o->start_epoch;
   r->pos_records = o->skip_records;
   atomic_init(&r->corrupt, 0);
@@ -705,9 +851,14 @@ HORA_EXPORT hora_result_t hora_records_reader_open(const hora_records_reader_opt
                     o->shuffle_buffer);
   }
   /* The thread blocks every signal so that process-directed signals (Slurm's SIGUSR1/SIGTERM)
-   * go to the application's threads. */
+   * go to the application's threads, except the ones a fault raises: a blocked SIGBUS from a
+   * fault would end the process without running mapped.c's guard. */
   sigset_t blocked, old;
   sigfillset(&blocked);
+  sigdelset(&blocked, SIGBUS);
+  sigdelset(&blocked, SIGSEGV);
+  sigdelset(&blocked, SIGFPE);
+  sigdelset(&blocked, SIGILL);
   pthread_sigmask(SIG_SETMASK, &blocked, &old);
   int prc = pthread_create(&r->thread, NULL, producer, r);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -723,53 +874,175 @@ HORA_EXPORT hora_result_t hora_records_reader_open(const hora_records_reader_opt
   return HORA_SUCCESS;
 }
 
-HORA_EXPORT hora_result_t hora_records_next(hora_records_reader_t *r, const void **data, size_t *len_bytes,
-                                            int *eof) {
-  if (!r || !data || !len_bytes || !eof)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_next: %s is NULL",
-                    !r ? "reader" : !data ? "data" : !len_bytes ? "len_bytes" : "eof");
-  if (r->cur && r->cur_i < r->cur->nrec) goto give;
-  pthread_mutex_lock(&r->lock);
-  if (r->cur) {
-    item_release_locked(r, r->cur);
-    r->cur = NULL;
+/* Segment items: parse up to three of the next records from r->seg.pos (the file is whole in the
+ * mapping), check their data CRCs at once, and keep the page tables filled ahead of the parser
+ * and emptied behind the records returned. Stops at the end of the file, a bad header or a
+ * truncated record (r->seg.stop); the records before the stop are returned first. */
+static void seg_fill(hora_records_reader_t *r, const item_t *it) {
+  const hora_map_t *m = it->map;
+  const unsigned char *b = it->buf;
+  size_t size = it->used;
+  if (r->seg.pos + POPULATE_BYTES / 2 > r->seg.populated && r->seg.populated < size) {
+    if (!hora__map_populate(m, r->seg.populated, POPULATE_BYTES)) r->seg.populated = size; /* old kernel */
+    r->seg.populated += POPULATE_BYTES;
   }
-  for (;;) {
-    while (!r->head && !r->done) pthread_cond_wait(&r->cond, &r->lock);
-    if (!r->head || r->head->nrec) break;
-    item_t *empty = r->head; /* never pushed today; handled so that the consumer cannot misread */
-    r->head = empty->next;
-    if (!r->head) r->tail = NULL;
-    item_release_locked(r, empty);
+  if (r->seg.last_ret / DROP_SPAN * DROP_SPAN > r->seg.dropped) {
+    size_t to = r->seg.last_ret / DROP_SPAN * DROP_SPAN;
+    hora__map_drop(m, r->seg.dropped, to - r->seg.dropped);
+    r->seg.dropped = to;
   }
-  if (!r->head) {
-    hora_result_t err = r->err;
-    pthread_mutex_unlock(&r->lock);
-    if (err != HORA_SUCCESS) return HORA_ERR(err, "%s", r->err_msg);
-    *data = NULL;
-    *len_bytes = 0;
-    *eof = 1;
-    return HORA_SUCCESS;
+  r->seg.n = r->seg.i = 0;
+  const void *p[3];
+  size_t n[3];
+  while (r->seg.n < 3) {
+    size_t pos = r->seg.pos;
+    size_t until = pos + PREFETCH_AHEAD < size ? pos + PREFETCH_AHEAD : size;
+    if (r->seg.prefetched < pos) r->seg.prefetched = pos;
+    for (; r->seg.prefetched < until; r->seg.prefetched += 64) __builtin_prefetch(b + r->seg.prefetched);
+    if (pos == size) {
+      r->seg.stop = SEG_END;
+      break;
+    }
+    uint64_t len;
+    if (size - pos < HORA_RECORD_HEADER_BYTES) {
+      r->seg.stop = SEG_TRUNCATED;
+      break;
+    }
+    if (!hora__record_header_ok(b + pos, &len)) {
+      r->seg.stop = SEG_BAD_HEADER;
+      break;
+    }
+    if (size - pos < HORA_RECORD_OVERHEAD_BYTES || len > size - pos - HORA_RECORD_OVERHEAD_BYTES) {
+      r->seg.stop = SEG_TRUNCATED;
+      break;
+    }
+    int k = r->seg.n++;
+    r->seg.q[k].off = pos + HORA_RECORD_HEADER_BYTES;
+    r->seg.q[k].len = (size_t)len;
+    p[k] = b + r->seg.q[k].off;
+    n[k] = (size_t)len;
+    r->seg.pos = pos + HORA_RECORD_OVERHEAD_BYTES + (size_t)len;
   }
-  r->cur = r->head;
-  r->head = r->cur->next;
-  if (!r->head) r->tail = NULL;
-  r->queued_records -= r->cur->nrec;
-  r->cur_i = 0;
-  pthread_cond_broadcast(&r->cond);
-  pthread_mutex_unlock(&r->lock);
-give:;
-  item_t *it = r->cur;
+  uint32_t c[3];
+  if (r->seg.n == 3) hora__crc32c_x3(p, n, c);
+  else
+    for (int j = 0; j < r->seg.n; j++) c[j] = hora__crc32c(0, p[j], n[j]);
+  for (int j = 0; j < r->seg.n; j++)
+    r->seg.ok[j] = hora__load_le32((const unsigned char *)p[j] + n[j]) == hora__crc32c_mask(c[j]);
+}
+
+static hora_result_t consumer_fail(hora_records_reader_t *r, hora_result_t rc, const char *fmt, ...)
+    HORA_PRINTF(3, 4);
+static hora_result_t consumer_fail(hora_records_reader_t *r, hora_result_t rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->cons_msg, sizeof r->cons_msg, fmt, ap);
+  va_end(ap);
+  r->cons_err = rc;
+  return HORA_ERR(rc, "%s", r->cons_msg);
+}
+
+/* Hand record `rec` of `it` to the caller and count it in the resume position. */
+static hora_result_t give(hora_records_reader_t *r, const item_t *it, struct rec rec, const void **data,
+                          size_t *len_bytes, int *eof) {
   if (it->epoch != r->pos_epoch) {
     r->pos_epoch = it->epoch;
     r->pos_records = 0;
   }
   r->pos_records++;
-  *data = it->buf + it->recs[r->cur_i].off;
-  *len_bytes = it->recs[r->cur_i].len;
+  *data = it->buf + rec.off;
+  *len_bytes = rec.len;
   *eof = 0;
-  r->cur_i++;
   return HORA_SUCCESS;
+}
+
+HORA_EXPORT hora_result_t hora_records_next(hora_records_reader_t *r, const void **data, size_t *len_bytes,
+                                            int *eof) {
+  if (!r || !data || !len_bytes || !eof)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_next: %s is NULL",
+                    !r ? "reader" : !data ? "data" : !len_bytes ? "len_bytes" : "eof");
+  if (r->cons_err != HORA_SUCCESS) return HORA_ERR(r->cons_err, "%s", r->cons_msg);
+  for (;;) {
+    int cur_done = !r->cur || (r->cur->seg ? r->seg.stop == SEG_END && r->seg.i == r->seg.n : r->cur_i >= r->cur->nrec);
+    if (cur_done) {
+      pthread_mutex_lock(&r->lock);
+      if (r->cur) {
+        item_release_locked(r, r->cur);
+        r->cur = NULL;
+      }
+      for (;;) {
+        while (!r->head && !r->done) pthread_cond_wait(&r->cond, &r->lock);
+        if (!r->head || r->head->nrec || r->head->seg) break;
+        item_t *empty = r->head; /* never pushed today; handled so that the consumer cannot misread */
+        r->head = empty->next;
+        if (!r->head) r->tail = NULL;
+        item_release_locked(r, empty);
+      }
+      if (!r->head) {
+        hora_result_t err = r->err;
+        pthread_mutex_unlock(&r->lock);
+        if (err != HORA_SUCCESS) return HORA_ERR(err, "%s", r->err_msg);
+        *data = NULL;
+        *len_bytes = 0;
+        *eof = 1;
+        return HORA_SUCCESS;
+      }
+      r->cur = r->head;
+      r->head = r->cur->next;
+      if (!r->head) r->tail = NULL;
+      r->queued_records -= r->cur->queued;
+      r->cur_i = 0;
+      if (r->cur->seg) {
+        memset(&r->seg, 0, sizeof r->seg);
+        r->seg.pos = r->seg.populated = r->seg.prefetched = r->seg.last_ret = r->cur->seg_start;
+        r->seg.dropped = r->cur->seg_start / DROP_SPAN * DROP_SPAN;
+      }
+      pthread_cond_broadcast(&r->cond);
+      pthread_mutex_unlock(&r->lock);
+    }
+    item_t *it = r->cur;
+    if (it->map && hora__map_faulted(it->map))
+      return consumer_fail(r, HORA_ERR_IO,
+                           "hora_records_next: %s changed while it was being read (truncated or rewritten in place "
+                           "by another process?); the record returned before this call may hold zeros instead of "
+                           "its bytes",
+                           hora__map_path(it->map));
+    if (it->seg) {
+      if (r->seg.i == r->seg.n) {
+        if (r->seg.stop == SEG_GOING) {
+          seg_fill(r, it);
+          continue;
+        }
+        if (r->seg.stop == SEG_END) continue; /* next item */
+        if (hora__map_faulted(it->map)) continue; /* reported above */
+        /* a bad header or a truncated record: the rest of the file is unreadable */
+        unsigned long long at = (unsigned long long)r->seg.pos;
+        const char *what = r->seg.stop == SEG_BAD_HEADER ? "bad length checksum of" : "truncated";
+        if (!r->skip_corrupt)
+          return consumer_fail(r, HORA_ERR_DATA, "%s: %s record at byte offset %llu (file has %zu bytes)",
+                               hora__map_path(it->map), what, at, it->used);
+        atomic_fetch_add(&r->corrupt, 1);
+        HORA_WARN(DATA, "%s: %s record at byte offset %llu: skipping the rest of the file", hora__map_path(it->map),
+                  what, at);
+        r->seg.stop = SEG_END;
+        continue;
+      }
+      int k = r->seg.i++;
+      if (!r->seg.ok[k]) {
+        if (hora__map_faulted(it->map)) continue; /* reported above */
+        unsigned long long at = (unsigned long long)(r->seg.q[k].off - HORA_RECORD_HEADER_BYTES);
+        if (!r->skip_corrupt)
+          return consumer_fail(r, HORA_ERR_DATA, "%s: bad data checksum of the record at byte offset %llu",
+                               hora__map_path(it->map), at);
+        atomic_fetch_add(&r->corrupt, 1);
+        HORA_WARN(DATA, "%s: bad data checksum at byte offset %llu: skipping the record", hora__map_path(it->map), at);
+        continue;
+      }
+      r->seg.last_ret = r->seg.q[k].off - HORA_RECORD_HEADER_BYTES;
+      return give(r, it, r->seg.q[k], data, len_bytes, eof);
+    }
+    return give(r, it, it->recs[r->cur_i++], data, len_bytes, eof);
+  }
 }
 
 HORA_EXPORT hora_result_t hora_records_reader_position(hora_records_reader_t *r, uint64_t *epoch,

@@ -41,4 +41,25 @@ static inline int hora__record_header_ok(const unsigned char *hdr, uint64_t *len
   return 1;
 }
 
+/* ---- read-only file mappings guarded against SIGBUS (mapped.c) ---- */
+typedef struct hora_map hora_map_t;
+/* Map `len` bytes of `fd` read-only (one reference). NULL when the file cannot be mapped, when
+ * `only_if_cached` is set and less than half of its first 256 MiB is in the page cache, when
+ * the SIGBUS guard could not be installed, or when too many mappings are live: the caller then
+ * reads the file with read(). */
+hora_map_t *hora__map_open(int fd, size_t len, const char *path, int only_if_cached);
+void hora__map_ref(hora_map_t *m);
+void hora__map_unref(hora_map_t *m); /* the last reference unmaps */
+const unsigned char *hora__map_base(const hora_map_t *m);
+size_t hora__map_len(const hora_map_t *m);
+const char *hora__map_path(const hora_map_t *m);
+/* 1 once an access hit a page the file no longer has (truncated while mapped): the bytes read
+ * from there on are zeros, not the file's. */
+int hora__map_faulted(const hora_map_t *m);
+/* Fault in [off, off+len) ahead of use (MADV_POPULATE_READ); 0 when the kernel lacks it. */
+int hora__map_populate(const hora_map_t *m, size_t off, size_t len);
+/* Drop this process's page-table entries of the whole pages in [off, off+len) (the page cache
+ * keeps the data), so that a long sequential pass does not hold a whole file in its RSS. */
+void hora__map_drop(const hora_map_t *m, size_t off, size_t len);
+
 #endif

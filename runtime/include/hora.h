@@ -623,7 +623,14 @@ typedef struct {
  *   (a pattern matched nothing: the message names it), HORA_ERR_NOT_INITIALIZED (ctx given but
  *   not live), HORA_ERR_IO (glob or thread creation failed), HORA_ERR_NO_MEMORY.
  *   On error *reader is unchanged. A rank whose shard is empty gets a reader that reports end of
- *   data at once. */
+ *   data at once.
+ * Files mostly in the page cache are read through a read-only mapping (no copy: the records
+ * returned point into the page cache, and the CRC check runs in the caller's thread of
+ * hora_records_next, where the bytes are used next); others with read() in 1 MiB blocks by the
+ * prefetch thread (HORA_RECORDS_MMAP=auto|on|off, docs/data.md). The first mapping installs a
+ * process-wide SIGBUS handler that turns a fault inside the reader's mappings (a file truncated
+ * by another process while mapped) into HORA_ERR_IO and hands every other SIGBUS to the handler
+ * that was installed before it (or the default action). */
 hora_result_t hora_records_reader_open(const hora_records_reader_opts_t *opts,
                                        hora_records_reader_t **reader);
 
@@ -635,7 +642,10 @@ hora_result_t hora_records_reader_open(const hora_records_reader_opts_t *opts,
  * again on every later call).
  * Errors: HORA_ERR_INVALID_ARGUMENT (NULL argument), HORA_ERR_DATA (corrupt or truncated record
  *   and skip_corrupt is 0: the message names the file and the byte offset of the record),
- *   HORA_ERR_IO (a file could not be opened or read), HORA_ERR_NO_MEMORY. An error is sticky:
+ *   HORA_ERR_IO (a file could not be opened or read, or a mapped file was truncated or rewritten
+ *   in place while being read: the message names it, and the record returned by the call before
+ *   may hold zeros in place of the bytes that were lost; replace record files by renaming a new
+ *   file over them, as hora_records_writer_close does), HORA_ERR_NO_MEMORY. An error is sticky:
  *   later calls return it again. Outputs are unchanged on error. */
 hora_result_t hora_records_next(hora_records_reader_t *reader, const void **data,
                                 size_t *len_bytes, int *eof);
