@@ -73,7 +73,7 @@ typedef struct item {
   } *recs;
   size_t nrec, rec_cap;
   int seg;          /* a segment: the consumer parses map's bytes from seg_start to the end */
-  size_t seg_start;
+  size_t seg_start, seg_populated; /* page tables filled from seg_start to seg_populated */
   size_t queued;    /* what the item counts for in queued_records */
   uint64_t epoch;
   struct item *next;
@@ -498,7 +498,12 @@ static hora_result_t read_file(hora_records_reader_t *r, const char *path) {
         break;
       }
       blk->seg = 1;
-      blk->seg_start = pos;
+      blk->seg_start = blk->seg_populated = pos;
+      /* Fill the page tables (and read what the page cache lacks) for the first DROP_SPAN of it
+       * here, while the consumer is still busy with the previous item: that work then leaves
+       * the consumer's core. */
+      size_t pre = blk->used - pos < DROP_SPAN ? blk->used - pos : DROP_SPAN;
+      if (hora__map_populate(blk->map, pos, pre)) blk->seg_populated = pos + pre;
       item_t *seg = blk;
       blk = NULL;
       if (!push(r, seg)) rc = HORA_ERR_SHUTDOWN;
@@ -994,7 +999,8 @@ HORA_EXPORT hora_result_t hora_records_next(hora_records_reader_t *r, const void
       r->cur_i = 0;
       if (r->cur->seg) {
         memset(&r->seg, 0, sizeof r->seg);
-        r->seg.pos = r->seg.populated = r->seg.prefetched = r->seg.last_ret = r->cur->seg_start;
+        r->seg.pos = r->seg.prefetched = r->seg.last_ret = r->cur->seg_start;
+        r->seg.populated = r->cur->seg_populated;
         r->seg.dropped = r->cur->seg_start / DROP_SPAN * DROP_SPAN;
       }
       pthread_cond_broadcast(&r->cond);
