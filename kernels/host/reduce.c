@@ -269,3 +269,44 @@ hora_result_t hora__batched_copy_host(const hora_copy_desc_t *descs, size_t n, v
   }
   return HORA_SUCCESS;
 }
+
+/* Streaming copy (hora_kernels.h). Ours because no library offers a streaming memcpy: glibc's
+ * memcpy switches to non-temporal stores only above a threshold derived from the last-level
+ * cache size, which large-L3 nodes put above a typical tensor (1 GiB in 8 tensors on a 2-core
+ * VM: 150 ms with memcpy, 86 ms streamed). 16 KiB at a time as four 4 KiB pages walked side by
+ * side (64 bytes of each in turn, source prefetched ahead): several DRAM pages stay open at once,
+ * as in glibc's large-copy loop (1 GiB, one thread: 86 ms against 115 ms for a plain streaming
+ * loop). */
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx2"))) static void stream_avx2_pages(unsigned char *d, const unsigned char *s, size_t n) {
+  for (size_t blk = 0; blk < n; blk += 16384)
+    for (size_t i = 0; i < 4096; i += 64)
+      for (size_t p = 0; p < 16384; p += 4096) {
+        const unsigned char *ss = s + blk + p + i;
+        unsigned char *dd = d + blk + p + i;
+        _mm_prefetch((const char *)(ss + 512), _MM_HINT_T0);
+        __m256i a = _mm256_loadu_si256((const __m256i *)ss);
+        __m256i b = _mm256_loadu_si256((const __m256i *)(ss + 32));
+        _mm256_stream_si256((__m256i *)dd, a);
+        _mm256_stream_si256((__m256i *)(dd + 32), b);
+      }
+}
+#endif
+
+void hora__copy_stream_host(void *dst, const void *src, size_t n) {
+  unsigned char *d = dst;
+  const unsigned char *s = src;
+#if defined(__x86_64__)
+  if (n >= ((size_t)1 << 20) && __builtin_cpu_supports("avx2")) {
+    size_t head = (size_t)(-(uintptr_t)d & 127); /* align the destination to 128 bytes */
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    size_t body = n & ~(size_t)16383; /* whole 16 KiB blocks; memcpy takes the rest */
+    stream_avx2_pages(d, s, body);
+    _mm_sfence(); /* streaming stores are weakly ordered */
+    d += body, s += body, n -= body;
+  }
+#endif
+  memcpy(d, s, n);
+}

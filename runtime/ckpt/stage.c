@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "ckpt/ckpt.h"
+#include "hora_kernels.h"
 
 #if HORA_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -72,47 +73,6 @@ typedef struct {
   size_t lo, hi; /* byte range of the staging buffer */
 } copy_job_t;
 
-/* Snapshot copy with non-temporal (streaming) stores. glibc's memcpy switches to them only above
- * a threshold derived from the last-level cache size, which large-L3 nodes put above a typical
- * tensor, so a 128 MiB tensor is copied with ordinary stores that first read every destination
- * line (1 GiB in 8 tensors on a 2-core VM: 150 ms with memcpy, 86 ms streamed). The staging
- * buffer is read next by the writer's write(), long after it has left the caches anyway.
- * Ours because no library offers a streaming memcpy; x86-64 with AVX2 only, memcpy elsewhere. */
-#if defined(__x86_64__)
-#include <immintrin.h>
-/* 16 KiB at a time as four 4 KiB pages walked side by side (64 bytes of each in turn, source
- * prefetched ahead): several DRAM pages stay open at once, as in glibc's large-copy loop
- * (1 GiB, one thread: 86 ms against 115 ms for a plain streaming loop). */
-__attribute__((target("avx2"))) static void stream_avx2_pages(unsigned char *d, const unsigned char *s, size_t n) {
-  for (size_t blk = 0; blk < n; blk += 16384)
-    for (size_t i = 0; i < 4096; i += 64)
-      for (size_t p = 0; p < 16384; p += 4096) {
-        const unsigned char *ss = s + blk + p + i;
-        unsigned char *dd = d + blk + p + i;
-        _mm_prefetch((const char *)(ss + 512), _MM_HINT_T0);
-        __m256i a = _mm256_loadu_si256((const __m256i *)ss);
-        __m256i b = _mm256_loadu_si256((const __m256i *)(ss + 32));
-        _mm256_stream_si256((__m256i *)dd, a);
-        _mm256_stream_si256((__m256i *)(dd + 32), b);
-      }
-}
-#endif
-
-static void copy_streaming(unsigned char *d, const unsigned char *s, size_t n) {
-#if defined(__x86_64__)
-  if (n >= ((size_t)1 << 20) && __builtin_cpu_supports("avx2")) {
-    size_t head = (size_t)(-(uintptr_t)d & 127); /* align the destination to 128 bytes */
-    memcpy(d, s, head);
-    d += head, s += head, n -= head;
-    size_t body = n & ~(size_t)16383; /* whole 16 KiB blocks; memcpy takes the rest */
-    stream_avx2_pages(d, s, body);
-    _mm_sfence(); /* streaming stores are weakly ordered: fence before the writer reads them */
-    d += body, s += body, n -= body;
-  }
-#endif
-  memcpy(d, s, n);
-}
-
 static void *copy_range(void *arg) {
   copy_job_t *j = arg;
   for (size_t i = 0; i < j->n; i++) {
@@ -122,7 +82,7 @@ static void *copy_range(void *arg) {
     if (lo >= hi) continue;
     unsigned char *user = (unsigned char *)j->t[i].data + (lo - a);
     if (j->dir == 0)
-      copy_streaming(j->buf + lo, user, hi - lo);
+      hora__copy_stream_host(j->buf + lo, user, hi - lo); /* read next by write(), not by us */
     else
       memcpy(user, j->buf + lo, hi - lo);
   }

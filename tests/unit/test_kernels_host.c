@@ -270,6 +270,26 @@ static void test_batched_copy(void) {
   free(want);
 }
 
+/* Streaming copy: every byte of the destination range, none outside it, for lengths below and
+ * above the streaming threshold and misaligned ends (head, whole 16 KiB blocks, tail). */
+static void test_copy_stream(void) {
+  const size_t cap = (3u << 20) + 4096;
+  unsigned char *src = (unsigned char *)xmalloc(cap), *dst = (unsigned char *)xmalloc(cap);
+  fill(src, HORA_UINT8, cap);
+  const size_t lens[] = {0, 1, 63, 4097, (1u << 20) - 1, 1u << 20, (1u << 20) + 77, (3u << 20) + 1};
+  for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++)
+    for (size_t off = 0; off < 3; off++) {
+      size_t d0 = 5 + off * 61, s0 = 3 + off * 7, n = lens[k];
+      memset(dst, 0xA5, cap);
+      hora__copy_stream_host(dst + d0, src + s0, n);
+      size_t bad = 0;
+      for (size_t i = 0; i < cap; i++) bad += dst[i] != (i >= d0 && i < d0 + n ? src[s0 + i - d0] : 0xA5);
+      EXPECT(bad == 0, "copy_stream of %zu bytes at offset %zu: %zu bytes wrong", n, d0, bad);
+    }
+  free(src);
+  free(dst);
+}
+
 static void test_errors(void) {
   float x = 1;
   const void *one[1] = {&x};
@@ -289,6 +309,7 @@ int main(void) {
   test_scale();
   test_casts();
   test_batched_copy();
+  test_copy_stream();
   test_errors();
   return hora_test_finish("test_kernels_host");
 }
