@@ -298,7 +298,7 @@ void hora__copy_stream_host(void *dst, const void *src, size_t n) {
   unsigned char *d = dst;
   const unsigned char *s = src;
 #if defined(__x86_64__)
-  if (n >= ((size_t)1 << 20) && __builtin_cpu_supports("avx2")) {
+  if (n >= 16384 + 128 && __builtin_cpu_supports("avx2")) {
     size_t head = (size_t)(-(uintptr_t)d & 127); /* align the destination to 128 bytes */
     memcpy(d, s, head);
     d += head, s += head, n -= head;

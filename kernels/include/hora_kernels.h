@@ -46,10 +46,11 @@ hora_result_t hora__cast_f32_to_bf16_host(void *dst, const float *src, size_t co
 hora_result_t hora__cast_bf16_to_f32_host(float *dst, const void *src, size_t count, void *stream);
 /* Copies n (dst, src, bytes) regions; regions must not overlap each other. */
 hora_result_t hora__batched_copy_host(const hora_copy_desc_t *descs, size_t n, void *stream);
-/* memcpy for a destination nobody reads soon: from 1 MiB on, x86-64 with AVX2, the stores bypass
- * the caches (non-temporal), so the destination lines are not read first (a third of the memory
- * traffic of a large copy) and do not evict what is in the cache. Ordered with the caller's
- * later stores and loads (ends with a store fence). Regions must not overlap. */
+/* memcpy for a destination nobody reads soon (x86-64 with AVX2; memcpy elsewhere): whole 16 KiB
+ * blocks are written with stores that bypass the caches (non-temporal), so the destination lines
+ * are not read first (a third of the memory traffic of a large copy) and do not evict what is in
+ * the cache; head and tail go through memcpy. Worth it for copies larger than the caches; the
+ * caller decides. Ends with a store fence. Regions must not overlap. */
 void hora__copy_stream_host(void *dst, const void *src, size_t bytes);
 
 /* Scalar conversions used by the host kernels and tests. */

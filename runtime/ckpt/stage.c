@@ -81,10 +81,10 @@ static void *copy_range(void *arg) {
     size_t lo = a > j->lo ? a : j->lo, hi = b < j->hi ? b : j->hi;
     if (lo >= hi) continue;
     unsigned char *user = (unsigned char *)j->t[i].data + (lo - a);
-    if (j->dir == 0)
-      hora__copy_stream_host(j->buf + lo, user, hi - lo); /* read next by write(), not by us */
-    else
-      memcpy(user, j->buf + lo, hi - lo);
+    /* the snapshot is read next by the writer's write(), long after it left the caches */
+    if (j->dir == 0 && hi - lo >= ((size_t)1 << 20)) hora__copy_stream_host(j->buf + lo, user, hi - lo);
+    else if (j->dir == 0) memcpy(j->buf + lo, user, hi - lo);
+    else memcpy(user, j->buf + lo, hi - lo);
   }
   return NULL;
 }
