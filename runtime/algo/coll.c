@@ -91,7 +91,7 @@ hora_result_t hora__check_allreduce(hora_ctx_t *ctx, const char *fn, const void 
   HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
   if ((unsigned)op >= HORA_OP_COUNT)
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: op %d is not a hora_op_t", fn, (int)op);
-  size_t bytes;
+  size_t bytes = 0;
   HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, count, dtype, &bytes));
   HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, count, dtype, NULL));
   if (overlaps_partially(sendbuf, bytes, recvbuf, bytes))
@@ -204,7 +204,7 @@ HORA_EXPORT hora_result_t hora_allreduce(hora_ctx_t *ctx, const void *sendbuf, v
 
 HORA_EXPORT hora_result_t hora_broadcast(hora_ctx_t *ctx, void *buf, size_t count,
                                          hora_dtype_t dtype, int root, hora_device_t device) {
-  size_t bytes;
+  size_t bytes = 0;
   HORA_CHECK(hora__check_broadcast(ctx, "hora_broadcast", buf, count, dtype, root, device, &bytes));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.broadcast) return device_unsupported("hora_broadcast");
@@ -228,7 +228,7 @@ hora_result_t hora__broadcast_host(hora_ctx_t *ctx, void *buf, size_t bytes, int
 
 HORA_EXPORT hora_result_t hora_allgather(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                          size_t count, hora_dtype_t dtype, hora_device_t device) {
-  size_t bytes;
+  size_t bytes = 0;
   HORA_CHECK(hora__check_allgather(ctx, "hora_allgather", sendbuf, recvbuf, count, dtype, device, &bytes));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.allgather) return device_unsupported("hora_allgather");

@@ -163,7 +163,7 @@ hora_result_t hora__algo_state(hora_ctx_t *ctx, hora_algo_state_t **out) {
 }
 
 hora_result_t hora__algo_scratch(hora_ctx_t *ctx, size_t bytes, void **out) {
-  hora_algo_state_t *st;
+  hora_algo_state_t *st = NULL;
   HORA_CHECK(hora__algo_state(ctx, &st));
   if (st->scratch_bytes < bytes) {
     void *p = NULL;

@@ -52,8 +52,8 @@ hora_result_t hora__mpi_dtype_op(hora_dtype_t dtype, hora_op_t op, MPI_Datatype 
 hora_result_t hora__allreduce_mpi(hora_ctx_t *ctx, MPI_Comm comm, void *buf, size_t count,
                                   hora_dtype_t dtype, hora_op_t op) {
   (void)ctx;
-  MPI_Datatype t;
-  MPI_Op o;
+  MPI_Datatype t = MPI_DATATYPE_NULL;
+  MPI_Op o = MPI_OP_NULL;
   HORA_CHECK(hora__mpi_dtype_op(dtype, op, &t, &o));
   size_t es = hora__dtype_size(dtype);
   for (size_t off = 0; off < count;) {

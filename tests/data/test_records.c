@@ -89,7 +89,7 @@ static long read_ids(const ropts_t *ro, uint32_t *ids, long max, hora_records_re
       EXPECT(eof == 1 && d == NULL && len == 0, "eof outputs");
       break;
     }
-    uint32_t id;
+    uint32_t id = 0;
     EXPECT(check_record(d, len, &id), "record %ld has wrong content (len %zu)", n, len);
     ids[n++] = id;
   }
@@ -439,7 +439,7 @@ static void test_truncated_while_mapped(void) {
   long n = 0, bad_before = 0, after = 0, bad_after = 0;
   hora_result_t rc = HORA_SUCCESS;
   for (; n < 100 && (rc = hora_records_next(r, &d, &len, &eof)) == HORA_SUCCESS && !eof; n++) {
-    uint32_t id;
+    uint32_t id = 0;
     bad_before += !check_record(d, len, &id) || id != (uint32_t)n;
   }
   EXPECT(rc == HORA_SUCCESS && n == 100 && bad_before == 0, "before the cut: %ld records, %ld bad, rc %s", n,
@@ -448,7 +448,7 @@ static void test_truncated_while_mapped(void) {
   for (; after < 6000; after++) {
     rc = hora_records_next(r, &d, &len, &eof);
     if (rc != HORA_SUCCESS || eof) break;
-    uint32_t id;
+    uint32_t id = 0;
     bad_after += !check_record(d, len, &id); /* touches every byte: faults once the pages are gone */
   }
   EXPECT(rc == HORA_ERR_IO, "after the cut: %s after %ld more records (%ld bad), want HORA_ERR_IO",
