@@ -4,15 +4,27 @@
  * the same groups: walking the list, an allreduce starts a group and takes every later allreduce
  * with the same dtype, reduce op, prescale, postscale and device, while the group fits in the
  * fusion buffer (HORA_FUSION_THRESHOLD bytes; 0 turns fusion off). A group of several tensors is
- * packed with the kernels' batched copy, reduced by ONE host allreduce (runtime/algo on the
- * engine's shadow context), and unpacked:
+ * reduced by ONE host allreduce (runtime/algo on the engine's shadow context), in one of two ways.
+ *
+ * Scatter-gather (one node, more than one rank, no prescale, and the group's size resolves to the
+ * shared-memory algorithm): the tensors are the segments of one virtual buffer that algo/shm.c
+ * reduces where they are (hora__shm_run_segs): its copy-in reads the slices straight from the
+ * send buffers and its copy-out writes straight into the recv buffers; average and postscale are
+ * applied by the rank that reduces each element, before it is published (same bits everywhere).
+ *
+ *   a[0..3) b[0..5) c[0..2)  ==  virtual |a a a b b b b b c c|  --shm allreduce-->  a, b, c recv
+ *
+ * Otherwise (several nodes, MPI or ring chosen, prescale): packed with the kernels' batched copy
+ * into the fusion buffer, reduced, and unpacked:
  *
  *   a[0..3) b[0..5) c[0..2)  --pack-->  fusion buffer |a a a b b b b b c c|  --allreduce-->
  *                            <-unpack-  (same layout on every rank)
  *
- * Tensors of FUSION_DIRECT_MIN_BYTES or more are not packed: their allreduce already runs at
- * full bandwidth, and the two copies would cost more than the call's latency saves (measured with
- * `hora-bench fusion`, docs/benchmarks.md). A rank that has joined (hora_join) contributes zeros.
+ * On the packing path tensors of FUSION_DIRECT_MIN_BYTES or more are not packed: their allreduce
+ * already runs at full bandwidth, and the two copies would cost more than the call's latency
+ * saves. On the scatter-gather path there are no copies and they join the group: one run of
+ * pieces and barriers for everything (both measured with `hora-bench fusion`, docs/benchmarks.md).
+ * A rank that has joined (hora_join) contributes zeros.
  * Other collectives run one by one. Device buffers go to run_device(), the one place where the
  * GPU path plugs in. A failed collective may leave the ranks out of step, so it fails the
  * whole engine (every handle gets the error) rather than risk a hang. */
@@ -310,7 +322,10 @@ hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
     }
     size_t k = 1, total = b;
     m[0] = x;
-    size_t direct = FUSION_DIRECT_MIN_BYTES;
+    /* Where a group of big tensors would take the scatter-gather path, nothing is copied and big
+     * tensors join the group (fewer barriers); elsewhere they are reduced on their own. A group
+     * that holds one is at least FUSION_DIRECT_MIN_BYTES long, so it does take that path. */
+    size_t direct = sg_possible(eng, &x->p, FUSION_DIRECT_MIN_BYTES, algo) ? SIZE_MAX : FUSION_DIRECT_MIN_BYTES;
     if (x->p.kind == ENG_ALLREDUCE && threshold > 0 && b < direct && b <= threshold) {
       for (size_t j = i + 1; j < n; j++) {
         size_t bj = resp_bytes(&list[j]);
