@@ -110,15 +110,8 @@ static void group_check(group_t *g, int s, int ranks) {
 int main(int argc, char **argv) {
   int steps = argc > 1 ? atoi(argv[1]) : 3;
   size_t big = argc > 2 ? (size_t)atol(argv[2]) : 0;
-  int provided;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  hora_ctx_t *ctx;
-  if (hora_init(&ctx) != HORA_SUCCESS) {
-    fprintf(stderr, "hora_init: %s\n", hora_last_error());
-    return 1;
-  }
-  hora_rank(ctx, &rank);
-  hora_size(ctx, &size);
+  hora_ctx_t *ctx = hora_test_init_mpi(&argc, &argv, &rank, &size);
+  if (!ctx) return 1;
 
   const hora_dtype_t dt[] = {HORA_FLOAT32, HORA_FLOAT64, HORA_INT32, HORA_FLOAT16};
   const hora_op_t ops[] = {HORA_SUM, HORA_MIN, HORA_MAX, HORA_AVERAGE};

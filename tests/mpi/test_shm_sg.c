@@ -142,14 +142,8 @@ static void hook_error(void) {
 }
 
 int main(int argc, char **argv) {
-  int provided;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  if (hora_init(&ctx) != HORA_SUCCESS) {
-    fprintf(stderr, "hora_init: %s\n", hora_last_error());
-    return 1;
-  }
-  hora_rank(ctx, &rank);
-  hora_size(ctx, &size);
+  ctx = hora_test_init_mpi(&argc, &argv, &rank, &size);
+  if (!ctx) return 1;
   if (ctx->cross_size != 1) {
     if (rank == 0) printf("test_shm_sg: the ranks span %d nodes; the shm allreduce needs one\n", ctx->cross_size);
     hora_finalize(ctx);
