@@ -325,8 +325,9 @@ hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
     /* Where a group of big tensors would take the scatter-gather path, nothing is copied and big
      * tensors join the group (fewer barriers); elsewhere they are reduced on their own. A group
      * that holds one is at least FUSION_DIRECT_MIN_BYTES long, so it does take that path. */
-    size_t direct = sg_possible(eng, &x->p, FUSION_DIRECT_MIN_BYTES, algo) ? SIZE_MAX : FUSION_DIRECT_MIN_BYTES;
-    if (x->p.kind == ENG_ALLREDUCE && threshold > 0 && b < direct && b <= threshold) {
+    int allreduce = x->p.kind == ENG_ALLREDUCE;
+    size_t direct = allreduce && sg_possible(eng, &x->p, FUSION_DIRECT_MIN_BYTES, algo) ? SIZE_MAX : FUSION_DIRECT_MIN_BYTES;
+    if (allreduce && threshold > 0 && b < direct && b <= threshold) {
       for (size_t j = i + 1; j < n; j++) {
         size_t bj = resp_bytes(&list[j]);
         if (used[j] || !fusable(x, &list[j]) || bj >= direct || total + bj > threshold) continue;
