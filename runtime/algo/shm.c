@@ -25,10 +25,11 @@
  * that together form one virtual buffer (the engine's fused tensors, each in its own memory). The
  * pieces, slices, slots and barriers are those of the virtual buffer; only the addresses change:
  *
- *   virtual    |a a a b b b b b c c|      piece 0, L = 2: slice 0 = a a a b b, slice 1 = b b b c c
+ *   virtual    |a a a b b b b b c c|      piece 0, L = 2 (ranks A, B; 64-byte alignment ignored):
+ *                                        slice 0 = a a a b b, slice 1 = b b b c c
  *   copy in    A.slot region 1 <- A's b.src[2..5) + c.src[0..2)     (one memcpy per run)
- *   reduce     A: a.dst = a.src + B.slot0[0..3), b.dst[0..2) = b.src[0..2) + B.slot0[3..5)
- *   copy out   A: b.dst[2..5) <- B.slot1[0..3), c.dst <- B.slot1[3..5)
+ *   reduce     A: a.dst = a.src + B.region0[0..3),  b.dst[0..2) = b.src[0..2) + B.region0[3..5)
+ *   copy out   A: b.dst[2..5) <- B.region1[0..3),  c.dst <- B.region1[3..5)
  *
  * A run is the part of a slice that lies within one segment; the reduce and the hook see one run
  * at a time. Peers only ever read slots, never a segment, so no fusion buffer is needed and no
