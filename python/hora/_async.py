@@ -256,8 +256,8 @@ def _grouped(kind, tensors, outs, op, name, prescale_factor, postscale_factor):
 def grouped_allreduce_async_(tensors, op=Average, name=None, prescale_factor=1.0,
                              postscale_factor=1.0):
     """Start one in-place allreduce of several tensors of one dtype, fused by the engine into as
-    few transfers as fit the fusion buffer; the Handle completes when all are done and wait()
-    returns the list."""
+    few transfers as HORA_FUSION_THRESHOLD allows; the Handle completes when all are done and
+    wait() returns the list."""
     return _grouped("grouped_allreduce_async_", tensors, False, op, name, prescale_factor,
                     postscale_factor)
 

@@ -61,6 +61,21 @@ hora_result_t hora__shm_allreduce(hora_ctx_t *ctx, const void *src, void *dst, s
 typedef hora_result_t (*hora_shm_hook_fn)(void *arg, void *slice, size_t n);
 hora_result_t hora__shm_run(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
                             hora_dtype_t dtype, hora_op_t op, hora_shm_hook_fn hook, void *arg);
+/* One segment of a scatter-gather allreduce: `count` elements read from src, results to dst
+ * (src == dst is in place; no other overlap, also not between segments). */
+typedef struct {
+  const void *src;
+  void *dst;
+  size_t count;
+} hora_seg_t;
+/* algo/shm.c: the same allreduce over the virtual buffer formed by seg[0..nseg) in order (the
+ * engine's fused tensors, read and written where they are: no fusion buffer). Every local rank
+ * passes the same segment counts in the same order (its own addresses). The hook is called once
+ * per run of this rank's slice that lies within one segment (the whole slice when nseg == 1).
+ * Empty segments are allowed (their pointers are never used). Needs ctx->cross_size == 1 unless
+ * a hook reduces across nodes. hora__shm_run is this with one segment. */
+hora_result_t hora__shm_run_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
+                                 hora_op_t op, hora_shm_hook_fn hook, void *arg);
 /* algo/hier.c: needs ctx->uniform_local_size. */
 hora_result_t hora__hier_allreduce(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
                                    hora_dtype_t dtype, hora_op_t op);

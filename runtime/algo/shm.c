@@ -21,6 +21,20 @@
  * is rewritten two pieces later, and every rank has passed the barrier in between only after it
  * finished reading it.) Every slice is reduced by exactly one rank, so all ranks get the same bits.
  *
+ * Scatter-gather form (hora__shm_run_segs): the buffer may be a list of segments {src, dst, count}
+ * that together form one virtual buffer (the engine's fused tensors, each in its own memory). The
+ * pieces, slices, slots and barriers are those of the virtual buffer; only the addresses change:
+ *
+ *   virtual    |a a a b b b b b c c|      piece 0, L = 2 (ranks A, B; 64-byte alignment ignored):
+ *                                        slice 0 = a a a b b, slice 1 = b b b c c
+ *   copy in    A.slot region 1 <- A's b.src[2..5) + c.src[0..2)     (one memcpy per run)
+ *   reduce     A: a.dst = a.src + B.region0[0..3),  b.dst[0..2) = b.src[0..2) + B.region0[3..5)
+ *   copy out   A: b.dst[2..5) <- B.region1[0..3),  c.dst <- B.region1[3..5)
+ *
+ * A run is the part of a slice that lies within one segment; the reduce and the hook see one run
+ * at a time. Peers only ever read slots, never a segment, so no fusion buffer is needed and no
+ * pack or unpack copy happens. One contiguous buffer (hora__shm_run) is the one-segment case.
+ *
  * Cost model (N bytes, L ranks, memory bandwidth M per core): per rank, copy-in (L-1)/L * N,
  * reduce reads N and writes 2N/L, copy-out (L-1)/L * N: about 3N bytes moved per rank, with no
  * extra copy through MPI's buffers (a ring over MPI's shared-memory transport copies every byte
@@ -219,9 +233,27 @@ static hora_result_t get_shm(hora_ctx_t *ctx, struct hora_shm **out) {
   return HORA_SUCCESS;
 }
 
+/* A cursor over the segments that form the virtual buffer: seg[i] starts at virtual element
+ * `start`. It only moves forward, so each phase of a piece walks its segments once. */
+typedef struct {
+  const hora_seg_t *seg;
+  size_t i, start;
+} seg_cursor_t;
+
+/* The longest run of virtual elements [v, min(end, end of v's segment)): moves the cursor to the
+ * segment that holds v (skipping empty ones) and returns the run's length, *off = v's offset in
+ * that segment. Needs v < end <= the virtual length, and v at or after the cursor's segment. */
+static size_t seg_run(seg_cursor_t *c, size_t v, size_t end, size_t *off) {
+  while (v >= c->start + c->seg[c->i].count) c->start += c->seg[c->i++].count;
+  size_t o = v - c->start, n = c->seg[c->i].count - o;
+  *off = o;
+  return n < end - v ? n : end - v;
+}
+
 /* Slice geometry of a piece of `pe` elements. */
 typedef struct {
   size_t base, pe, sl; /* piece's first element, its length, slice length (elements) */
+  seg_cursor_t at;     /* positioned at or before the segment holding `base` */
 } piece_t;
 
 static size_t slice_len(const piece_t *p, int j) {
@@ -234,47 +266,73 @@ static char *slot_of(const struct hora_shm *s, int j, uint64_t round) {
   return s->slot[j] + (round & 1) * s->slot_bytes;
 }
 
-/* Copy the slices that the other ranks reduce into their regions of this rank's slot. */
-static void copy_in(struct hora_shm *s, const piece_t *p, const char *src, size_t es, uint64_t round) {
+/* Copy the slices that the other ranks reduce into their regions of this rank's slot, straight
+ * from the segments' send buffers. */
+static void copy_in(struct hora_shm *s, const piece_t *p, size_t es, uint64_t round) {
   char *slot = slot_of(s, s->l, round);
+  seg_cursor_t c = p->at;
   for (int j = 0; j < s->L; j++) {
-    size_t n = slice_len(p, j);
-    if (j != s->l && n) memcpy(slot + (size_t)j * s->region, src + (p->base + (size_t)j * p->sl) * es, n * es);
+    if (j == s->l) continue;
+    char *r = slot + (size_t)j * s->region;
+    size_t v = p->base + (size_t)j * p->sl, end = v + slice_len(p, j), off;
+    while (v < end) {
+      size_t n = seg_run(&c, v, end, &off);
+      memcpy(r, (const char *)c.seg[c.i].src + off * es, n * es);
+      r += n * es;
+      v += n;
+    }
   }
 }
 
-/* Reduce this rank's slice from its own buffer and the peers' slots into dst, then publish it. */
-static hora_result_t reduce_own(struct hora_shm *s, const piece_t *p, const char *src, char *dst,
-                                size_t es, hora_dtype_t dtype, hora_op_t op, uint64_t round,
-                                const void **srcs, hora_shm_hook_fn hook, void *arg) {
-  size_t n = slice_len(p, s->l), off = (size_t)s->l * p->sl;
-  if (n == 0) return HORA_SUCCESS;
-  srcs[0] = src + (p->base + off) * es;
-  for (int j = 0, k = 1; j < s->L; j++)
-    if (j != s->l) srcs[k++] = slot_of(s, j, round) + (size_t)s->l * s->region;
-  char *d = dst + (p->base + off) * es;
-  hora_result_t rc = hora__reduce_n_host(d, srcs, s->L, n, dtype, op, NULL);
-  if (rc != HORA_SUCCESS) return HORA_ERR(HORA_ERR_INTERNAL, "shm: host reduce failed (%s)", hora_result_name(rc));
-  if (hook) HORA_CHECK(hook(arg, d, n));
-  memcpy(slot_of(s, s->l, round) + (size_t)s->l * s->region, d, n * es);
+/* Reduce this rank's slice from the segments' send buffers and the peers' slots into the
+ * segments' recv buffers, one run within one segment at a time, call the hook on each run, then
+ * publish it in this rank's region of its slot. */
+static hora_result_t reduce_own(struct hora_shm *s, const piece_t *p, size_t es, hora_dtype_t dtype,
+                                hora_op_t op, uint64_t round, const void **srcs, hora_shm_hook_fn hook,
+                                void *arg) {
+  seg_cursor_t c = p->at;
+  size_t v = p->base + (size_t)s->l * p->sl, end = v + slice_len(p, s->l), done = 0, off;
+  char *pub = slot_of(s, s->l, round) + (size_t)s->l * s->region;
+  while (v < end) {
+    size_t n = seg_run(&c, v, end, &off);
+    const hora_seg_t *g = &c.seg[c.i];
+    srcs[0] = (const char *)g->src + off * es;
+    for (int j = 0, k = 1; j < s->L; j++)
+      if (j != s->l) srcs[k++] = slot_of(s, j, round) + (size_t)s->l * s->region + done * es;
+    char *d = (char *)g->dst + off * es;
+    hora_result_t rc = hora__reduce_n_host(d, srcs, s->L, n, dtype, op, NULL);
+    if (rc != HORA_SUCCESS) return HORA_ERR(HORA_ERR_INTERNAL, "shm: host reduce failed (%s)", hora_result_name(rc));
+    if (hook) HORA_CHECK(hook(arg, d, n));
+    memcpy(pub + done * es, d, n * es);
+    v += n;
+    done += n;
+  }
   return HORA_SUCCESS;
 }
 
-/* Copy the other ranks' reduced slices out of their slots. */
-static void copy_out(struct hora_shm *s, const piece_t *p, char *dst, size_t es, uint64_t round) {
+/* Copy the other ranks' reduced slices out of their slots into the segments' recv buffers. */
+static void copy_out(struct hora_shm *s, const piece_t *p, size_t es, uint64_t round) {
+  seg_cursor_t c = p->at;
   for (int j = 0; j < s->L; j++) {
-    size_t n = slice_len(p, j), off = (size_t)j * p->sl;
-    if (j != s->l && n) memcpy(dst + (p->base + off) * es, slot_of(s, j, round) + (size_t)j * s->region, n * es);
+    if (j == s->l) continue;
+    const char *r = slot_of(s, j, round) + (size_t)j * s->region;
+    size_t v = p->base + (size_t)j * p->sl, end = v + slice_len(p, j), off;
+    while (v < end) {
+      size_t n = seg_run(&c, v, end, &off);
+      memcpy((char *)c.seg[c.i].dst + off * es, r, n * es);
+      r += n * es;
+      v += n;
+    }
   }
 }
 
-hora_result_t hora__shm_run(hora_ctx_t *ctx, const void *src_, void *dst_, size_t count,
-                            hora_dtype_t dtype, hora_op_t op, hora_shm_hook_fn hook, void *arg) {
+hora_result_t hora__shm_run_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
+                                 hora_op_t op, hora_shm_hook_fn hook, void *arg) {
+  size_t count = 0;
+  for (size_t i = 0; i < nseg; i++) count += seg[i].count;
   if (count == 0) return HORA_SUCCESS;
   struct hora_shm *s;
   HORA_CHECK(get_shm(ctx, &s));
-  const char *src = src_;
-  char *dst = dst_;
   /* A piece is at most L regions' worth of elements; a slice (64-byte aligned length) then
    * always fits its region. */
   size_t es = hora__dtype_size(dtype), cap = (size_t)s->L * (s->region / es);
@@ -283,25 +341,34 @@ hora_result_t hora__shm_run(hora_ctx_t *ctx, const void *src_, void *dst_, size_
   if (!srcs) return HORA_ERR(HORA_ERR_NO_MEMORY, "shm allreduce: out of memory");
   size_t align = SLICE_ALIGN / es;
   hora_result_t rc = HORA_SUCCESS;
-  piece_t prev = {0, 0, 0};
+  seg_cursor_t at = {seg, 0, 0};
+  piece_t prev = {0, 0, 0, at};
   int have_prev = 0;
   /* An error in the reduce or the hook is remembered and the barriers still run, so that the
    * other local ranks are not left waiting; every rank then returns it or its own. */
   for (size_t base = 0; base < count; base += cap) {
-    piece_t p = {base, count - base < cap ? count - base : cap, 0};
+    size_t off;
+    seg_run(&at, base, count, &off); /* position the cursor on the piece's first segment */
+    piece_t p = {base, count - base < cap ? count - base : cap, 0, at};
     p.sl = round_up((p.pe + (size_t)s->L - 1) / (size_t)s->L, align);
-    copy_in(s, &p, src, es, s->round);
+    copy_in(s, &p, es, s->round);
     shm_barrier(s);
-    if (have_prev) copy_out(s, &prev, dst, es, s->round - 1);
-    if (rc == HORA_SUCCESS) rc = reduce_own(s, &p, src, dst, es, dtype, op, s->round, srcs, hook, arg);
+    if (have_prev) copy_out(s, &prev, es, s->round - 1);
+    if (rc == HORA_SUCCESS) rc = reduce_own(s, &p, es, dtype, op, s->round, srcs, hook, arg);
     prev = p;
     have_prev = 1;
     s->round++;
   }
   shm_barrier(s);
-  copy_out(s, &prev, dst, es, s->round - 1);
+  copy_out(s, &prev, es, s->round - 1);
   if (srcs != srcs_stack) free(srcs);
   return rc;
+}
+
+hora_result_t hora__shm_run(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
+                            hora_dtype_t dtype, hora_op_t op, hora_shm_hook_fn hook, void *arg) {
+  hora_seg_t one = {src, dst, count};
+  return hora__shm_run_segs(ctx, &one, 1, dtype, op, hook, arg);
 }
 
 hora_result_t hora__shm_allreduce(hora_ctx_t *ctx, const void *src, void *dst, size_t count,

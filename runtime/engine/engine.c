@@ -57,6 +57,13 @@ hora_result_t hora__engine_stats(hora_ctx_t *ctx, uint64_t *cycles, uint64_t *sl
   return HORA_SUCCESS;
 }
 
+hora_result_t hora__engine_sg_groups(hora_ctx_t *ctx, uint64_t *sg_groups) {
+  hora_engine_t *eng;
+  HORA_CHECK(hora__engine_get(ctx, "hora__engine_sg_groups", &eng));
+  *sg_groups = atomic_load(&eng->stat_sg_groups);
+  return HORA_SUCCESS;
+}
+
 static void sleep_s(double s) {
   struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
   nanosleep(&ts, NULL);
@@ -273,8 +280,9 @@ static hora_result_t engine_finalize(hora_ctx_t *ctx, void *arg) {
   }
   pthread_join(eng->thread, NULL);
   HORA_INFO(ENGINE, "async engine stopped: %llu cycles, %llu with a rank-0 round, %llu cache hits, "
-            "%llu fused groups", (unsigned long long)eng->stat_cycles, (unsigned long long)eng->stat_slow_cycles,
-            (unsigned long long)eng->stat_cache_hits, (unsigned long long)eng->stat_fused_groups);
+            "%llu fused groups (%llu without the fusion buffer)", (unsigned long long)eng->stat_cycles,
+            (unsigned long long)eng->stat_slow_cycles, (unsigned long long)eng->stat_cache_hits,
+            (unsigned long long)eng->stat_fused_groups, (unsigned long long)eng->stat_sg_groups);
   engine_free(eng, !dead);
   if (dead) return HORA_ERR(fail_rc, "hora_finalize: %s", msg);
   return HORA_SUCCESS;

@@ -205,6 +205,7 @@ typedef struct hora_engine {
   double stall_fallback_s; /* cached requests older than this go to the coordinator */
   /* Counters for tests and logs (written by the engine thread only). */
   _Atomic uint64_t stat_cycles, stat_slow_cycles, stat_cache_hits, stat_fused_groups;
+  _Atomic uint64_t stat_sg_groups; /* fused groups reduced without the fusion buffer */
   double last_stall_check;
 } hora_engine_t;
 
@@ -213,6 +214,8 @@ typedef struct hora_engine {
  * cache, fused groups of more than one tensor. For tests. */
 hora_result_t hora__engine_stats(hora_ctx_t *ctx, uint64_t *cycles, uint64_t *slow_cycles,
                                  uint64_t *cache_hits, uint64_t *fused_groups);
+/* Fused groups that skipped the fusion buffer (the shm scatter-gather path of fusion.c). For tests. */
+hora_result_t hora__engine_sg_groups(hora_ctx_t *ctx, uint64_t *sg_groups);
 hora_result_t hora__engine_get(hora_ctx_t *ctx, const char *fn, hora_engine_t **out);
 /* Fail `rc` with a message for every live handle and mark the engine failed (thread-safe). */
 void hora__engine_fail(hora_engine_t *eng, hora_result_t rc, const char *fmt, ...) HORA_PRINTF(3, 4);

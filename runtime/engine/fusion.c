@@ -4,18 +4,31 @@
  * the same groups: walking the list, an allreduce starts a group and takes every later allreduce
  * with the same dtype, reduce op, prescale, postscale and device, while the group fits in the
  * fusion buffer (HORA_FUSION_THRESHOLD bytes; 0 turns fusion off). A group of several tensors is
- * packed with the kernels' batched copy, reduced by ONE host allreduce (runtime/algo on the
- * engine's shadow context), and unpacked:
+ * reduced by ONE host allreduce (runtime/algo on the engine's shadow context), in one of two ways.
+ *
+ * Scatter-gather (one node, more than one rank, no prescale, and the group's size resolves to the
+ * shared-memory algorithm): the tensors are the segments of one virtual buffer that algo/shm.c
+ * reduces where they are (hora__shm_run_segs): its copy-in reads the slices straight from the
+ * send buffers and its copy-out writes straight into the recv buffers; average and postscale are
+ * applied by the rank that reduces each element, before it is published (same bits everywhere).
+ *
+ *   a[0..3) b[0..5) c[0..2)  ==  virtual |a a a b b b b b c c|  --shm allreduce-->  a, b, c recv
+ *
+ * Otherwise (several nodes, MPI or ring chosen, prescale): packed with the kernels' batched copy
+ * into the fusion buffer, reduced, and unpacked:
  *
  *   a[0..3) b[0..5) c[0..2)  --pack-->  fusion buffer |a a a b b b b b c c|  --allreduce-->
  *                            <-unpack-  (same layout on every rank)
  *
- * Tensors of FUSION_DIRECT_MIN_BYTES or more are not packed: their allreduce already runs at
- * full bandwidth, and the two copies would cost more than the call's latency saves (measured with
- * `hora-bench fusion`, docs/benchmarks.md). A rank that has joined (hora_join) contributes zeros.
+ * On the packing path tensors of FUSION_DIRECT_MIN_BYTES or more are not packed: their allreduce
+ * already runs at full bandwidth, and the two copies would cost more than the call's latency
+ * saves. On the scatter-gather path there are no copies and they join the group: one run of
+ * pieces and barriers for everything (both measured with `hora-bench fusion`, docs/benchmarks.md).
+ * A rank that has joined (hora_join) contributes zeros.
  * Other collectives run one by one. Device buffers go to run_device(), the one place where the
  * GPU path plugs in. A failed collective may leave the ranks out of step, so it fails the
  * whole engine (every handle gets the error) rather than risk a hang. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -210,6 +223,68 @@ static hora_result_t run_fused(hora_engine_t *eng, eng_resp_t **m, size_t k, siz
   return rc;
 }
 
+/* Average and postscale, applied by the shm algorithm's hook to each run of this rank's slice right
+ * after its reduce and before it is published: one rank scales each element, so every rank gets
+ * the same bits, and no separate pass over the results is needed. */
+typedef struct {
+  hora_ctx_t *ctx;
+  hora_dtype_t dtype;
+  hora_op_t op;
+  double postscale;
+} post_arg_t;
+
+static hora_result_t post_hook(void *arg, void *run, size_t n) {
+  post_arg_t *a = arg;
+  return hora__scale_and_average(a->ctx, run, n, a->dtype, a->op, a->postscale);
+}
+
+/* Whether a group of host allreduces with params p and `bytes` bytes in all can skip the fusion
+ * buffer: one node, more than one rank, no prescale (the send buffers are read as they are), and
+ * the shared-memory algorithm is the one the group's size resolves to. */
+static int sg_possible(hora_engine_t *eng, const eng_params_t *p, size_t bytes, hora_algo_t algo) {
+  hora_ctx_t *s = eng->shadow;
+  hora_dtype_t dt = (hora_dtype_t)p->dtype;
+  return p->device == HORA_DEVICE_HOST && s->cross_size == 1 && s->size > 1 && p->prescale == 1.0 &&
+         hora__algo_resolve(s, bytes / hora__dtype_size(dt), dt, algo) == HORA_ALGO_SHM;
+}
+
+/* Members [0, k) reduced in place of their own buffers by the shared-memory algorithm's
+ * scatter-gather form (algo/shm.c): no fusion buffer, no pack, no unpack. A member of a joined
+ * rank (no request) reads zeros and writes into a discard buffer; several such members share both
+ * (the zeros are only read, and nothing reads the discarded results). */
+static hora_result_t run_fused_sg(hora_engine_t *eng, eng_resp_t **m, size_t k) {
+  const eng_params_t *p = &m[0]->p;
+  hora_seg_t *seg = malloc(k * sizeof *seg);
+  if (!seg) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+  size_t joined_max = 0;
+  for (size_t i = 0; i < k; i++)
+    if (!m[i]->req && resp_bytes(m[i]) > joined_max) joined_max = resp_bytes(m[i]);
+  hora_result_t rc = HORA_SUCCESS;
+  if (joined_max) {
+    rc = grow(&eng->zeros, &eng->zeros_bytes, joined_max, 1);
+    if (rc == HORA_SUCCESS) rc = grow(&eng->fusion, &eng->fusion_bytes, joined_max, 0);
+  }
+  double t0 = hora__now_s();
+  if (rc == HORA_SUCCESS) {
+    for (size_t i = 0; i < k; i++) {
+      eng_req_t *r = m[i]->req;
+      seg[i] = (hora_seg_t){r ? r->send : eng->zeros, r ? r->recv : eng->fusion, (size_t)m[i]->p.count};
+    }
+    hora_op_t op = (hora_op_t)p->op;
+    post_arg_t pa = {eng->shadow, (hora_dtype_t)p->dtype, op, p->postscale};
+    int post = op == HORA_AVERAGE || p->postscale != 1.0;
+    rc = hora__shm_run_segs(eng->shadow, seg, k, (hora_dtype_t)p->dtype, op == HORA_AVERAGE ? HORA_SUM : op,
+                            post ? post_hook : NULL, &pa);
+  }
+  double t1 = hora__now_s();
+  free(seg);
+  for (size_t i = 0; i < k; i++) {
+    spans_before(eng, m[i], t0);
+    span(eng, m[i], "ALLREDUCE", t0, t1);
+  }
+  return rc;
+}
+
 static void finish(hora_engine_t *eng, eng_resp_t *x, hora_result_t rc) {
   if (!x->req) return;
   hora__req_finish(eng, x->req, rc, rc == HORA_SUCCESS ? NULL : hora_last_error());
@@ -247,10 +322,15 @@ hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
     }
     size_t k = 1, total = b;
     m[0] = x;
-    if (x->p.kind == ENG_ALLREDUCE && threshold > 0 && b < FUSION_DIRECT_MIN_BYTES && b <= threshold) {
+    /* Where a group of big tensors would take the scatter-gather path, nothing is copied and big
+     * tensors join the group (fewer barriers); elsewhere they are reduced on their own. A group
+     * that holds one is at least FUSION_DIRECT_MIN_BYTES long, so it does take that path. */
+    int allreduce = x->p.kind == ENG_ALLREDUCE;
+    size_t direct = allreduce && sg_possible(eng, &x->p, FUSION_DIRECT_MIN_BYTES, algo) ? SIZE_MAX : FUSION_DIRECT_MIN_BYTES;
+    if (allreduce && threshold > 0 && b < direct && b <= threshold) {
       for (size_t j = i + 1; j < n; j++) {
         size_t bj = resp_bytes(&list[j]);
-        if (used[j] || !fusable(x, &list[j]) || bj >= FUSION_DIRECT_MIN_BYTES || total + bj > threshold) continue;
+        if (used[j] || !fusable(x, &list[j]) || bj >= direct || total + bj > threshold) continue;
         used[j] = 1;
         m[k++] = &list[j];
         total += bj;
@@ -258,7 +338,12 @@ hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
     }
     if (k > 1) {
       atomic_fetch_add(&eng->stat_fused_groups, 1);
-      rc = run_fused(eng, m, k, total, algo);
+      if (sg_possible(eng, &x->p, total, algo)) {
+        atomic_fetch_add(&eng->stat_sg_groups, 1);
+        rc = run_fused_sg(eng, m, k);
+      } else {
+        rc = run_fused(eng, m, k, total, algo);
+      }
     } else {
       double t0 = hora__now_s();
       spans_before(eng, x, t0);

@@ -6,7 +6,9 @@
  *   grad/fc1 |QUEUE|NEGOTIATE|MEMCPY_IN_FUSION|ALLREDUCE|MEMCPY_OUT_FUSION|
  *   cycles   ^ CYCLE 17 (instant event, only for cycles that ran something)
  *
- * MEMCPY_* appear only for tensors that went through the fusion buffer.
+ * MEMCPY_* appear only for tensors that went through the fusion buffer. A fused group that the
+ * shared-memory algorithm reduces in place of its tensors (one node, engine/fusion.c) has no
+ * copies: its tensors show QUEUE, NEGOTIATE and one ALLREDUCE covering the whole group.
  *
  * Size cap: a long run must not grow the file to gigabytes (Horovod #603). Once the next event
  * would pass HORA_TIMELINE_MAX_BYTES, events are dropped and counted; the closing metadata

@@ -222,11 +222,12 @@ hora_result_t hora_barrier(hora_ctx_t *ctx);
  * communication. Each cycle (HORA_CYCLE_TIME_MS) it negotiates
  * which names every rank has submitted (rank 0 coordinates new names; names seen before take a
  * fast path through a response cache of HORA_CACHE_CAPACITY entries and one bitwise-AND
- * allreduce of a bit vector), packs ready allreduces with the same dtype, op, scale factors and
- * device into one fusion buffer of up to HORA_FUSION_THRESHOLD bytes, runs one collective per
- * group on its own duplicate of the world communicator (so it never interleaves with blocking
- * collectives called from other threads), unpacks and completes the handles. docs/design.md
- * ("Async engine") describes the protocol.
+ * allreduce of a bit vector), groups ready allreduces with the same dtype, op, scale factors and
+ * device up to HORA_FUSION_THRESHOLD bytes, runs one collective per group on its own duplicate of
+ * the world communicator (so it never interleaves with blocking collectives called from other
+ * threads) and completes the handles. On one node, when the shared-memory algorithm reduces the
+ * group, it works directly on the tensors' buffers; otherwise the group is packed into a fusion
+ * buffer, reduced and unpacked. docs/design.md ("Async engine") describes the protocol.
  *
  * Rules that hold for every *_async call below:
  *  - Collective by name: every rank must submit a request with the same `name`, in any order
@@ -238,7 +239,9 @@ hora_result_t hora_barrier(hora_ctx_t *ctx);
  *    previous request with that name has completed on this rank (a second pending request with
  *    the same name completes with HORA_ERR_INVALID_ARGUMENT).
  *  - Non-blocking and thread-safe: any thread may submit, poll or wait. The buffers are read and
- *    written by the engine thread until the handle is done: do not touch them before that.
+ *    written by the engine thread until the handle is done: do not touch them before that. The
+ *    buffers of different pending requests must not overlap (the engine may write one request's
+ *    recvbuf while it still reads another's sendbuf).
  *  - If the call returns an error, no handle is created, *handle is unchanged and the request
  *    never completes. On success *handle must be released with hora_handle_free.
  *  - Common errors: HORA_ERR_NOT_INITIALIZED (ctx NULL or finalized), HORA_ERR_INVALID_ARGUMENT
@@ -263,10 +266,12 @@ typedef struct hora_handle hora_handle_t;
 
 /* hora_allreduce_async: the non-blocking hora_allreduce of the tensor `name`:
  * recvbuf[i] = postscale * OP_r(prescale * sendbuf_r[i]) for i in [0, count) (count elements
- * of dtype); HORA_AVERAGE divides by the world size. sendbuf == recvbuf means in place. Small
- * tensors are fused with other ready allreduces of the same dtype, op, prescale, postscale and
+ * of dtype); HORA_AVERAGE divides by the world size. sendbuf == recvbuf means in place. The
+ * tensor is fused with other ready allreduces of the same dtype, op, prescale, postscale and
  * device; the reduction is the host algorithm of hora_allreduce (HORA_ALLREDUCE_ALGO) run on the
- * fusion buffer. Ranks that called hora_join contribute zeros (SUM and AVERAGE only).
+ * group: on one node with the shared-memory algorithm directly on the tensors' buffers (tensors of
+ * 1 MiB and more are fused too), otherwise on a fusion buffer (tensors of 1 MiB and more are then
+ * reduced on their own). Ranks that called hora_join contribute zeros (SUM and AVERAGE only).
  * Errors: the common ones above. */
 hora_result_t hora_allreduce_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
                                    void *recvbuf, size_t count, hora_dtype_t dtype, hora_op_t op,

@@ -40,6 +40,23 @@ static long hora_test_errors = 0;
 
 #define EXPECT_OK(call) EXPECT_RC(call, HORA_SUCCESS)
 
+/* MPI_Init_thread with MPI_THREAD_MULTIPLE (the async engine needs it) unless MPI is initialized
+ * already, then hora_init; the context, or NULL after printing why hora_init failed. *rank and
+ * *size get the world's. */
+static inline hora_ctx_t *hora_test_init_mpi(int *argc, char ***argv, int *rank, int *size) {
+  int provided, inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  hora_ctx_t *ctx = NULL;
+  if (hora_init(&ctx) != HORA_SUCCESS) {
+    fprintf(stderr, "hora_init: %s\n", hora_last_error());
+    return NULL;
+  }
+  hora_rank(ctx, rank);
+  hora_size(ctx, size);
+  return ctx;
+}
+
 /* Sum the error counts over MPI_COMM_WORLD (MPI must still be initialized) and return the
  * exit code every rank uses. */
 static inline int hora_test_finish_mpi(const char *name) {

@@ -1,12 +1,15 @@
 /* Timeline (HORA_TIMELINE): after hora_finalize rank 0 parses the file with jansson and checks
  * that it is one JSON array in Chrome trace form holding, for every tensor, QUEUE and NEGOTIATE,
- * the op's phase, and MEMCPY_IN_FUSION/MEMCPY_OUT_FUSION for the fused ones (a grouped
- * allreduce of small tensors always travels fused), plus cycle markers.
+ * the op's phase, and for the fused ones (a grouped allreduce of small tensors always travels
+ * fused) MEMCPY_IN_FUSION/MEMCPY_OUT_FUSION when the group went through the fusion buffer, and
+ * neither when it was reduced in place of the tensors (the engine's counters say which path ran;
+ * HORA_ALLREDUCE_ALGO=mpi forces the fusion buffer), plus cycle markers.
  * With argument "cap" (and HORA_TIMELINE_MAX_BYTES=4096) the file must stay within the cap,
  * still parse, and report the dropped events. */
 #include <jansson.h>
 #include <unistd.h>
 
+#include "engine/engine.h"
 #include "hora_test.h"
 
 #define NG 10
@@ -62,7 +65,7 @@ int main(int argc, char **argv) {
     r[k] = malloc(counts[k] * sizeof(float));
     for (size_t i = 0; i < counts[k]; i++) s[k][i] = 1;
   }
-  size_t big = 1 << 19; /* 2 MiB of float: not fused */
+  size_t big = 1 << 19; /* 2 MiB of float: reduced on its own on the packing path, fused otherwise */
   float *bs = calloc(big, sizeof(float)), *br = calloc(big, sizeof(float));
   float *gs = calloc(16, sizeof(float)), *gr = calloc(16 * (size_t)size, sizeof(float));
   int steps = cap ? 40 : 3;
@@ -78,6 +81,14 @@ int main(int argc, char **argv) {
     }
     EXPECT(r[3][5] == (float)size, "grouped result %g", r[3][5]);
   }
+  uint64_t cycles, slow, hits, fused, sg;
+  EXPECT_OK(hora__engine_stats(ctx, &cycles, &slow, &hits, &fused));
+  EXPECT_OK(hora__engine_sg_groups(ctx, &sg));
+  EXPECT(sg == 0 || sg == fused, "%llu of %llu fused groups without the fusion buffer: a mix", (unsigned long long)sg,
+         (unsigned long long)fused);
+  const char *algo = getenv("HORA_ALLREDUCE_ALGO");
+  if (algo && !strcmp(algo, "mpi")) EXPECT(sg == 0, "%llu groups skipped the fusion buffer with mpi", (unsigned long long)sg);
+  int packed = sg == 0;
   EXPECT_OK(hora_finalize(ctx));
   if (rank == 0) {
     json_error_t err;
@@ -90,8 +101,11 @@ int main(int argc, char **argv) {
       for (int k = 0; k < NG; k++) {
         int tid = tid_of(root, names[k]);
         EXPECT(tid > 0, "no row for tensor %s", names[k]);
-        const char *ph[] = {"QUEUE", "NEGOTIATE", "MEMCPY_IN_FUSION", "ALLREDUCE", "MEMCPY_OUT_FUSION"};
-        for (int p = 0; p < 5; p++) EXPECT(has_phase(root, tid, ph[p]), "tensor %s lacks phase %s", names[k], ph[p]);
+        const char *ph[] = {"QUEUE", "NEGOTIATE", "ALLREDUCE", "MEMCPY_IN_FUSION", "MEMCPY_OUT_FUSION"};
+        for (int p = 0; p < 3; p++) EXPECT(has_phase(root, tid, ph[p]), "tensor %s lacks phase %s", names[k], ph[p]);
+        for (int p = 3; p < 5; p++)
+          EXPECT(has_phase(root, tid, ph[p]) == packed, "tensor %s %s phase %s (%s)", names[k],
+                 packed ? "lacks" : "has", ph[p], packed ? "fusion buffer" : "reduced in place");
       }
       int tid = tid_of(root, "tl/big");
       EXPECT(tid > 0 && has_phase(root, tid, "QUEUE") && has_phase(root, tid, "NEGOTIATE") &&

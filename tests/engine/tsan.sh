@@ -8,6 +8,6 @@ set -eu
 src=$(cd "$(dirname "$0")/../.." && pwd)
 b=${1:-$src/build-tsan}
 cmake -S "$src" -B "$b" -DHORA_TSAN=ON -DHORA_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$b" -j2 --target test_engine_random test_engine_ops test_engine_mismatch test_engine_stall test_engine_timeline
+cmake --build "$b" -j2 --target test_engine_random test_engine_ops test_engine_mismatch test_engine_stall test_engine_timeline test_engine_fusion
 export TSAN_OPTIONS="suppressions=$src/tests/engine/tsan.supp halt_on_error=1 exitcode=66 report_signal_unsafe=0"
-ctest --test-dir "$b" --output-on-failure -R 'test_engine_(random|random_cache|ops|mismatch|stall|timeline)_np[23]$'
+ctest --test-dir "$b" --output-on-failure -R 'test_engine_(random|random_cache|ops|mismatch|stall|timeline|fusion|fusion_packed)_np[23]$'
