@@ -56,8 +56,9 @@ hora_result_t hora__ring_reducescatter(hora_ctx_t *ctx, const void *src, void *d
 hora_result_t hora__shm_allreduce(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
                                   hora_dtype_t dtype, hora_op_t op);
 /* algo/shm.c, the engine shared with hier.c: like hora__shm_allreduce over ctx->local, calling
- * hook(arg, slice, n) on this rank's reduced slice (n elements of private memory, reduced over the
- * node) before the node copies it; hier.c allreduces the slice across nodes there. */
+ * hook(arg, slice, n) on this rank's reduced slice (n elements, reduced over the node, in this
+ * rank's region of the shared window) before the node and this rank copy it to their recv
+ * buffers; hier.c allreduces the slice across nodes there. */
 typedef hora_result_t (*hora_shm_hook_fn)(void *arg, void *slice, size_t n);
 hora_result_t hora__shm_run(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
                             hora_dtype_t dtype, hora_op_t op, hora_shm_hook_fn hook, void *arg);
