@@ -664,8 +664,9 @@ hora_result_t hora_records_reader_position(hora_records_reader_t *reader, uint64
                                            uint64_t *records);
 
 /* hora_records_reader_corrupt: number of corrupt records skipped so far by this reader (only
- * nonzero with skip_corrupt; counts those the prefetch thread has met, which may be ahead of the
- * consumer). Local. Errors: HORA_ERR_INVALID_ARGUMENT (NULL argument). */
+ * nonzero with skip_corrupt; counts those met so far: by the prefetch thread, which may be ahead
+ * of the consumer, or, on mapped files the consumer parses itself, by hora_records_next). Local.
+ * Errors: HORA_ERR_INVALID_ARGUMENT (NULL argument). */
 hora_result_t hora_records_reader_corrupt(hora_records_reader_t *reader, uint64_t *count);
 
 /* hora_records_reader_close: stop the prefetch thread (waits for a read in progress), close the
