@@ -249,33 +249,6 @@ static hora_result_t evaluate(hora_ctx_t *ctx, mnist_model_t *m, const mnist_dat
   return HORA_SUCCESS;
 }
 
-/* Zeroed host or device buffer (the optimizer state), and its release. */
-static void *dev_zalloc(int cuda, size_t bytes) {
-#ifdef MNIST_HAVE_CUDA
-  if (cuda) {
-    void *p = NULL;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) return NULL;
-    if (cudaMemset(p, 0, bytes) != cudaSuccess) {
-      cudaFree(p);
-      return NULL;
-    }
-    return p;
-  }
-#endif
-  (void)cuda;
-  return calloc(bytes, 1);
-}
-static void dev_free(int cuda, void *p) {
-#ifdef MNIST_HAVE_CUDA
-  if (cuda) {
-    if (p) cudaFree(p);
-    return;
-  }
-#endif
-  (void)cuda;
-  free(p);
-}
-
 /* The optimizers of each path (one signature per optimizer for both). */
 #ifdef MNIST_HAVE_CUDA
 #define sgd_cuda hora__sgd_momentum_cuda
@@ -438,8 +411,8 @@ int main(int argc, char **argv) {
 
   const hora_device_t mem = cuda ? HORA_DEVICE_CUDA : HORA_DEVICE_HOST;
   CHECK(mnist_model_create_on(&m, (size_t)B, cuda), "model");
-  opt_m = dev_zalloc(cuda, m.nparams * sizeof(float));
-  opt_v = dev_zalloc(cuda, m.nparams * sizeof(float));
+  opt_m = mnist_zalloc(cuda, m.nparams * sizeof(float));
+  opt_v = mnist_zalloc(cuda, m.nparams * sizeof(float));
   if (!opt_m || !opt_v) FAIL("out of %s memory", cuda ? "GPU" : "host");
   if (g_rank == 0) mnist_model_init_params(&m, o.seed);
   /* Parameters start from rank 0's on every rank. */
@@ -674,8 +647,8 @@ done:
     }
   }
   mnist_model_destroy(&m);
-  dev_free(cuda, opt_m);
-  dev_free(cuda, opt_v);
+  mnist_zfree(cuda, opt_m);
+  mnist_zfree(cuda, opt_v);
   hora_finalize(ctx);
   return exit_code;
 }

@@ -45,8 +45,7 @@ static const kernels_t cuda_kernels = {
 #define KERNELS(m) (&host_kernels)
 #endif
 
-/* Zeroed buffer of `bytes` in host or device memory. */
-static void *zalloc(int cuda, size_t bytes) {
+void *mnist_zalloc(int cuda, size_t bytes) {
 #ifdef MNIST_HAVE_CUDA
   if (cuda) {
     void *p = NULL;
@@ -62,7 +61,7 @@ static void *zalloc(int cuda, size_t bytes) {
 #endif
   return calloc(bytes ? bytes : 1, 1);
 }
-static void zfree(int cuda, void *p) {
+void mnist_zfree(int cuda, void *p) {
 #ifdef MNIST_HAVE_CUDA
   if (cuda) {
     if (p) cudaFree(p);
@@ -114,8 +113,8 @@ hora_result_t mnist_model_create_on(mnist_model_t *m, size_t capacity, int cuda)
   m->nparams = off;
   hora_conv_shape_t c1 = conv1_shape(capacity), c2 = conv2_shape(capacity);
   size_t n = capacity;
-#define F(ptr, cnt) ((ptr) = zalloc(cuda, (cnt) * sizeof(float)), ok = ok && (ptr))
-#define B(ptr, cnt) ((ptr) = zalloc(cuda, (cnt)), ok = ok && (ptr))
+#define F(ptr, cnt) ((ptr) = mnist_zalloc(cuda, (cnt) * sizeof(float)), ok = ok && (ptr))
+#define B(ptr, cnt) ((ptr) = mnist_zalloc(cuda, (cnt)), ok = ok && (ptr))
   int ok = 1;
   F(m->params, m->nparams);
   F(m->grads, m->nparams);
@@ -163,7 +162,7 @@ void mnist_model_destroy(mnist_model_t *m) {
   void *p[] = {m->params, m->grads, m->x,      m->col1, m->y1,      m->p1,  m->col2,
                m->y2,     m->p2,    m->d,      m->logits, m->arg1,  m->arg2, m->keep,
                m->labels, m->dlogits, m->dd,   m->dy2,  m->dcol2,   m->dp1, m->dy1};
-  for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) zfree(m->cuda, p[i]);
+  for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) mnist_zfree(m->cuda, p[i]);
 #ifdef MNIST_HAVE_CUDA
   if (m->cuda) {
     if (m->x_in) cudaFreeHost(m->x_in);

@@ -58,6 +58,11 @@ hora_result_t mnist_model_create(mnist_model_t *m, size_t capacity);
  * CUDA layer kernels), HORA_ERR_NO_MEMORY when cudaMalloc fails. */
 hora_result_t mnist_model_create_on(mnist_model_t *m, size_t capacity, int cuda);
 void mnist_model_destroy(mnist_model_t *m);
+/* A zeroed buffer of `bytes` (at least 1) in host memory, or device memory of the current GPU
+ * when cuda is set (a CUDA build); NULL when out of memory. Freed by mnist_zfree (NULL is a
+ * no-op). The model's buffers and the example's optimizer state come from here. */
+void *mnist_zalloc(int cuda, size_t bytes);
+void mnist_zfree(int cuda, void *p);
 
 /* He uniform for the convolutions (ReLU follows), Glorot uniform for the dense layer, zero biases;
  * a function of `seed` only. */

@@ -81,6 +81,47 @@ static double dot_dev(const float *d, const float *h, size_t n) {
 }
 static int grad_ok(double num, double ana) { return fabs(num - ana) <= 2e-2 * (fabs(num) + fabs(ana)) + 2e-3; }
 
+/* Central difference (loss(p[i] + eps) - loss(p[i] - eps)) / 2 eps of a loss computed on the
+ * device, for the device element p[i], which is restored afterwards. */
+typedef double (*loss_fn)(const void *ctx);
+static double num_grad(float *d_p, size_t i, float eps, loss_fn loss, const void *ctx) {
+  float save, v;
+  CK(cudaMemcpy(&save, d_p + i, 4, cudaMemcpyDeviceToHost));
+  double l[2];
+  for (int sg = 0; sg < 2; sg++) {
+    v = save + (sg ? -eps : eps);
+    CK(cudaMemcpy(d_p + i, &v, 4, cudaMemcpyHostToDevice));
+    l[sg] = loss(ctx);
+  }
+  CK(cudaMemcpy(d_p + i, &save, 4, cudaMemcpyHostToDevice));
+  return (l[0] - l[1]) / (2 * (double)eps);
+}
+
+/* L = sum(y * dy) of one forward pass, for the gradient checks of conv, pool and dense. */
+typedef struct {
+  const hora_conv_shape_t *s;
+  const float *x, *wt, *b, *dy;
+  float *col, *y;
+  uint8_t *arg;
+  size_t n, yn;
+  int h, w, c, in, out;
+} fwd_ctx_t;
+static double conv_loss(const void *p) {
+  const fwd_ctx_t *f = p;
+  EXPECT_OK(hora__conv2d_fwd_cuda(f->s, f->x, f->wt, f->b, 0, f->col, f->y));
+  return dot_dev(f->y, f->dy, f->yn);
+}
+static double pool_loss(const void *p) {
+  const fwd_ctx_t *f = p;
+  EXPECT_OK(hora__maxpool2_fwd_cuda(f->x, f->n, f->h, f->w, f->c, f->y, f->arg));
+  return dot_dev(f->y, f->dy, f->yn);
+}
+static double dense_loss(const void *p) {
+  const fwd_ctx_t *f = p;
+  EXPECT_OK(hora__dense_fwd_cuda(f->x, f->n, f->in, f->wt, f->b, f->out, f->y));
+  return dot_dev(f->y, f->dy, f->yn);
+}
+
 static void test_conv(hora_conv_shape_t s, int gradcheck) {
   const size_t xn = s.n * (size_t)s.h * s.w * s.c, wn = (size_t)s.k * s.kh * s.kw * s.c;
   const size_t yn = hora__conv2d_out_count(&s), cn = hora__conv2d_col_count(&s);
@@ -112,29 +153,13 @@ static void test_conv(hora_conv_shape_t s, int gradcheck) {
     EXPECT_OK(hora__conv2d_bwd_cuda(&s, d_col, d_dy, d_wt, d_dwt, d_db, d_dcol, d_dx));
     float *gw = down(d_dwt, wn * 4), *gx = down(d_dx, xn * 4);
     const float eps = 1e-2f;
+    fwd_ctx_t f = {.s = &s, .x = d_x, .wt = d_wt, .b = d_b, .dy = dy, .col = d_col, .y = d_y, .yn = yn};
     for (int t = 0; t < 8; t++) {
       size_t i = (size_t)irand(0, (int)wn - 1);
-      float save = wt[i], v;
-      double l[2];
-      for (int sg = 0; sg < 2; sg++) {
-        v = save + (sg ? -eps : eps);
-        CK(cudaMemcpy(d_wt + i, &v, 4, cudaMemcpyHostToDevice));
-        EXPECT_OK(hora__conv2d_fwd_cuda(&s, d_x, d_wt, d_b, 0, d_col, d_y));
-        l[sg] = dot_dev(d_y, dy, yn);
-      }
-      CK(cudaMemcpy(d_wt + i, &save, 4, cudaMemcpyHostToDevice));
-      double num = (l[0] - l[1]) / (2 * eps);
+      double num = num_grad(d_wt, i, eps, conv_loss, &f);
       EXPECT(grad_ok(num, gw[i]), "conv dwt[%zu]: numerical %g analytic %g", i, num, gw[i]);
       size_t j = (size_t)irand(0, (int)xn - 1);
-      save = x[j];
-      for (int sg = 0; sg < 2; sg++) {
-        v = save + (sg ? -eps : eps);
-        CK(cudaMemcpy(d_x + j, &v, 4, cudaMemcpyHostToDevice));
-        EXPECT_OK(hora__conv2d_fwd_cuda(&s, d_x, d_wt, d_b, 0, d_col, d_y));
-        l[sg] = dot_dev(d_y, dy, yn);
-      }
-      CK(cudaMemcpy(d_x + j, &save, 4, cudaMemcpyHostToDevice));
-      num = (l[0] - l[1]) / (2 * eps);
+      num = num_grad(d_x, j, eps, conv_loss, &f);
       EXPECT(grad_ok(num, gx[j]), "conv dx[%zu]: numerical %g analytic %g", j, num, gx[j]);
     }
     free(gw), free(gx);
@@ -177,18 +202,10 @@ static void test_pool(size_t n, int h, int w, int c, int gradcheck) {
     EXPECT_OK(hora__maxpool2_bwd_cuda(d_dy, d_arg, n, h, w, c, d_dx));
     float *gx = down(d_dx, xn * 4);
     const float eps = 0.1f / (float)xn;
+    fwd_ctx_t f = {.x = d_x, .dy = dy, .y = d_y, .arg = d_arg, .n = n, .yn = yn, .h = h, .w = w, .c = c};
     for (int t = 0; t < 16; t++) {
       size_t j = (size_t)irand(0, (int)xn - 1);
-      float save = x[j], v;
-      double l[2];
-      for (int sg = 0; sg < 2; sg++) {
-        v = save + (sg ? -eps : eps);
-        CK(cudaMemcpy(d_x + j, &v, 4, cudaMemcpyHostToDevice));
-        EXPECT_OK(hora__maxpool2_fwd_cuda(d_x, n, h, w, c, d_y, d_arg));
-        l[sg] = dot_dev(d_y, dy, yn);
-      }
-      CK(cudaMemcpy(d_x + j, &save, 4, cudaMemcpyHostToDevice));
-      double num = (l[0] - l[1]) / (2 * (double)eps);
+      double num = num_grad(d_x, j, eps, pool_loss, &f);
       EXPECT(grad_ok(num, gx[j]), "maxpool dx[%zu]: numerical %g analytic %g", j, num, gx[j]);
     }
     free(gx);
@@ -216,31 +233,14 @@ static void test_dense(size_t n, int in, int out, int gradcheck) {
   if (gradcheck) {
     float *gw = down(d_dwt, (size_t)in * out * 4), *gb = down(d_db, out * 4);
     const float eps = 1e-2f;
+    fwd_ctx_t f = {.x = d_x, .wt = d_wt, .b = d_b, .dy = dy, .y = d_y, .n = n, .yn = n * out, .in = in, .out = out};
     for (int t = 0; t < 8; t++) {
       size_t i = (size_t)irand(0, in * out - 1);
-      float save = wt[i], v;
-      double l[2];
-      for (int sg = 0; sg < 2; sg++) {
-        v = save + (sg ? -eps : eps);
-        CK(cudaMemcpy(d_wt + i, &v, 4, cudaMemcpyHostToDevice));
-        EXPECT_OK(hora__dense_fwd_cuda(d_x, n, in, d_wt, d_b, out, d_y));
-        l[sg] = dot_dev(d_y, dy, n * out);
-      }
-      CK(cudaMemcpy(d_wt + i, &save, 4, cudaMemcpyHostToDevice));
-      double num = (l[0] - l[1]) / (2 * eps);
+      double num = num_grad(d_wt, i, eps, dense_loss, &f);
       EXPECT(grad_ok(num, gw[i]), "dense dwt[%zu]: numerical %g analytic %g", i, num, gw[i]);
     }
     int j = irand(0, out - 1);
-    float save = b[j], v;
-    double l[2];
-    for (int sg = 0; sg < 2; sg++) {
-      v = save + (sg ? -eps : eps);
-      CK(cudaMemcpy(d_b + j, &v, 4, cudaMemcpyHostToDevice));
-      EXPECT_OK(hora__dense_fwd_cuda(d_x, n, in, d_wt, d_b, out, d_y));
-      l[sg] = dot_dev(d_y, dy, n * out);
-    }
-    CK(cudaMemcpy(d_b + j, &save, 4, cudaMemcpyHostToDevice));
-    double num = (l[0] - l[1]) / (2 * eps);
+    double num = num_grad(d_b, (size_t)j, eps, dense_loss, &f);
     EXPECT(grad_ok(num, gb[j]), "dense dbias[%d]: numerical %g analytic %g", j, num, gb[j]);
     free(gw), free(gb);
   }
@@ -248,6 +248,21 @@ static void test_dense(size_t n, int in, int out, int gradcheck) {
   for (size_t i = 0; i < 8; i++) free(all[i]);
   void *dall[] = {d_x, d_wt, d_b, d_dy, d_y, d_dwt, d_db, d_dx};
   for (size_t i = 0; i < 8; i++) CK(cudaFree(dall[i]));
+}
+
+/* L = loss_sum of the device softmax cross-entropy (the caller divides by n). */
+typedef struct {
+  const float *z;
+  const uint8_t *lab;
+  size_t n;
+  int classes;
+} xent_ctx_t;
+static double xent_loss(const void *p) {
+  const xent_ctx_t *x = p;
+  double l = 0;
+  size_t ok;
+  EXPECT_OK(hora__softmax_xent_cuda(x->z, x->lab, x->n, x->classes, 1.0f / x->n, &l, &ok, NULL));
+  return l;
 }
 
 static void test_xent(size_t n, int classes) {
@@ -267,17 +282,10 @@ static void test_xent(size_t n, int classes) {
     EXPECT(fabsf(gd[i] - d[i]) <= 1e-7f, "xent dlogits[%zu] %g vs host %g", i, gd[i], d[i]);
   /* gradient check: L = loss_sum / n */
   const float eps = 1e-3f;
+  xent_ctx_t xc = {d_z, d_lab, n, classes};
   for (int t = 0; t < 8; t++) {
     size_t i = (size_t)irand(0, (int)(n * classes) - 1);
-    float save = z[i], v;
-    double l[2];
-    for (int sg = 0; sg < 2; sg++) {
-      v = save + (sg ? -eps : eps);
-      CK(cudaMemcpy(d_z + i, &v, 4, cudaMemcpyHostToDevice));
-      EXPECT_OK(hora__softmax_xent_cuda(d_z, d_lab, n, classes, 1.0f / n, &l[sg], &gok, NULL));
-    }
-    CK(cudaMemcpy(d_z + i, &save, 4, cudaMemcpyHostToDevice));
-    double num = (l[0] - l[1]) / (2 * eps) / n;
+    double num = num_grad(d_z, i, eps, xent_loss, &xc) / n;
     EXPECT(grad_ok(num, gd[i]), "xent dlogits[%zu]: numerical %g analytic %g", i, num, gd[i]);
   }
   /* a bad label: HORA_ERR_INVALID_ARGUMENT, dlogits untouched */
