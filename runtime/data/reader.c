@@ -215,6 +215,19 @@ static void item_release_locked(hora_records_reader_t *r, item_t *it) {
   }
 }
 
+/* A parser at `pos` in the mapped item `it`: page tables filled ahead up to *populated
+ * (POPULATE_BYTES at a time, half a window ahead), the cache lines of the next PREFETCH_AHEAD
+ * bytes asked for up to *prefetched. */
+static void map_ahead(const item_t *it, size_t pos, size_t *populated, size_t *prefetched) {
+  if (pos + POPULATE_BYTES / 2 > *populated && *populated < it->used) {
+    if (!hora__map_populate(it->map, *populated, POPULATE_BYTES)) *populated = it->used; /* old kernel */
+    *populated += POPULATE_BYTES;
+  }
+  size_t until = pos + PREFETCH_AHEAD < it->used ? pos + PREFETCH_AHEAD : it->used;
+  if (*prefetched < pos) *prefetched = pos;
+  for (; *prefetched < until; *prefetched += 64) __builtin_prefetch(it->buf + *prefetched);
+}
+
 /* An item whose records point into the mapping `m` (offsets from the start of the file). */
 static item_t *item_view(hora_records_reader_t *r, hora_map_t *m) {
   item_t *it = item_get(r, 0);
@@ -510,13 +523,7 @@ static hora_result_t read_file(hora_records_reader_t *r, const char *path) {
       break;
     }
     if (map) {
-      if (pos + POPULATE_BYTES / 2 > populated && populated < blk->used) {
-        if (!hora__map_populate(blk->map, populated, POPULATE_BYTES)) populated = blk->used; /* old kernel */
-        populated += POPULATE_BYTES;
-      }
-      size_t until = pos + PREFETCH_AHEAD < blk->used ? pos + PREFETCH_AHEAD : blk->used;
-      if (prefetched < pos) prefetched = pos;
-      for (; prefetched < until; prefetched += 64) __builtin_prefetch(blk->buf + prefetched);
+      map_ahead(blk, pos, &populated, &prefetched);
       if (r->shuffle <= 1 && blk->nrec && pos - item_start >= BLOCK_BYTES) {
         /* about 1 MiB of records: hand them over, go on in a new item over the same mapping */
         if (changed(r, blk->map, path, &rc)) break;
@@ -887,10 +894,6 @@ static void seg_fill(hora_records_reader_t *r, const item_t *it) {
   const hora_map_t *m = it->map;
   const unsigned char *b = it->buf;
   size_t size = it->used;
-  if (r->seg.pos + POPULATE_BYTES / 2 > r->seg.populated && r->seg.populated < size) {
-    if (!hora__map_populate(m, r->seg.populated, POPULATE_BYTES)) r->seg.populated = size; /* old kernel */
-    r->seg.populated += POPULATE_BYTES;
-  }
   if (r->seg.last_ret / DROP_SPAN * DROP_SPAN > r->seg.dropped) {
     size_t to = r->seg.last_ret / DROP_SPAN * DROP_SPAN;
     hora__map_drop(m, r->seg.dropped, to - r->seg.dropped);
@@ -901,9 +904,7 @@ static void seg_fill(hora_records_reader_t *r, const item_t *it) {
   size_t n[3];
   while (r->seg.n < 3) {
     size_t pos = r->seg.pos;
-    size_t until = pos + PREFETCH_AHEAD < size ? pos + PREFETCH_AHEAD : size;
-    if (r->seg.prefetched < pos) r->seg.prefetched = pos;
-    for (; r->seg.prefetched < until; r->seg.prefetched += 64) __builtin_prefetch(b + r->seg.prefetched);
+    map_ahead(it, pos, &r->seg.populated, &r->seg.prefetched);
     if (pos == size) {
       r->seg.stop = SEG_END;
       break;
