@@ -1,0 +1,204 @@
+#!/bin/bash
+# The GPU path proven in one command, on a GPU machine that starts bare (CUDA, PyTorch and Python,
+# no Open MPI, no hwloc, no network). docs/gpu.md says how to run it; its figures go into
+# docs/benchmarks.md ("GPU").
+#
+#   bash tests/gpu/device-prepare.sh          here, once: fills .debs/ (carried with the tree)
+#   bash tests/gpu/device-check.sh            there: OUT=<folder> receives every log + summary.md
+#
+# Steps, in this order, each time-boxed (seconds in brackets) so that the whole ends within
+# 8 minutes; a failing step is recorded and the next one still runs:
+#   deps    [60]   Open MPI, hwloc, jansson, OpenBLAS from .debs/ (dpkg -x into a prefix, Open
+#                  MPI relocated with OPAL_PREFIX) where the machine lacks them; cffi wheels
+#   build   [240]  hora for the GPU found (sm_90 on H100/H200), Release, NCCL from the CUDA
+#                  toolkit or PyTorch's nvidia-nccl wheel
+#   gpu     [10]   is there a GPU? Without one: summary says so, exit 77 (the CI dry run)
+#   ctest   [150]  ctest -L gpu: kernels vs host, every collective on device buffers (NCCL with
+#                  one rank, the staged and naive paths with 2-4 ranks on the one GPU), layers
+#   bench   [120]  hora-bench allreduce --device cuda: kernel GB/s vs a D2D copy, staged vs naive
+#                  (2 ranks on the GPU), hora's NCCL call overhead vs ncclAllReduce (1 rank)
+#   mnist   [120]  examples/mnist/bench.sh DEVICE=cuda: the CNN on the GPU vs PyTorch, same GPU
+#   python  [60]   the DLPack / torch CUDA tests of tests/python
+# Exit status: 0 when every step passed, 77 when there is no GPU (and deps and build passed),
+# 1 otherwise. Environment: OUT (default build-device/out), HORA_DEVICE_DEPS (.debs),
+# HORA_DEVICE_BUILD (build-device), HORA_DEVICE_USE_DEBS=1 (use the carried packages even where
+# the machine has its own), HORA_DEVICE_BUILD_S (the build step's limit, default 240),
+# HORA_DEVICE_BUILD_TARGETS (build only these; default all: the GPU steps need the tests),
+# CMAKE_CUDA_ARCHITECTURES (default: the GPU's, else 90).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/build-device/out}
+DEPS=${HORA_DEVICE_DEPS:-.debs}
+BUILD=${HORA_DEVICE_BUILD:-build-device}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
+export PATH=/usr/local/cuda/bin:$PATH
+mkdir -p "$OUT" "$BUILD"
+SELF=$ROOT/tests/gpu/device-check.sh
+
+# step NAME SECONDS LOG: runs this script's function NAME in a child (`--step NAME`, which first
+# reads the environment that the deps step wrote) under a time box, appends its output to
+# OUT/LOG and records status and seconds for the summary.
+step() {
+  local name=$1 secs=$2 log=$OUT/$3 t0 rc
+  echo "== $name (limit ${secs}s)" | tee -a "$log"
+  t0=$(date +%s)
+  HORA_DEVICE_PREFIX=$PREFIX timeout -k 10 "$secs" bash "$SELF" --step "$name" >>"$log" 2>&1
+  rc=$?
+  local dt=$(($(date +%s) - t0)) st=passed
+  [ $rc = 124 ] || [ $rc = 137 ] && st="TIMED OUT"
+  [ $rc != 0 ] && [ "$st" = passed ] && st="FAILED (exit $rc)"
+  [ $rc = 77 ] && st="skipped (77)"
+  [ "$st" = passed ] || [ $rc = 77 ] || failed=1
+  rows+=("| $name | $st | $dt |")
+  echo "   $name: $st in ${dt}s" | tee -a "$log"
+  return $rc
+}
+
+# --- deps: prefer the machine's own Open MPI etc.; else the carried packages -------------------
+deps() {
+  . tests/gpu/device-deps.sh
+  local need=0
+  [ "${HORA_DEVICE_USE_DEBS:-0}" = 1 ] && need=1
+  command -v mpicc >/dev/null && command -v mpirun >/dev/null || need=1
+  pkg-config --exists jansson hwloc 2>/dev/null || need=1
+  if [ $need = 1 ]; then
+    [ -d "$DEPS/deb" ] || { echo "no $DEPS/deb: run tests/gpu/device-prepare.sh and carry $DEPS"; return 1; }
+    hora_device_unpack "$DEPS" "$PREFIX/root"
+    hora_device_env "$PREFIX/root"
+    echo "hora_device_env '$PREFIX/root'" >>"$ENVF"
+    echo "Open MPI, hwloc, jansson, OpenBLAS from $DEPS ($(ls "$DEPS"/deb | wc -l) packages)"
+  fi
+  if ! python3 -c 'import cffi' 2>/dev/null; then
+    python3 -m pip install -q --no-index --find-links "$DEPS/whl" --no-compile --target "$PREFIX/site" \
+      cffi pycparser || return 1
+    export PYTHONPATH=$PREFIX/site${PYTHONPATH:+:$PYTHONPATH}
+    echo "export PYTHONPATH=$PYTHONPATH" >>"$ENVF"
+  fi
+  # NCCL: the toolkit's, else the one PyTorch's wheels bring.
+  if [ ! -e /usr/local/cuda/include/nccl.h ]; then
+    local d
+    d=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null) || d=
+    if [ -n "$d" ] && [ -e "$d/include/nccl.h" ]; then
+      {
+        echo "NCCL_ARGS=(-DNCCL_INCLUDE_DIR='$d/include' -DNCCL_LIBRARY='$(ls "$d"/lib/libnccl.so* | head -1)')"
+        echo "export LD_LIBRARY_PATH='$d/lib'\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+      } >>"$ENVF"
+      echo "NCCL from $d"
+    fi
+  fi
+  mpicc --showme && mpirun --version | head -1 && python3 -c 'import cffi; print("cffi", cffi.__version__)'
+  python3 -c 'import numpy, torch; print("numpy", numpy.__version__, "torch", torch.__version__)' || echo "python3 lacks numpy or torch: the python step will fail"
+}
+
+# --- build -------------------------------------------------------------------------------------
+build() {
+  local arch=${CMAKE_CUDA_ARCHITECTURES:-}
+  if [ -z "$arch" ]; then
+    arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+    [ -n "$arch" ] || arch=90
+  fi
+  echo "CUDA architecture: sm_$arch"
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DHORA_WITH_CUDA=ON -DHORA_WITH_NCCL=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DHORA_PYTHON="$(command -v python3)" \
+    -DMPI_C_COMPILER="$(command -v mpicc)" "${NCCL_ARGS[@]}" &&
+    cmake --build "$BUILD" -j "$(nproc)" ${HORA_DEVICE_BUILD_TARGETS:+--target $HORA_DEVICE_BUILD_TARGETS}
+}
+
+gpu_count() { nvidia-smi -L 2>/dev/null | grep -c '^GPU '; }
+
+bench_allreduce() {
+  mpirun -np 1 "$BUILD/bin/hora-bench" allreduce --device cuda &&
+    HORA_GPU_PATH=staged mpirun -np 2 --oversubscribe "$BUILD/bin/hora-bench" allreduce --device cuda --only paths
+}
+
+mnist_bench() {
+  local idx=$DEPS/mnist
+  [ -d "$idx" ] || idx=/usr/share/datasets/fashion-mnist
+  [ -d "$idx" ] || { echo "no MNIST IDX files ($DEPS/mnist, Fashion-MNIST)"; return 77; }
+  DEVICE=cuda PYTHON=python3 BUILD_DIR=$BUILD REPS=3 STEPS=300 bash examples/mnist/bench.sh "$idx"
+}
+
+python_tests() {
+  local t
+  for t in tests/python/test_dlpack_torch.py tests/python/test_torch_optimizer.py; do
+    [ -e "$t" ] || continue
+    PYTHONPATH=$ROOT/$BUILD/python:${PYTHONPATH:-} HORA_LOG=NONE \
+      mpirun -np 1 python3 -m pytest -q -p no:cacheprovider "$t" || return 1
+  done
+}
+
+# --step NAME: a child run of one step (see step()).
+if [ "${1:-}" = --step ]; then
+  PREFIX=$HORA_DEVICE_PREFIX
+  ENVF=$PREFIX/env.sh
+  NCCL_ARGS=()
+  . tests/gpu/device-deps.sh
+  [ -e "$ENVF" ] && . "$ENVF"
+  set -e
+  case $2 in
+    deps) deps ;; build) build ;; bench) bench_allreduce ;; mnist) mnist_bench ;;
+    python) python_tests ;;
+    ctest) cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 120 -j 4 ;;
+    *) echo "device-check: unknown step $2"; exit 2 ;;
+  esac
+  exit 0
+fi
+
+PREFIX=$(mktemp -d "${TMPDIR:-/tmp}/hora-device.XXXXXX")
+trap 'rm -rf "$PREFIX"' EXIT
+SUMMARY=$OUT/summary.md
+: >"$SUMMARY"
+rows=()
+failed=0
+
+{
+  echo "# hora device check"
+  echo
+  echo "Commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+  echo "Machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo 'no GPU') ;" \
+       "$(nproc) CPUs; nvcc $(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+  echo
+} >>"$SUMMARY"
+
+step deps 60 setup.log
+dep_rc=$?
+# A failed deps step stops the build; without a build no GPU step can run.
+if [ $dep_rc = 0 ]; then step build "${HORA_DEVICE_BUILD_S:-240}" setup.log; build_rc=$?; else build_rc=1; fi
+n=$(gpu_count)
+if [ "$n" = 0 ]; then
+  rows+=("| gpu | none found: GPU steps not run | 0 |")
+else
+  rows+=("| gpu | $n found | 0 |")
+fi
+if [ "$n" != 0 ] && [ $build_rc = 0 ]; then
+  step ctest 150 ctest-gpu.log
+  step bench 120 bench-allreduce.log
+  step mnist 120 mnist-bench.log
+  step python 60 python.log
+fi
+
+{
+  echo "| step | result | seconds |"
+  echo "|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+  for f in bench-allreduce.log mnist-bench.log; do
+    [ -s "$OUT/$f" ] || continue
+    echo
+    echo "## $f"
+    echo '```'
+    grep -vE '^(== |   [a-z]+: )' "$OUT/$f" | tail -n 80
+    echo '```'
+  done
+  if [ -s "$OUT/ctest-gpu.log" ]; then
+    echo
+    echo "## ctest -L gpu"
+    echo '```'
+    grep -E 'tests passed|tests failed|\*\*\*|Failed|Passed|Not Run' "$OUT/ctest-gpu.log" | tail -n 40
+    echo '```'
+  fi
+} >>"$SUMMARY"
+cat "$SUMMARY"
+if [ $failed = 1 ]; then exit 1; fi
+if [ "$n" = 0 ]; then echo "device-check: no GPU on this machine: dependency and build steps passed; exit 77"; exit 77; fi
+exit 0
