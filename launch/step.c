@@ -8,8 +8,8 @@
  * signal, and asks Slurm to signal every process of the step: SIGTERM at once (programs may
  * flush their logs), SIGKILL kill_after_s seconds later if the step still exists. The SIGKILL
  * comes from a small child process (the reaper) because this launch must exit for the step to
- * end: the reaper ignores the SIGTERM, checks once a second whether the step is gone (then it
- * exits at once), and is itself killed with the step. When Slurm itself sent this launch a
+ * end: the reaper ignores the SIGTERM, checks twice a second whether the step is gone (then it
+ * exits), and is killed with the step where Slurm tracks processes by cgroup. When Slurm itself sent this launch a
  * SIGTERM before the program died (preemption, scancel, another rank's launch ending the step),
  * the step is already being ended and launch adds nothing. */
 #include <fcntl.h>
@@ -74,6 +74,8 @@ static void export_layout(const launch_opts_t *o, const launch_layout_t *l, cons
 static int run_quiet(char **cmd, int timeout_s) {
   pid_t pid = fork();
   if (pid == 0) {
+    /* scancel runs inside the step it signals: it must outlive the SIGTERM it asks for. */
+    signal(SIGTERM, SIG_IGN);
     int fd = open("/dev/null", O_RDWR);
     if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
     execvp(cmd[0], cmd);
@@ -101,8 +103,8 @@ static void start_reaper(const char *id, int kill_after_s) {
   int fd = open("/dev/null", O_RDWR);
   if (fd >= 0) dup2(fd, 0), dup2(fd, 1), dup2(fd, 2);
   char *show[] = {"scontrol", "-o", "show", "step", (char *)id, NULL};
-  for (int s = 0; s < kill_after_s; s++) {
-    sleep(1);
+  for (int t = 0; t < 2 * kill_after_s; t++) {
+    usleep(500000);
     if (run_quiet(show, 10) != 0) _exit(0); /* the step is gone */
   }
   char *kill9[] = {"scancel", "--quiet", "--signal=KILL", (char *)id, NULL};
