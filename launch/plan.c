@@ -29,16 +29,60 @@ static void json_str(char *out, size_t outlen, const char *s) {
   out[n] = 0;
 }
 
+/* A line is built with these appends and written with one fwrite: a million lines through
+ * printf's format parsing cost more than all of the planning. */
+typedef struct {
+  char buf[4096];
+  size_t n;
+} line_t;
+
+static void put_str(line_t *b, const char *s) {
+  size_t k = strlen(s);
+  if (k > sizeof b->buf - b->n - 1) k = sizeof b->buf - b->n - 1;
+  memcpy(b->buf + b->n, s, k);
+  b->n += k;
+}
+
+static void put_int(line_t *b, const char *key, long v) {
+  char tmp[24];
+  int k = sizeof tmp;
+  unsigned long u = v < 0 ? (unsigned long)-v : (unsigned long)v;
+  do tmp[--k] = (char)('0' + u % 10);
+  while ((u /= 10) > 0);
+  if (v < 0) tmp[--k] = '-';
+  put_str(b, key);
+  if (b->n + (sizeof tmp - (size_t)k) < sizeof b->buf) {
+    memcpy(b->buf + b->n, tmp + k, sizeof tmp - (size_t)k);
+    b->n += sizeof tmp - (size_t)k;
+  }
+}
+
 static void print_line(const launch_layout_t *l, int rank, int node, int local_rank, const char *host_json,
                        const launch_gpu_choice_t *c, const char *cpus) {
-  char ids[600], bus[80], cpu[2 * LAUNCH_CPULIST_LEN + 8], gpu[16] = "null";
-  if (c->count > 0) snprintf(gpu, sizeof gpu, "%d", c->ordinal);
-  json_str(ids, sizeof ids, c->count > 0 ? c->ids : NULL);
-  json_str(bus, sizeof bus, c->bus_id[0] ? c->bus_id : NULL);
-  json_str(cpu, sizeof cpu, cpus);
-  printf("{\"rank\":%d,\"size\":%d,\"local_rank\":%d,\"local_size\":%d,\"node\":%d,\"nodes\":%d,\"hostname\":%s,"
-         "\"gpu\":%s,\"gpu_ids\":%s,\"gpu_bus_id\":%s,\"cpuset\":%s}\n",
-         rank, l->size, local_rank, l->tpn[node], node, l->nnodes, host_json, gpu, ids, bus, cpu);
+  char str[2 * LAUNCH_CPULIST_LEN + 8];
+  line_t b;
+  b.n = 0;
+  put_int(&b, "{\"rank\":", rank);
+  put_int(&b, ",\"size\":", l->size);
+  put_int(&b, ",\"local_rank\":", local_rank);
+  put_int(&b, ",\"local_size\":", l->tpn[node]);
+  put_int(&b, ",\"node\":", node);
+  put_int(&b, ",\"nodes\":", l->nnodes);
+  put_str(&b, ",\"hostname\":");
+  put_str(&b, host_json);
+  if (c->count > 0) put_int(&b, ",\"gpu\":", c->ordinal);
+  else put_str(&b, ",\"gpu\":null");
+  json_str(str, sizeof str, c->count > 0 ? c->ids : NULL);
+  put_str(&b, ",\"gpu_ids\":");
+  put_str(&b, str);
+  json_str(str, sizeof str, c->bus_id[0] ? c->bus_id : NULL);
+  put_str(&b, ",\"gpu_bus_id\":");
+  put_str(&b, str);
+  json_str(str, sizeof str, cpus);
+  put_str(&b, ",\"cpuset\":");
+  put_str(&b, str);
+  put_str(&b, "}\n");
+  fwrite(b.buf, 1, b.n, stdout);
 }
 
 /* First pass over the n local ranks of one node: each rank's GPU choice joins a new placement
