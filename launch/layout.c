@@ -299,7 +299,12 @@ int launch_layout_from_hosts(const launch_opts_t *o, launch_layout_t *l) {
   }
   long total = 0;
   for (size_t i = 0; i < nh; i++) total += slots[i];
-  int np = o->np ? o->np : (int)(total < LAUNCH_MAX_RANKS ? total : LAUNCH_MAX_RANKS), left = np;
+  if (!o->np && total > LAUNCH_MAX_RANKS) {
+    launch_error("-H offers %ld slots, more than the %d ranks launch starts at most: give -np N", total,
+                 LAUNCH_MAX_RANKS);
+    goto done;
+  }
+  int np = o->np ? o->np : (int)total, left = np;
   for (size_t i = 0; i < nh && left > 0; i++) {
     tpn[i] = slots[i] < left ? slots[i] : left;
     left -= tpn[i];

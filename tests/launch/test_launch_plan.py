@@ -214,6 +214,7 @@ CLI_ERRORS = [
     ("flag with a value", ["--dry-run=yes"], ["option --dry-run takes no value"]),
     ("empty value", ["--hosts=", "--dry-run"], ["option --hosts: the value is empty"]),
     ("bad -H", ["-H", "a:x", "--dry-run"], ["-H:", "slot count"]),
+    ("-H slots too many", ["-H", "a:1048576,b:1", "--dry-run"], ["-H offers 1048577 slots", "give -np N"]),
     ("no program", ["-np", "2"], ["no program given"]),
     ("missing program", ["-np", "2", "./no/such/prog"], ["program './no/such/prog' does not exist"]),
 ]
