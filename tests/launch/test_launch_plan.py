@@ -8,9 +8,11 @@ Environment: LAUNCH (the launch binary), TOPO_DIR (the XML topologies), PROBE_LA
 PROBE_ALLREDUCE (local case). The XML files come from topologies/gen_topologies.py: 2s-4gpu-alt
 (2 packages x 8 cores, GPUs 0..3 alternate packages), 2s4n-8gpu-alt (4 NUMA x 4 cores, GPU k on
 NUMA k%4), hgx-8gpu (8 NUMA x 4 cores, GPU pairs on NUMA 3,1,7,5), 2s-nogpu (2 x 4 cores)."""
+import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +22,13 @@ import time
 LAUNCH = os.environ["LAUNCH"]
 TOPO = os.environ["TOPO_DIR"]
 ERRORS = []
+
+
+def tmpdir():
+    """A temporary directory removed when the test exits (also when a check failed)."""
+    d = tempfile.mkdtemp(prefix="hora-launch-test-")
+    atexit.register(shutil.rmtree, d, True)
+    return d
 
 
 def check(cond, msg):
@@ -173,7 +182,7 @@ def case_errors():
                  step_env(0, 1, 0, 0, "n1", "1"), "--bind gpu")
     expect_error("bad gpu list", ["--dry-run"] + xml, step_env(0, 1, 0, 0, "n1", "1", {"SLURM_STEP_GPUS": "0,,1"}),
                  "SLURM_STEP_GPUS is malformed")
-    d = tempfile.mkdtemp()
+    d = tmpdir()
     marker = os.path.join(d, "started")
     prog = os.path.join(d, "prog.sh")
     with open(prog, "w") as f:
@@ -301,7 +310,7 @@ def case_run():
     check(rc == 5 and so == "[0] out\n[0] tail\n" and "[0] err\n" in se, f"exit/tagging: rc={rc} {so!r} {se!r}")
     rc, so, se = run(["--no-tag-output", "sh", "-c", "echo plain"], env)
     check(rc == 0 and so == "plain\n", f"--no-tag-output: {so!r}")
-    d = tempfile.mkdtemp()
+    d = tmpdir()
     rc, so, se = run(["--output-dir", d, "sh", "-c", "echo a; echo b >&2"], env)
     text = open(os.path.join(d, "rank.0.log")).read() if os.path.exists(os.path.join(d, "rank.0.log")) else ""
     check(rc == 0 and so == "" and sorted(text.split()) == ["a", "b"], f"--output-dir: {rc} {so!r} {text!r}")
