@@ -288,6 +288,48 @@ echo "== segv rc=$rc ms=$(( $(ms) - t0 )) left=$(settle segv)"
         check(m.group(3) == "0", f"SIGSEGV: {m.group(3)} process(es) left")
     check(re.search(r"launch: rank 1 \(node n1\): \S+prog.sh killed by signal 11 \(Segmentation fault\); ending step",
                     text) is not None, "SIGSEGV: no line naming rank 1, node n1 and signal 11")
+    kill_hora()
+
+
+def kill_hora():
+    """The same with a real hora training loop (ckpt_probe: allreduce every 50 ms, SIGTERM means
+    "checkpoint and stop", which cannot finish with a rank gone): kill -9 of rank 2 mid-run."""
+    L, C = os.environ["LAUNCH"], os.environ["CKPT_PROBE"]
+    rc, text, dt = sbatch(f"""
+ms() {{ echo $(( $(date +%s%N) / 1000000 )); }}
+alive() {{
+  local s
+  s=$(sed 's/^.*) //' /proc/$1/stat 2>/dev/null | cut -d' ' -f1)
+  [ -n "$s" ] && [ "$s" != Z ] && [ "$s" != X ]
+}}
+left() {{ n=0; for p in $(pgrep -f "$PWD/persist"); do alive $p && n=$((n+1)); done; echo $n; }}
+mkdir -p persist local
+export SLURM_TMPDIR=$PWD/local  # hora's node-local checkpoint directory: here, not in /tmp
+srun --mpi=pmix {L} -- {C} $PWD/persist 100000 > run.out 2>&1 &
+for i in $(seq 1200); do grep -q PROGRESS run.out && break; sleep 0.1; done
+victim=
+for p in $(pgrep -f "^{C} $PWD/persist"); do
+  tr '\\0' '\\n' < /proc/$p/environ | grep -qx HORA_RANK=2 && victim=$p
+done
+t0=$(ms)
+kill -9 $victim
+wait $!
+rc=$?
+ms=$(( $(ms) - t0 ))
+for i in $(seq 50); do [ $(left) = 0 ] && break; sleep 0.1; done
+cat run.out
+echo "== hora victim=$victim rc=$rc ms=$ms left=$(left)"
+""", ["-N2", "--ntasks-per-node=2"], timeout=150)
+    check(dt < 90, f"hora job took {dt:.0f} s")
+    m = re.search(r"== hora victim=(\d*) rc=(\d+) ms=(\d+) left=(\d+)", text)
+    check(m is not None and m.group(1) != "", f"hora: no result or no rank 2 found: {m and m.groups()}")
+    if m and m.group(1):
+        print(f"kill -9 of a hora rank: the step ended {int(m.group(3)) / 1000:.1f} s later")
+        check(m.group(2) != "0", "hora: srun exited 0")
+        check(int(m.group(3)) < 60000, f"hora: the step took {m.group(3)} ms to end, want < 60 s")
+        check(m.group(4) == "0", f"hora: {m.group(4)} process(es) left")
+    check(re.search(r"launch: rank 2 \(node n2\): \S+ckpt_probe killed by signal 9 \(Killed\); ending step", text)
+          is not None, "hora: no line naming rank 2, node n2 and signal 9")
 
 
 def main():
