@@ -125,7 +125,7 @@ static int one_opt(int argc, char **argv, int *i, launch_opts_t *o) {
   else nl = strlen(a);
   snprintf(name, sizeof name, "%.*s", (int)(nl < sizeof name ? nl : sizeof name - 1), a);
   if (strcmp(name, "-h") == 0 || strcmp(name, "--help") == 0 || strcmp(name, "--version") == 0) {
-    if (name[2] == 'v') printf("launch (hora) %s\n", LAUNCH_VERSION);
+    if (strcmp(name, "--version") == 0) printf("launch (hora) %s\n", LAUNCH_VERSION);
     else usage(stdout);
     return 1;
   }
