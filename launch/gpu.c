@@ -50,7 +50,33 @@ static int nvml_load(void) {
   return 1;
 }
 
+/* NVML answers by ioctl: a plan of many ranks asks about the same few GPUs again and again, so
+ * the answers (and failures) are kept per key. */
+#define NVML_CACHE 64
+static struct {
+  char key[64], bus_id[32];
+  int rc;
+} nvml_cache[NVML_CACHE];
+static int nvml_ncache;
+
+static int nvml_bus_id_uncached(const char *key, char *out, size_t outlen);
+
 static int nvml_bus_id(const char *key, char *out, size_t outlen) {
+  for (int i = 0; i < nvml_ncache; i++)
+    if (strcmp(nvml_cache[i].key, key) == 0) {
+      if (nvml_cache[i].rc == 0) snprintf(out, outlen, "%s", nvml_cache[i].bus_id);
+      return nvml_cache[i].rc;
+    }
+  int rc = nvml_bus_id_uncached(key, out, outlen);
+  if (nvml_ncache < NVML_CACHE && strlen(key) < sizeof nvml_cache[0].key) {
+    snprintf(nvml_cache[nvml_ncache].key, sizeof nvml_cache[0].key, "%s", key);
+    if (rc == 0) snprintf(nvml_cache[nvml_ncache].bus_id, sizeof nvml_cache[0].bus_id, "%s", out);
+    nvml_cache[nvml_ncache++].rc = rc;
+  }
+  return rc;
+}
+
+static int nvml_bus_id_uncached(const char *key, char *out, size_t outlen) {
   void *dev = NULL;
   int k;
   if (launch_parse_uint(key, 1 << 16, &k) == 0) {

@@ -1,13 +1,18 @@
 /* launch: start a hora program with the right layout, GPU and CPU binding (docs/launch.md).
  *
- * Modules:
- *   parse.c   text formats (hostlist, tasks-per-node, GPU lists, -H)
+ * Modules, each using only those above it:
+ *   log.c     messages ("launch: error: ..."); includes nothing of launch's
+ *   parse.c   text formats (hostlist, tasks-per-node, GPU lists, -H, numbers); pure
  *   layout.c  where this rank sits: from an srun step's SLURM_* variables, from mpirun's
  *             OMPI_COMM_WORLD_* variables, or planned (dry run / allocation / local mode)
  *   gpu.c     the node's GPU list, this rank's GPU, PCI bus ids (NVML through dlopen, else hwloc)
  *   place.c   the CPU set of every local rank (hwloc), and binding
  *   run.c     fork/exec of the program, output tagging, signal forwarding, exit status
- *   main.c    options and the three modes (step, allocation, local)
+ *   plan.c    a node's plan (GPU + CPU set of its local ranks, linear in ranks), dry-run lines
+ *   opts.c    the command line
+ *   step.c    step mode's run: export HORA_*, bind, run, end the step when the program fails
+ *   main.c    the three modes (step, allocation, local) through one plan -> dry-run -> check ->
+ *             run path
  *
  * Errors: every function that can fail returns -1 after printing one "launch: error: ..." line
  * (launch_error) that names the bad input and what to do; main then exits with status 2 (usage
@@ -16,6 +21,7 @@
 #define LAUNCH_H
 #include <stddef.h>
 
+#include "log.h"
 #include "parse.h"
 
 #define LAUNCH_EXIT_SETUP 2 /* launch itself failed before the program started */
@@ -23,6 +29,10 @@
  * a requeue. Every rank decided that together (hora_should_stop), so it is no failure: launch
  * does not cancel the step, which would kill ranks still flushing their checkpoint. */
 #define LAUNCH_EXIT_REQUEUE 3
+/* Upper bound of -np (documented in docs/launch.md): the same as a hostlist's names. */
+#define LAUNCH_MAX_RANKS LAUNCH_MAX_NAMES
+/* Default of --kill-after: seconds between ending a failed step with SIGTERM and with SIGKILL. */
+#define LAUNCH_KILL_AFTER_S 10
 
 typedef enum { LAUNCH_BIND_AUTO = 0, LAUNCH_BIND_NONE, LAUNCH_BIND_CORES, LAUNCH_BIND_GPU } launch_bind_t;
 
@@ -40,6 +50,7 @@ typedef struct {
   int narrow_visible;     /* --narrow-visible-devices */
   int allow_no_pmi;       /* --allow-no-pmi */
   int use_mpirun;         /* --mpirun: local mode even inside a Slurm allocation */
+  int kill_after_s;       /* --kill-after: SIGTERM to SIGKILL when a rank fails (step mode) */
   int verbose;            /* -v */
   int mpirun_child;       /* internal: started by launch's own mpirun */
   const char *child_tpn;  /* internal: tasks per host of that mpirun */
@@ -57,15 +68,21 @@ typedef struct {
   char **node_names; /* nnodes names (Slurm node names, or -H hosts) */
   int *tpn;          /* nnodes task counts */
   const char *hostname_env; /* this rank's node name as Slurm says it (SLURMD_NODENAME) */
+  long slots;        /* local mode: the task slots the hosts offer (more ranks: oversubscribed) */
 } launch_layout_t;
 
-void launch_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void launch_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void launch_info(const launch_opts_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* opts.c: parses argv into o. Returns 0, 1 when launch should exit 0 (--help, --version
+ * printed), or -1 after printing one error line (exit 2). */
+int launch_opts_parse(int argc, char **argv, launch_opts_t *o);
 
 /* layout.c */
 int launch_layout_from_step(const launch_opts_t *o, launch_layout_t *l);
 int launch_layout_from_mpirun(const launch_opts_t *o, launch_layout_t *l);
+/* Allocation mode: -np (else SLURM_NTASKS) ranks over SLURM_JOB_NODELIST, following
+ * SLURM_TASKS_PER_NODE when it adds up to them. */
+int launch_layout_from_alloc(const launch_opts_t *o, launch_layout_t *l);
+/* Local mode: -H's hosts and slots, else this host. */
+int launch_layout_from_hosts(const launch_opts_t *o, launch_layout_t *l);
 /* Block layout of `np` ranks over the given nodes (tpn may be NULL: spread evenly, earlier
  * nodes take the remainder). */
 int launch_layout_plan(int np, char **names, size_t nnodes, const int *tpn, launch_layout_t *l);
@@ -113,10 +130,16 @@ void launch_topo_free(launch_topo_t *t);
 int launch_topo_gpu_count(launch_topo_t *t);
 int launch_topo_gpu_bus_id(launch_topo_t *t, int k, char *out, size_t outlen);
 int launch_topo_is_this_system(launch_topo_t *t);
-/* CPU sets (hwloc list strings, e.g. "0-3,8") of all local ranks of one node, given each
- * local rank's GPU bus id ("" for none). out[i] has outlen bytes. */
-int launch_place(const launch_opts_t *o, launch_topo_t *t, int local_size, char **bus_ids,
-                 char **out, size_t outlen);
+/* CPU sets of the local ranks of one node, in time and memory linear in the ranks:
+ *   launch_place_new, then launch_place_add for local ranks 0, 1, ... in order (each with its
+ *   GPU's bus id, "" or NULL for none: *group and *index say which CPU group the rank joined
+ *   and its position in it), then launch_place_cpus for any rank, once every rank was added:
+ *   its CPU list as an hwloc list string ("0-3,8") in out (outlen bytes). */
+typedef struct launch_place launch_place_t;
+int launch_place_new(const launch_opts_t *o, launch_topo_t *t, launch_place_t **p);
+int launch_place_add(launch_place_t *p, int local_rank, const char *bus_id, int *group, int *index);
+int launch_place_cpus(launch_place_t *p, int group, int index, int local_rank, char *out, size_t outlen);
+void launch_place_free(launch_place_t *p);
 /* Binds the calling process to the CPU list (before exec). */
 int launch_bind(launch_topo_t *t, const char *cpulist);
 
@@ -131,11 +154,34 @@ typedef struct {
   int first_failure;       /* out (watch): status in the first "launch: rank R ... exited with
                               status S" or "killed by signal K" line (128+K), -1 when none */
   int signaled;            /* out: the signal that killed the program, 0 when it exited */
+  int parent_signal;       /* out: the last forwardable signal launch's parent sent it, 0: none */
 } launch_run_t;
-/* Runs prog (already bound, environment set), forwards SIGTERM/SIGUSR1/SIGUSR2/SIGINT/SIGHUP,
- * tags or redirects its output, and returns its exit status (128+signal when killed). */
+/* Runs prog (already bound, environment set), forwards SIGTERM/SIGUSR1/SIGUSR2/SIGINT/SIGHUP/
+ * SIGQUIT, tags or redirects its output, and returns its exit status (128+signal when killed),
+ * or -1 after an error line when the program could not be started (output file, pipe, fork). */
 int launch_run(launch_run_t *r, char **prog);
-/* Execs prog (argv) after checking it exists and is executable; returns -1 with a message
- * when it cannot. */
+/* Checks that prog exists and is executable (in PATH when it has no '/'); returns -1 with a
+ * message when it is not. */
 int launch_check_program(const char *prog);
+
+/* plan.c: this rank's plan (step mode), kept for the run: topology, GPU list, choice, CPUs. */
+#define LAUNCH_CPULIST_LEN 1024
+typedef struct {
+  launch_topo_t *topo;
+  launch_gpus_t gpus;
+  launch_gpu_choice_t gpu;
+  char cpus[LAUNCH_CPULIST_LEN];
+} launch_rank_plan_t;
+/* Plans local rank l->local_rank of l's node (every local rank of the node is planned to split
+ * the CPUs). On error p holds nothing to free. */
+int launch_plan_rank(const launch_opts_t *o, const launch_layout_t *l, launch_rank_plan_t *p);
+void launch_rank_plan_free(launch_rank_plan_t *p);
+/* Prints the dry-run line of this rank (step mode), or of every rank of a planned layout
+ * (allocation and local modes, every node assumed to look like this one). */
+void launch_plan_print_rank(const launch_layout_t *l, const launch_rank_plan_t *p);
+int launch_plan_print_all(const launch_opts_t *o, const launch_layout_t *l);
+
+/* step.c: runs the program of this rank (step mode) with p's GPU and CPUs; returns launch's
+ * exit status. `slurm_step`: 1 inside srun, 0 under launch's own mpirun. */
+int launch_step_run(const launch_opts_t *o, const launch_layout_t *l, launch_rank_plan_t *p, int slurm_step);
 #endif

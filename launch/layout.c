@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "launch.h"
 
@@ -217,4 +218,103 @@ int launch_check_pmi(const launch_opts_t *o) {
                "starts srun itself. The program was not started.",
                mt && *mt ? mt : "(unset)", getenv("SLURM_NTASKS") ? getenv("SLURM_NTASKS") : "step's");
   return -1;
+}
+
+int launch_layout_from_alloc(const launch_opts_t *o, launch_layout_t *l) {
+  memset(l, 0, sizeof(*l));
+  char err[256];
+  const char *nl = getenv("SLURM_JOB_NODELIST");
+  if (!nl || !*nl) nl = getenv("SLURM_NODELIST");
+  if (!nl || !*nl) {
+    launch_error("SLURM_JOB_ID is set but SLURM_JOB_NODELIST is not");
+    return -1;
+  }
+  char **names = NULL;
+  size_t nn = 0, ntpn = 0;
+  int *tpn = NULL, ntasks = 0, np = o->np, rc = -1;
+  if (launch_hostlist_expand(nl, &names, &nn, err, sizeof err) != 0) {
+    launch_error("SLURM_JOB_NODELIST is malformed: %s", err);
+    return -1;
+  }
+  const char *nt = getenv("SLURM_NTASKS"), *ts = getenv("SLURM_TASKS_PER_NODE");
+  if (nt && *nt && launch_parse_uint(nt, LAUNCH_MAX_RANKS, &ntasks) != 0) {
+    launch_error("SLURM_NTASKS='%s' is not a number of tasks (0..%d)", nt, LAUNCH_MAX_RANKS);
+    goto done;
+  }
+  if (!np) np = ntasks;
+  if (!np) {
+    launch_error("give -np N: the allocation does not say how many tasks to start (SLURM_NTASKS is unset)");
+    goto done;
+  }
+  if (ntasks && np > ntasks) {
+    launch_error("-np %d is more than the %d tasks of this allocation (SLURM_NTASKS): srun would "
+                 "wait for resources that never come; ask sbatch for --ntasks=%d", np, ntasks, np);
+    goto done;
+  }
+  /* The allocation's own spread when it adds up to np, else an even spread. */
+  if (ts && *ts) {
+    if (launch_tasks_per_node_parse(ts, &tpn, &ntpn, err, sizeof err) != 0) {
+      launch_error("SLURM_TASKS_PER_NODE is malformed: %s", err);
+      goto done;
+    }
+    long sum = 0;
+    for (size_t i = 0; i < ntpn; i++) sum += tpn[i];
+    if (ntpn != nn || sum != np) {
+      free(tpn);
+      tpn = NULL;
+    }
+  }
+  rc = launch_layout_plan(np, names, nn, tpn, l);
+done:
+  free(tpn);
+  launch_strv_free(names, nn);
+  return rc;
+}
+
+/* Local mode: -H's hosts and slots, else this host with one slot per rank. The ranks fill the
+ * slots in order; ranks beyond them go round-robin (oversubscribed). */
+int launch_layout_from_hosts(const launch_opts_t *o, launch_layout_t *l) {
+  memset(l, 0, sizeof(*l));
+  char err[256], host[256];
+  char **hosts = NULL;
+  int *slots = NULL, *tpn = NULL, rc = -1;
+  size_t nh = 0;
+  if (o->hosts) {
+    if (launch_hosts_parse(o->hosts, &hosts, &slots, &nh, err, sizeof err) != 0) {
+      launch_error("-H: %s", err);
+      return -1;
+    }
+  } else {
+    if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "localhost");
+    host[sizeof host - 1] = 0;
+    nh = 1;
+    hosts = calloc(1, sizeof(char *));
+    slots = calloc(1, sizeof(int));
+    if (hosts && (hosts[0] = strdup(host)) && slots) slots[0] = o->np ? o->np : 1;
+  }
+  if (hosts && hosts[0] && slots) tpn = calloc(nh, sizeof(int));
+  if (!tpn) {
+    launch_error("out of memory");
+    goto done;
+  }
+  long total = 0;
+  for (size_t i = 0; i < nh; i++) total += slots[i];
+  if (!o->np && total > LAUNCH_MAX_RANKS) {
+    launch_error("-H offers %ld slots, more than the %d ranks launch starts at most: give -np N", total,
+                 LAUNCH_MAX_RANKS);
+    goto done;
+  }
+  int np = o->np ? o->np : (int)total, left = np;
+  for (size_t i = 0; i < nh && left > 0; i++) {
+    tpn[i] = slots[i] < left ? slots[i] : left;
+    left -= tpn[i];
+  }
+  for (size_t i = 0; left > 0; i = (i + 1) % nh, left--) tpn[i]++;
+  rc = launch_layout_plan(np, hosts, nh, tpn, l);
+  l->slots = total;
+done:
+  free(tpn);
+  free(slots);
+  launch_strv_free(hosts, nh);
+  return rc;
 }

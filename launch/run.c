@@ -21,13 +21,17 @@
 #include "launch.h"
 
 static volatile sig_atomic_t g_child = 0;
+static volatile sig_atomic_t g_parent_signal = 0;
 static pid_t g_parent = 0;
 static int g_forward_from_parent = 1;
 
 static void on_signal(int sig, siginfo_t *si, void *uc) {
   (void)uc;
+  if (si && si->si_code == SI_USER && si->si_pid == g_parent) {
+    g_parent_signal = sig;
+    if (!g_forward_from_parent) return;
+  }
   if (g_child <= 0) return;
-  if (!g_forward_from_parent && si && si->si_code == SI_USER && si->si_pid == g_parent) return;
   kill((pid_t)g_child, sig);
 }
 
@@ -88,7 +92,7 @@ static void write_all(int fd, const char *p, size_t n) {
   }
 }
 
-/* The line every failing rank's launch prints (see main.c): "launch: rank R (node N): P exited
+/* The line every failing rank's launch prints (see step.c): "launch: rank R (node N): P exited
  * with status S". */
 static void scan_failure(const char *line, size_t n, int *status) {
   char buf[1024];
@@ -138,27 +142,66 @@ static int pump(stream_t *s, const char *prefix) {
   return 1;
 }
 
+/* Relays the program's output until it exited and its pipes are drained (or held open by a
+ * grandchild after it exited); returns its wait status. */
+static int relay(pid_t pid, stream_t *st, int open_streams, const char *pfx) {
+  int status = 0, exited = 0;
+  double drain_polls = 0;
+  while (!exited || open_streams > 0) {
+    if (!exited && waitpid(pid, &status, WNOHANG) == pid) exited = 1;
+    if (open_streams == 0) {
+      if (!exited && waitpid(pid, &status, 0) == pid) exited = 1;
+      continue;
+    }
+    struct pollfd pf[2];
+    int n = 0;
+    for (int i = 0; i < 2; i++)
+      if (st[i].fd >= 0) pf[n++] = (struct pollfd){.fd = st[i].fd, .events = POLLIN};
+    int pr = poll(pf, (nfds_t)n, exited ? 50 : 100);
+    if (pr == 0 && exited && ++drain_polls >= 4) break; /* a grandchild holds the pipe open */
+    for (int k = 0; k < n; k++) {
+      if (!(pf[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      stream_t *s = st[0].fd == pf[k].fd ? &st[0] : &st[1];
+      if (!pump(s, pfx)) {
+        close(s->fd);
+        s->fd = -1;
+        open_streams--;
+      }
+    }
+  }
+  for (int i = 0; i < 2; i++)
+    if (st[i].fd >= 0) {
+      emit(&st[i], pfx, 1);
+      close(st[i].fd);
+    }
+  return status;
+}
+
+/* --output-dir: DIR/rank.R.log opened for appending; -1 after an error line. */
+static int open_output(const launch_run_t *r) {
+  if (mkdir(r->output_dir, 0777) != 0 && errno != EEXIST) {
+    launch_error("cannot create --output-dir %s: %s", r->output_dir, strerror(errno));
+    return -1;
+  }
+  char path[4096];
+  snprintf(path, sizeof path, "%s/rank.%d.log", r->output_dir, r->rank);
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) launch_error("cannot open %s: %s", path, strerror(errno));
+  return fd;
+}
+
 int launch_run(launch_run_t *r, char **prog) {
   int capture = r->tag_output || r->output_dir || r->watch;
   r->first_failure = -1;
   r->signaled = 0;
+  r->parent_signal = 0;
+  g_parent_signal = 0;
   int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1}, file_fd = -1;
-  if (r->output_dir) {
-    if (mkdir(r->output_dir, 0777) != 0 && errno != EEXIST) {
-      launch_error("cannot create --output-dir %s: %s", r->output_dir, strerror(errno));
-      return LAUNCH_EXIT_SETUP;
-    }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/rank.%d.log", r->output_dir, r->rank);
-    file_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (file_fd < 0) {
-      launch_error("cannot open %s: %s", path, strerror(errno));
-      return LAUNCH_EXIT_SETUP;
-    }
-  }
+  if (r->output_dir && (file_fd = open_output(r)) < 0) return -1;
   if (capture && (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0)) {
     launch_error("pipe: %s", strerror(errno));
-    return LAUNCH_EXIT_SETUP;
+    if (file_fd >= 0) close(file_fd);
+    return -1;
   }
   g_parent = getppid();
   g_forward_from_parent = r->forward_from_parent;
@@ -178,7 +221,7 @@ int launch_run(launch_run_t *r, char **prog) {
   if (pid < 0) {
     sigprocmask(SIG_SETMASK, &old, NULL);
     launch_error("fork: %s", strerror(errno));
-    return LAUNCH_EXIT_SETUP;
+    return -1;
   }
   if (pid == 0) {
     struct sigaction dfl;
@@ -200,7 +243,7 @@ int launch_run(launch_run_t *r, char **prog) {
   char prefix[32];
   snprintf(prefix, sizeof prefix, "[%d] ", r->rank);
   const char *pfx = r->output_dir || r->watch ? NULL : (r->tag_output ? prefix : NULL);
-  stream_t st[2];
+  stream_t st[2] = {{.fd = -1}, {.fd = -1}};
   int open_streams = 0;
   if (capture) {
     close(out_pipe[1]);
@@ -215,40 +258,10 @@ int launch_run(launch_run_t *r, char **prog) {
       st[1].watch = &r->first_failure;
     }
   }
-  int status = 0, exited = 0;
-  double drain_polls = 0;
-  while (!exited || open_streams > 0) {
-    if (!exited) {
-      pid_t w = waitpid(pid, &status, WNOHANG);
-      if (w == pid) exited = 1;
-    }
-    if (open_streams == 0) {
-      if (!exited && waitpid(pid, &status, 0) == pid) exited = 1;
-      continue;
-    }
-    struct pollfd pf[2];
-    int n = 0;
-    for (int i = 0; i < 2; i++)
-      if (st[i].fd >= 0) pf[n++] = (struct pollfd){.fd = st[i].fd, .events = POLLIN};
-    int pr = poll(pf, (nfds_t)n, exited ? 50 : 100);
-    if (pr == 0 && exited && ++drain_polls >= 4) break; /* a grandchild holds the pipe open */
-    for (int k = 0; k < n; k++) {
-      if (!(pf[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      stream_t *s = st[0].fd == pf[k].fd ? &st[0] : &st[1];
-      if (!pump(s, pfx)) {
-        close(s->fd);
-        s->fd = -1;
-        open_streams--;
-      }
-    }
-  }
-  for (int i = 0; capture && i < 2; i++)
-    if (st[i].fd >= 0) {
-      emit(&st[i], pfx, 1);
-      close(st[i].fd);
-    }
+  int status = relay(pid, st, open_streams, pfx);
   if (file_fd >= 0) close(file_fd);
   g_child = 0;
+  r->parent_signal = g_parent_signal;
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);

@@ -2,15 +2,17 @@
 """launch without a cluster: placement plans (--dry-run) on hwloc XML topologies, errors, and the
 process side (environment, binding, output, exit status, signals) with an emulated srun step.
 
-    test_launch_plan.py plan|errors|run|local
+    test_launch_plan.py plan|errors|cli|run|local
 
 Environment: LAUNCH (the launch binary), TOPO_DIR (the XML topologies), PROBE_LAYOUT,
 PROBE_ALLREDUCE (local case). The XML files come from topologies/gen_topologies.py: 2s-4gpu-alt
 (2 packages x 8 cores, GPUs 0..3 alternate packages), 2s4n-8gpu-alt (4 NUMA x 4 cores, GPU k on
 NUMA k%4), hgx-8gpu (8 NUMA x 4 cores, GPU pairs on NUMA 3,1,7,5), 2s-nogpu (2 x 4 cores)."""
+import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +22,13 @@ import time
 LAUNCH = os.environ["LAUNCH"]
 TOPO = os.environ["TOPO_DIR"]
 ERRORS = []
+
+
+def tmpdir():
+    """A temporary directory removed when the test exits (also when a check failed)."""
+    d = tempfile.mkdtemp(prefix="hora-launch-test-")
+    atexit.register(shutil.rmtree, d, True)
+    return d
 
 
 def check(cond, msg):
@@ -173,7 +182,7 @@ def case_errors():
                  step_env(0, 1, 0, 0, "n1", "1"), "--bind gpu")
     expect_error("bad gpu list", ["--dry-run"] + xml, step_env(0, 1, 0, 0, "n1", "1", {"SLURM_STEP_GPUS": "0,,1"}),
                  "SLURM_STEP_GPUS is malformed")
-    d = tempfile.mkdtemp()
+    d = tmpdir()
     marker = os.path.join(d, "started")
     prog = os.path.join(d, "prog.sh")
     with open(prog, "w") as f:
@@ -190,6 +199,91 @@ def case_errors():
     expect_error("bad -H", ["-H", "a:x", "--dry-run"], {"PATH": os.environ["PATH"]}, "slot count")
     expect_error("bad option", ["--frobnicate", "true"], {"PATH": os.environ["PATH"]}, "unknown option")
     expect_error("-np in a step", ["-np", "8", "true"], step_env(0, 2, 0, 0, "n1", "2"), "-np 8 inside an srun step of 2")
+
+# Bad command lines: each prints exactly one "launch: error: ..." line naming the problem and exits
+# 2, with nothing on stdout. (name, arguments, words the message must hold)
+CLI_ERRORS = [
+    ("unknown option", ["--frobnicate", "true"], ["unknown option '--frobnicate'"]),
+    ("unknown short option", ["-x", "true"], ["unknown option '-x'"]),
+    ("-H missing its value", ["-H", "--dry-run"], ["option -H needs a value", "'--dry-run' follows it"]),
+    ("--output-dir missing its value", ["--output-dir", "-v", "true"], ["option --output-dir needs a value"]),
+    ("-np at the end", ["-np"], ["option -np needs a value"]),
+    ("--topology at the end", ["--dry-run", "--topology"], ["option --topology needs a value"]),
+    ("-np not a number", ["-np", "abc", "--dry-run"], ["option -np: 'abc' is not a number"]),
+    ("-np negative", ["-np", "-4", "--dry-run"], ["option -np: '-4' is not a number"]),
+    ("-np with a unit", ["--np=4k", "--dry-run"], ["option --np: '4k' is not a number"]),
+    ("-np zero", ["-np", "0", "--dry-run"], ["option -np: 0 is out of range (1..1048576)"]),
+    ("-np too large", ["-np", "1048577", "--dry-run"], ["option -np: 1048577 is out of range (1..1048576)"]),
+    ("-np overflowing", ["-n", "99999999999999999999", "--dry-run"], ["option -n: 99999999999999999999 is out of range"]),
+    ("--gpus-per-rank not a number", ["--gpus-per-rank", "one", "--dry-run"], ["option --gpus-per-rank: 'one' is not a number"]),
+    ("--gpus-per-rank too large", ["--gpus-per-rank=5000", "--dry-run"], ["option --gpus-per-rank: 5000 is out of range (0..1024)"]),
+    ("--kill-after not a number", ["--kill-after", "1.5", "true"], ["option --kill-after: '1.5' is not a number"]),
+    ("--kill-after too large", ["--kill-after", "3601", "true"], ["option --kill-after: 3601 is out of range (0..3600)"]),
+    ("--bind bad", ["--bind", "sockets", "--dry-run"], ["option --bind: 'sockets' is not none, cores or gpu"]),
+    ("flag with a value", ["--dry-run=yes"], ["option --dry-run takes no value"]),
+    ("empty value", ["--hosts=", "--dry-run"], ["option --hosts: the value is empty"]),
+    ("bad -H", ["-H", "a:x", "--dry-run"], ["-H:", "slot count"]),
+    ("-H slots too many", ["-H", "a:1048576,b:1", "--dry-run"], ["-H offers 1048577 slots", "give -np N"]),
+    ("no program", ["-np", "2"], ["no program given"]),
+    ("missing program", ["-np", "2", "./no/such/prog"], ["program './no/such/prog' does not exist"]),
+]
+
+
+def local_env():
+    """This machine's environment without Slurm's or hora's variables: launch's local mode."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HORA_", "OMPI_COMM_WORLD"))}
+    return env
+
+
+def case_cli():
+    env = local_env()
+    for name, args, parts in CLI_ERRORS:
+        rc, so, se = run(args, dict(env))
+        lines = se.splitlines()
+        check(rc == 2, f"{name}: launch {' '.join(args)}: rc {rc}, want 2 ({se.strip()})")
+        check(len(lines) == 1 and lines[0].startswith("launch: error: "),
+              f"{name}: want one 'launch: error:' line, got {lines}")
+        for part in parts:
+            check(part in se, f"{name}: message lacks {part!r}: {se.strip()}")
+        check(so == "", f"{name}: printed something on stdout: {so[:200]!r}")
+    for args in (["--help"], ["-h"], ["--help", "--frobnicate"]):
+        rc, so, se = run(args, dict(env))
+        check(rc == 0 and so.startswith("usage: launch [options]") and "--kill-after" in so and se == "",
+              f"launch {' '.join(args)}: rc {rc}, stdout {so[:80]!r}, stderr {se!r}")
+    rc, so, se = run(["--version"], dict(env))
+    check(rc == 0 and re.match(r"^launch \(hora\) \d+\.\d+\.\d+\n$", so) is not None, f"--version: {rc} {so!r}")
+    # Planning is linear in ranks: a million ranks on one node (this machine), and on a node of
+    # 8 GPUs shared round-robin (the GPU path, one CPU group per NUMA node).
+    xml = os.path.join(TOPO, "2s4n-8gpu-alt.xml")
+    for label, args in (("this machine", []),
+                        ("8 GPUs shared", ["--topology", xml, "--gpus", "0-7", "--allow-gpu-sharing"])):
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            # CPU time is the cost of planning; wall time on a loaded 2-core machine is mostly
+            # waiting for a core, so it gets a looser bound. Quadratic planning took an hour.
+            t0 = time.monotonic()
+            p = subprocess.Popen([LAUNCH, "-np", "1000000", "--dry-run"] + args, env=dict(env), stdout=out, stderr=err)
+            _, status, ru = os.wait4(p.pid, 0)
+            dt, cpu = time.monotonic() - t0, ru.ru_utime + ru.ru_stime
+            rc = os.waitstatus_to_exitcode(status)
+            err.seek(0)
+            print(f"launch -np 1000000 --dry-run ({label}): {cpu:.2f} s CPU, {dt:.2f} s wall")
+            check(rc == 0, f"1M ranks ({label}): rc {rc}: {err.read()[-300:]}")
+            check(cpu < 5.0, f"1M ranks ({label}) took {cpu:.2f} s CPU, want < 5 s (planning must be linear in ranks)")
+            check(dt < 60.0, f"1M ranks ({label}) took {dt:.2f} s wall, want < 60 s")
+            out.seek(0)
+            data = out.read()
+            lines = data.count(b"\n")
+            check(lines == 1000000, f"1M ranks ({label}): {lines} plan lines")
+            last = json.loads(data[data.rstrip(b"\n").rfind(b"\n") + 1:])
+            check(last["rank"] == 999999 and last["local_rank"] == 999999 and last["size"] == 1000000,
+                  f"1M ranks ({label}): last line {last}")
+            if args:
+                # local rank 999999 takes GPU 999999 % 8 = 7 (NUMA 3: cores 12-15); the 125000 ranks
+                # of that NUMA node wrap round-robin over its 4 cores: index 124999 -> core 12 + 3.
+                check(last["gpu"] == 7 and last["cpuset"] == "15", f"1M ranks, 8 GPUs: last line {last}")
+            else:
+                n = len(os.sched_getaffinity(0))
+                check(last["cpuset"] != "", f"1M ranks: empty cpuset {last} ({n} CPUs)")
 
 
 def case_run():
@@ -216,7 +310,7 @@ def case_run():
     check(rc == 5 and so == "[0] out\n[0] tail\n" and "[0] err\n" in se, f"exit/tagging: rc={rc} {so!r} {se!r}")
     rc, so, se = run(["--no-tag-output", "sh", "-c", "echo plain"], env)
     check(rc == 0 and so == "plain\n", f"--no-tag-output: {so!r}")
-    d = tempfile.mkdtemp()
+    d = tmpdir()
     rc, so, se = run(["--output-dir", d, "sh", "-c", "echo a; echo b >&2"], env)
     text = open(os.path.join(d, "rank.0.log")).read() if os.path.exists(os.path.join(d, "rank.0.log")) else ""
     check(rc == 0 and so == "" and sorted(text.split()) == ["a", "b"], f"--output-dir: {rc} {so!r} {text!r}")
@@ -239,6 +333,53 @@ def case_run():
         out, err = p.communicate()
         check(False, "SIGUSR1 was not forwarded")
     check(p.returncode == 0 and "[0] got USR1" in out, f"forwarded USR1: rc={p.returncode} {out!r} {err!r}")
+
+
+def alive(pid):
+    """A process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def local_kill9(env):
+    """A rank's program dies by SIGKILL mid-run while its peers ignore SIGTERM (as ranks stuck in
+    a collective would): the job ends within seconds, with a line naming the rank, node and
+    signal, and no process left."""
+    with tempfile.TemporaryDirectory() as d:
+        prog = os.path.join(d, "prog.sh")
+        with open(prog, "w") as f:
+            f.write(f"#!/bin/bash\ntrap '' TERM\necho $$ > {d}/pid.$HORA_RANK\nexec sleep 300\n")
+        os.chmod(prog, 0o755)
+        p = subprocess.Popen([LAUNCH, "-np", "3", prog], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        files = [os.path.join(d, f"pid.{r}") for r in range(3)]
+        t0 = time.time()
+        while time.time() - t0 < 60 and not all(os.path.exists(f) and os.path.getsize(f) for f in files):
+            time.sleep(0.1)
+        pids = [int(open(f).read()) for f in files if os.path.exists(f) and os.path.getsize(f)]
+        check(len(pids) == 3, f"kill -9: {len(pids)} of 3 ranks started")
+        if len(pids) == 3:
+            t0 = time.time()
+            os.kill(pids[1], signal.SIGKILL)
+        try:
+            out, err = p.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            check(False, "kill -9 of rank 1: the job did not end within 90 s")
+        dt = time.time() - t0
+        print(f"kill -9 of rank 1 under launch's mpirun: the job ended in {dt:.1f} s")
+        check(p.returncode == 128 + 9, f"kill -9: launch exited {p.returncode}, want 137: {err[-500:]}")
+        check(re.search(r"launch: rank 1 \(node \S+\): \S+ killed by signal 9 \(Killed\)", err) is not None,
+              f"kill -9: no line naming rank 1, its node and the signal: {err[-500:]}")
+        check(dt < 30, f"kill -9: the job took {dt:.1f} s to end, want < 30 s")
+        left = [pid for pid in pids if alive(pid)]
+        check(not left, f"kill -9: processes left: {left}")
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
 
 
 def case_local():
@@ -265,6 +406,7 @@ def case_local():
     check(p.returncode == 7, f"local failure: rc {p.returncode}, want 7: {p.stderr[-500:]}")
     check(time.time() - t0 < 30, f"local failure took {time.time() - t0:.0f} s")
     check("launch: rank 1" in p.stderr, "no message naming the failed rank")
+    local_kill9(env)
     # hora_init through launch's mpirun: layout agrees with HORA_*, allreduce exact.
     p = subprocess.run([LAUNCH, "-np", "3", os.environ["PROBE_ALLREDUCE"]], env=env, capture_output=True, text=True,
                        timeout=120)
@@ -274,6 +416,6 @@ def case_local():
 
 if __name__ == "__main__":
     case = sys.argv[1]
-    {"plan": case_plan, "errors": case_errors, "run": case_run, "local": case_local}[case]()
+    {"plan": case_plan, "errors": case_errors, "cli": case_cli, "run": case_run, "local": case_local}[case]()
     print(f"test_launch_{case}: {'FAILED' if ERRORS else 'passed'} ({len(ERRORS)} errors)")
     sys.exit(1 if ERRORS else 0)

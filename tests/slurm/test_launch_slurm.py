@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """launch on the real test Slurm cluster (tests/slurm/cluster.sh): one sbatch job per case.
 
-    test_launch_slurm.py step|alloc|allreduce|errors
+    test_launch_slurm.py step|alloc|allreduce|errors|kill
 
 Environment (set by ctest): SLURM_CONF, CLUSTER_SH, LAUNCH, PROBE_LAYOUT, PROBE_ALLREDUCE,
 WORK_DIR. Exits 77 when the cluster is not running (it could not start here)."""
@@ -221,13 +221,124 @@ echo "== missing rc=$?"
     check("== gpus rc=2" in text and "--allow-gpu-sharing" in text, "2 ranks on 1 GPU: no clear error")
     check("== missing rc=2" in text and "program './no-such-program' does not exist" in text, "missing program: no clear error")
 
+def case_kill():
+    """A rank's program dies by a signal mid-run (kill -9 from outside, or its own SIGSEGV) while
+    the other ranks ignore SIGTERM (as ranks stuck in a collective would): the failing rank's
+    launch names the rank, node and signal and ends the step on both nodes (SIGTERM, SIGKILL
+    --kill-after seconds later); the job ends within 60 s with no process left."""
+    L = os.environ["LAUNCH"]
+    rc, text, dt = sbatch(f"""
+cat > prog.sh <<'EOS'
+#!/bin/bash
+trap '' TERM
+echo $$ > pid.$1.$HORA_RANK
+if [ "$1" = segv ] && [ "$HORA_RANK" = 1 ]; then
+  while [ $(ls pid.segv.* | wc -l) -lt 4 ]; do sleep 0.1; done
+  kill -SEGV $$
+fi
+exec sleep 300
+EOS
+chmod +x prog.sh
+ms() {{ echo $(( $(date +%s%N) / 1000000 )); }}
+alive() {{  # a process that exists and is not a zombie (killed ranks' zombies wait for init)
+  local s
+  s=$(sed 's/^.*) //' /proc/$1/stat 2>/dev/null | cut -d' ' -f1)
+  [ -n "$s" ] && [ "$s" != Z ] && [ "$s" != X ]
+}}
+left() {{  # the ranks' programs, launch processes, and anything else still running prog.sh
+  n=0
+  for f in pid.$1.*; do alive $(cat $f) && n=$((n+1)); done
+  for p in $(pgrep -f "prog.sh $1"); do alive $p && n=$((n+1)); done
+  echo $n
+}}
+settle() {{  # launch's SIGKILL helper exits just after the step (at once on cgroup clusters): 5 s
+  for i in $(seq 50); do [ $(left $1) = 0 ] && break; sleep 0.1; done
+  [ $(left $1) = 0 ] || ps -o pid,ppid,stat,cmd -p $(pgrep -d, -f "prog.sh $1") >&2
+  left $1
+}}
+srun --mpi=pmix {L} --allow-no-pmi --kill-after 5 -- $PWD/prog.sh kill &
+for i in $(seq 600); do [ $(ls pid.kill.* 2>/dev/null | wc -l) = 4 ] && break; sleep 0.1; done
+sleep 1
+t0=$(ms)
+kill -9 $(cat pid.kill.2)
+wait $!
+rc=$?
+echo "== kill rc=$rc ms=$(( $(ms) - t0 )) left=$(settle kill)"
+t0=$(ms)
+srun --mpi=pmix {L} --allow-no-pmi -- $PWD/prog.sh segv
+rc=$?
+echo "== segv rc=$rc ms=$(( $(ms) - t0 )) left=$(settle segv)"
+""", ["-N2", "--ntasks-per-node=2"], timeout=150)
+    check(dt < 60, f"the job took {dt:.0f} s, want < 60 s")
+    m = re.search(r"== kill rc=(\d+) ms=(\d+) left=(\d+)", text)
+    check(m is not None, "no result of the kill -9 run")
+    if m:
+        print(f"kill -9 of rank 2: the step ended {int(m.group(2)) / 1000:.1f} s later (--kill-after 5)")
+        check(m.group(1) != "0", "kill -9: srun exited 0")
+        check(int(m.group(2)) < 30000, f"kill -9: the step took {m.group(2)} ms to end, want < 30 s")
+        check(m.group(3) == "0", f"kill -9: {m.group(3)} process(es) left")
+    check(re.search(r"launch: rank 2 \(node n2\): \S+prog.sh killed by signal 9 \(Killed\); ending step \d+\.\d+ "
+                    r"on every node", text) is not None, "kill -9: no line naming rank 2, node n2 and signal 9")
+    m = re.search(r"== segv rc=(\d+) ms=(\d+) left=(\d+)", text)
+    check(m is not None, "no result of the SIGSEGV run")
+    if m:
+        print(f"SIGSEGV of rank 1: the step ended {int(m.group(2)) / 1000:.1f} s after it started (default --kill-after)")
+        check(m.group(1) != "0", "SIGSEGV: srun exited 0")
+        check(int(m.group(2)) < 40000, f"SIGSEGV: the step took {m.group(2)} ms, want < 40 s")
+        check(m.group(3) == "0", f"SIGSEGV: {m.group(3)} process(es) left")
+    check(re.search(r"launch: rank 1 \(node n1\): \S+prog.sh killed by signal 11 \(Segmentation fault\); ending step",
+                    text) is not None, "SIGSEGV: no line naming rank 1, node n1 and signal 11")
+    kill_hora()
+
+
+def kill_hora():
+    """The same with a real hora training loop (ckpt_probe: allreduce every 50 ms, SIGTERM means
+    "checkpoint and stop", which cannot finish with a rank gone): kill -9 of rank 2 mid-run."""
+    L, C = os.environ["LAUNCH"], os.environ["CKPT_PROBE"]
+    rc, text, dt = sbatch(f"""
+ms() {{ echo $(( $(date +%s%N) / 1000000 )); }}
+alive() {{
+  local s
+  s=$(sed 's/^.*) //' /proc/$1/stat 2>/dev/null | cut -d' ' -f1)
+  [ -n "$s" ] && [ "$s" != Z ] && [ "$s" != X ]
+}}
+left() {{ n=0; for p in $(pgrep -f "$PWD/persist"); do alive $p && n=$((n+1)); done; echo $n; }}
+mkdir -p persist local
+export SLURM_TMPDIR=$PWD/local  # hora's node-local checkpoint directory: here, not in /tmp
+srun --mpi=pmix {L} -- {C} $PWD/persist 100000 > run.out 2>&1 &
+for i in $(seq 1200); do grep -q PROGRESS run.out && break; sleep 0.1; done
+victim=
+for p in $(pgrep -f "^{C} $PWD/persist"); do
+  tr '\\0' '\\n' < /proc/$p/environ | grep -qx HORA_RANK=2 && victim=$p
+done
+t0=$(ms)
+kill -9 $victim
+wait $!
+rc=$?
+ms=$(( $(ms) - t0 ))
+for i in $(seq 50); do [ $(left) = 0 ] && break; sleep 0.1; done
+cat run.out
+echo "== hora victim=$victim rc=$rc ms=$ms left=$(left)"
+""", ["-N2", "--ntasks-per-node=2"], timeout=150)
+    check(dt < 90, f"hora job took {dt:.0f} s")
+    m = re.search(r"== hora victim=(\d*) rc=(\d+) ms=(\d+) left=(\d+)", text)
+    check(m is not None and m.group(1) != "", f"hora: no result or no rank 2 found: {m and m.groups()}")
+    if m and m.group(1):
+        print(f"kill -9 of a hora rank: the step ended {int(m.group(3)) / 1000:.1f} s later")
+        check(m.group(2) != "0", "hora: srun exited 0")
+        check(int(m.group(3)) < 60000, f"hora: the step took {m.group(3)} ms to end, want < 60 s")
+        check(m.group(4) == "0", f"hora: {m.group(4)} process(es) left")
+    check(re.search(r"launch: rank 2 \(node n2\): \S+ckpt_probe killed by signal 9 \(Killed\); ending step", text)
+          is not None, "hora: no line naming rank 2, node n2 and signal 9")
+
 
 def main():
     case = sys.argv[1]
     if subprocess.run(["bash", os.environ["CLUSTER_SH"], "status"], capture_output=True).returncode != 0:
         print("the test Slurm cluster is not running (cluster.sh start could not start it): skipped")
         return 77
-    {"step": case_step, "alloc": case_alloc, "allreduce": case_allreduce, "errors": case_errors}[case]()
+    {"step": case_step, "alloc": case_alloc, "allreduce": case_allreduce, "errors": case_errors,
+     "kill": case_kill}[case]()
     print(f"slurm_launch_{case}: {'FAILED' if ERRORS else 'passed'} ({len(ERRORS)} errors)")
     return 1 if ERRORS else 0
 
