@@ -54,7 +54,8 @@ typedef enum {
   HORA_ERR_LAYOUT = 13,          /* launcher/Slurm layout and MPI world disagree */
   HORA_ERR_NOT_FOUND = 14,       /* nothing to restore, no such file, no such name */
   HORA_ERR_INTERNAL = 15,        /* a bug in hora: please report it */
-  HORA_ERR_SHUTDOWN = 16         /* the operation was cancelled because hora is shutting down */
+  HORA_ERR_SHUTDOWN = 16,        /* the operation was cancelled because hora is shutting down */
+  HORA_ERR_CORRUPT = 17          /* checkpoints exist but none is valid (each is named and why) */
 } hora_result_t;
 
 /* Name of a result code ("HORA_ERR_MPI"); "HORA_UNKNOWN_RESULT" for values not in the list. */
