@@ -234,7 +234,9 @@ static hora_result_t copy_step(hora_ckpt_t *ck, int64_t step) {
   /* persist_dir is never created here (an unmounted file system leaves an empty mount point). */
   rc = hora__dir_open(ck->persist_dir, 0, &f.pd);
   if (rc == HORA_ERR_NOT_FOUND) {
-    rc = HORA_ERR(HORA_ERR_IO, "persist_dir %s is not reachable: %s", ck->persist_dir, hora_last_error());
+    char msg[CK_MSG_MAX];
+    hora__ck_keep_msg(msg);
+    rc = HORA_ERR(HORA_ERR_IO, "persist_dir %s is not reachable: %s", ck->persist_dir, msg);
     goto fail;
   }
   if (rc != HORA_SUCCESS) goto fail;

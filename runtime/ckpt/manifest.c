@@ -258,8 +258,11 @@ static hora_result_t open_place(place_t *p, const char *dir) {
   if (!dir) return HORA_SUCCESS;
   hora_result_t rc = hora__dir_open(dir, 0, &p->fd);
   if (rc == HORA_ERR_NOT_FOUND) return HORA_SUCCESS; /* nothing there yet */
-  if (rc != HORA_SUCCESS)
-    return HORA_ERR(rc, "restore refuses %s: %s", dir, hora_last_error()); /* nothing read from it */
+  if (rc != HORA_SUCCESS) { /* nothing is read from it */
+    char msg[CK_MSG_MAX];
+    hora__ck_keep_msg(msg);
+    return HORA_ERR(rc, "restore refuses %s: %s", dir, msg);
+  }
   if (hora__ck_list_steps_at(p->fd, dir, &p->steps, &p->n) != HORA_SUCCESS)
     HORA_WARN(CKPT, "restore: cannot list %s (%s); skipping it", dir, hora_last_error());
   return HORA_SUCCESS;

@@ -189,20 +189,24 @@ static int free_bytes(const char *dir, uint64_t *avail) {
  * idle). When it does not fit beside the versions kept, older versions are pruned first, down to
  * the newest complete one at or below `step` and the one the copier is reading: a full disk
  * costs the older safety copy, never the only complete checkpoint and never the next save.
- * HORA_ERR_IO (nothing changed but the pruning) when it still does not fit. */
+ * HORA_ERR_IO (nothing changed but the pruning) when it still does not fit, or when local_dir
+ * fails the ownership and mode check (core/safefs.h). */
 static hora_result_t make_room(hora_ckpt_t *ck, int64_t step, uint64_t need) {
-  uint64_t avail = 0;
-  if (!free_bytes(ck->local_dir, &avail) || avail >= need) return HORA_SUCCESS;
+  /* The directory is checked here too, so that a save into a directory that fails the check
+   * (replaced since open) is refused at once rather than failing in the background. */
   int dfd, pruned = 0;
-  if (hora__dir_open(ck->local_dir, 1, &dfd) == HORA_SUCCESS) {
-    pruned = hora__ck_prune(dfd, ck->local_dir, 1, step, ck->copying_step);
+  HORA_CHECK(hora__dir_open(ck->local_dir, 1, &dfd));
+  uint64_t avail = 0;
+  if (!free_bytes(ck->local_dir, &avail) || avail >= need) {
     close(dfd);
-    if (pruned)
-      HORA_WARN(CKPT, "local_dir %s had %" PRIu64 " bytes free, step %" PRId64 " needs %" PRIu64 ": pruned %d older "
-                "version%s early", ck->local_dir, avail, step, need, pruned, pruned == 1 ? "" : "s");
-    if (!free_bytes(ck->local_dir, &avail)) return HORA_SUCCESS;
+    return HORA_SUCCESS;
   }
-  if (avail >= need) return HORA_SUCCESS;
+  pruned = hora__ck_prune(dfd, ck->local_dir, 1, step, ck->copying_step);
+  close(dfd);
+  if (pruned)
+    HORA_WARN(CKPT, "local_dir %s had %" PRIu64 " bytes free, step %" PRId64 " needs %" PRIu64 ": pruned %d older "
+              "version%s early", ck->local_dir, avail, step, need, pruned, pruned == 1 ? "" : "s");
+  if (!free_bytes(ck->local_dir, &avail) || avail >= need) return HORA_SUCCESS;
   return HORA_ERR(HORA_ERR_IO, "hora_ckpt_save: local_dir %s has %" PRIu64 " bytes free, the checkpoint of step %" PRId64
                   " needs %" PRIu64 " (disk full, even after pruning %d older version%s; the newest complete "
                   "checkpoint%s kept)", ck->local_dir, avail, step, need, pruned, pruned == 1 ? "" : "s",
