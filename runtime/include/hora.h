@@ -439,8 +439,12 @@ typedef struct { const char *key; const char *value; } hora_kv_t;
  * still open. opts NULL means the defaults (see hora_ckpt_opts_t).
  * Errors: HORA_ERR_NOT_INITIALIZED (ctx not live), HORA_ERR_INVALID_ARGUMENT (ck NULL, opts->size
  *   too small, keep 1 or negative, copy_interval_s NaN, an empty directory string),
- *   HORA_ERR_IO (a directory cannot be created or is not a directory: the message names it;
- *   every rank returns it), HORA_ERR_MPI, HORA_ERR_NO_MEMORY. On error *ck is unchanged. */
+ *   HORA_ERR_IO (a directory cannot be created or is not a directory, or fails the shared-node
+ *   check: a directory on the way owned by another user than the caller or root, writable by
+ *   group or others without the sticky bit, or a symlink owned by another user; the message
+ *   names the path, owner and mode; every rank returns it; docs/checkpoint.md, "Shared nodes"),
+ *   HORA_ERR_MPI, HORA_ERR_NO_MEMORY. On error *ck is unchanged.
+ * Directories hora creates are 0700 and files 0600 (HORA_FILE_MODE widens them). */
 hora_result_t hora_ckpt_open(hora_ctx_t *ctx, const hora_ckpt_opts_t *opts, hora_ckpt_t **ck);
 
 /* hora_ckpt_save: checkpoint `step`. Collective; only rank 0's tensors and metadata are read
@@ -462,8 +466,11 @@ hora_result_t hora_ckpt_open(hora_ctx_t *ctx, const hora_ckpt_opts_t *opts, hora
  *     data NULL with count > 0; ndim outside 0..64, shape NULL, or a shape whose product is not
  *     count; count * element size overflowing; a meta key NULL, empty, repeated or starting
  *     with "hora."; a meta value NULL.
- *   HORA_ERR_IO: local_dir has less free space than the new file needs (the previous
- *     checkpoints are kept), or the background write of an EARLIER save failed (disk full,
+ *   HORA_ERR_IO: local_dir has less free space than the new file needs even after pruning
+ *     older versions early (the save first waits for the write in progress, then removes
+ *     versions other than the newest complete one and the one being copied), or local_dir
+ *     fails the shared-node check (see hora_ckpt_open), or the background write of an EARLIER
+ *     save failed (disk full,
  *     quota, RLIMIT_FSIZE; the message names that step). Such a deferred error is returned
  *     once, by the next save, flush or close; a save that returns it takes no snapshot, so
  *     call it again to checkpoint this step. Training can go on after any of these errors.
@@ -485,7 +492,13 @@ hora_result_t hora_ckpt_save(hora_ckpt_t *ck, int64_t step, const hora_tensor_t 
  * On success *step is the checkpoint's step (resume at *step + 1), and hora_ckpt_meta_get and
  * hora_ckpt_restore_source describe it.
  * Errors (every rank returns the same code):
- *   HORA_ERR_NOT_FOUND: no valid checkpoint in either place (a fresh start); nothing is written.
+ *   HORA_ERR_NOT_FOUND: no checkpoint in either place (a fresh start: no step directory holds a
+ *     manifest of this run); nothing is written.
+ *   HORA_ERR_CORRUPT: checkpoints exist but none is valid; the message names each and why.
+ *     A resume loop must stop here, not start over from step 0. Nothing is written.
+ *   HORA_ERR_IO: local_dir or persist_dir fails the shared-node check (see hora_ckpt_open);
+ *     nothing is read from it. Restore never reads `latest`, never follows a symlink inside
+ *     either directory, and takes only plain file names from a manifest.
  *   HORA_ERR_MISMATCH: the checkpoint lacks a requested tensor, or has another dtype, count or
  *     shape (when ndim > 0) for it, or the ranks' tensors differ in total size; nothing is
  *     written.
