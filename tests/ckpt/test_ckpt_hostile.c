@@ -110,6 +110,8 @@ int main(void) {
   signal(SIGSEGV, on_signal);
   signal(SIGABRT, on_signal);
 
+  setenv("HORA_CKPT_RETRY_S", "0.1", 1);
+  setenv("HORA_CKPT_FLUSH_TIMEOUT_S", "1", 1); /* a refused copy is given up after 1 s */
   /* R: a shared directory like /tmp (root, 1777). */
   char *R = ck_mktemp("ckpt-hostile");
   chmod(R, 01777);
