@@ -256,6 +256,29 @@ hora_result_t hora__file_create_tmp(int dirfd, const char *dirpath, const char *
   return HORA_ERR(HORA_ERR_IO, "create %s/" HORA_TMP_PREFIX "%s.*: every name tried exists", dirpath, base);
 }
 
+hora_result_t hora__file_open_log(int dirfd, const char *dirpath, const char *name, int *fd) {
+  int f = openat(dirfd, name, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, hora__file_mode());
+  if (f < 0)
+    return HORA_ERR(HORA_ERR_IO, "create %s/%s: %s", dirpath, name,
+                    errno == ELOOP ? "it is a symlink (never followed)" : strerror(errno));
+  struct stat st;
+  if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+    char owner[300];
+    user_name(st.st_uid, owner, sizeof owner);
+    close(f);
+    return HORA_ERR(HORA_ERR_IO, "%s/%s exists and is %s owned by %s: remove it or choose another name", dirpath, name,
+                    S_ISREG(st.st_mode) ? "a file" : "not a regular file", owner);
+  }
+  int fl = fcntl(f, F_GETFL);
+  if (ftruncate(f, 0) != 0 || (fl >= 0 && fcntl(f, F_SETFL, fl & ~O_NONBLOCK) != 0)) {
+    int e = errno;
+    close(f);
+    return HORA_ERR(HORA_ERR_IO, "truncate %s/%s: %s", dirpath, name, strerror(e));
+  }
+  *fd = f;
+  return HORA_SUCCESS;
+}
+
 hora_result_t hora__file_commit(int dirfd, const char *dirpath, const char *tmp, const char *name) {
   if (renameat(dirfd, tmp, dirfd, name) != 0)
     return HORA_ERR(HORA_ERR_IO, "rename %s/%s to %s: %s", dirpath, tmp, name, strerror(errno));

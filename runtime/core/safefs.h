@@ -57,6 +57,12 @@ hora_result_t hora__file_create_tmp(int dirfd, const char *dirpath, const char *
 /* Create `name` itself (no temporary name) in dirfd, failing if it exists; as above otherwise. */
 hora_result_t hora__file_create_excl(int dirfd, const char *dirpath, const char *name, int flags, int *fd);
 
+/* Open `name` of dirfd for writing from its start, creating it (mode hora__file_mode()) or
+ * truncating it, for a log that is read while it grows (no temporary name): never through a
+ * symlink (O_NOFOLLOW), and an existing file must be a regular file owned by the caller
+ * (checked before truncating). HORA_ERR_IO naming the file otherwise. */
+hora_result_t hora__file_open_log(int dirfd, const char *dirpath, const char *name, int *fd);
+
 /* renameat(dirfd, tmp, dirfd, name), then fsync dirfd so the rename is durable. */
 hora_result_t hora__file_commit(int dirfd, const char *dirpath, const char *tmp, const char *name);
 

@@ -559,12 +559,17 @@ typedef struct hora_records_reader hora_records_reader_t;
 
 /* hora_records_writer_open: start writing a record file that appears under `path` only when
  * hora_records_writer_close succeeds. Local; blocking (creates the temporary file).
- * Records go to a temporary file ".<name>.hora-tmp.<pid>" in the same directory (hidden, so glob
- * patterns such as "train-*" never match it); close flushes, fsyncs, renames it to `path` (an
- * existing file there is replaced) and fsyncs the directory.
+ * Records go to a temporary file ".tmp-<name>.<16 random hex digits>" in the same directory
+ * (hidden, so glob patterns such as "train-*" never match it), created with O_EXCL|O_NOFOLLOW on
+ * the directory's fd with mode HORA_FILE_MODE (0600 by default); close flushes, fsyncs, renames
+ * it to `path` inside that directory (an existing file there is replaced) and fsyncs the directory.
+ * The directory must exist and pass the shared-node check (owned by the caller or root, not
+ * writable by group or others unless sticky, no symlink owned by another user on the way;
+ * docs/checkpoint.md, "Shared nodes").
  * Not thread-safe: one writer is used by one thread at a time.
- * Errors: HORA_ERR_INVALID_ARGUMENT (path or writer NULL, path empty), HORA_ERR_IO (the temporary
- *   file cannot be created: the message names it and the errno text), HORA_ERR_NO_MEMORY.
+ * Errors: HORA_ERR_INVALID_ARGUMENT (path or writer NULL, path empty or ending in '/'),
+ *   HORA_ERR_IO (the directory is missing or fails the check, or the temporary file cannot be
+ *   created: the message names the path, and owner and mode or the errno text), HORA_ERR_NO_MEMORY.
  *   On error *writer is unchanged and no file is left behind. */
 hora_result_t hora_records_writer_open(const char *path, hora_records_writer_t **writer);
 
@@ -694,9 +699,14 @@ typedef struct hora_tb hora_tb_t;
 /* hora_tb_open: create `dir` (and missing parents) and a new event file
  * dir/events.out.tfevents.<unix time>.<hostname>.<pid> in TFRecord framing, whose first record is
  * the Event{wall_time, file_version: "brain.Event:2"} TensorBoard expects. Local: usually only
- * rank 0 calls it. Blocking (creates the file).
+ * rank 0 calls it. Blocking (creates the file). Every directory on the way must pass the
+ * shared-node check (owned by the caller or root, not writable by group or others unless
+ * sticky, no symlink owned by another user; docs/checkpoint.md, "Shared nodes"); directories it
+ * creates get 0700 and the event file 0600 (HORA_FILE_MODE widens them), created with
+ * O_EXCL|O_NOFOLLOW on the checked directory's fd.
  * Errors: HORA_ERR_INVALID_ARGUMENT (NULL argument, empty dir), HORA_ERR_IO (mkdir or create
- *   failed: the message names the path), HORA_ERR_NO_MEMORY. On error *tb is unchanged. */
+ *   failed, or a directory fails the check: the message names the path, and owner and mode),
+ *   HORA_ERR_NO_MEMORY. On error *tb is unchanged. */
 hora_result_t hora_tb_open(const char *dir, hora_tb_t **tb);
 
 /* hora_tb_scalar: append Event{wall_time: now, step, summary{value{tag, simple_value}}}; the value
@@ -741,7 +751,10 @@ typedef struct {
  * Without NVML (library missing, nvmlInit fails, or the GPU is not found) it logs one INFO line
  * and returns HORA_ERR_NOT_SUPPORTED with *mon unchanged: callers treat that as "monitor off".
  * Errors: HORA_ERR_INVALID_ARGUMENT (NULL output, opts->size too small, period < 0, device < 0),
- *   HORA_ERR_IO (the CSV file cannot be created), HORA_ERR_NOT_SUPPORTED, HORA_ERR_NO_MEMORY.
+ *   HORA_ERR_IO (the CSV file cannot be created: its directory is missing or fails the
+ *   shared-node check of hora_tb_open, or the name is a symlink or another user's file; the CSV
+ *   is created with mode HORA_FILE_MODE, 0600 by default, or truncated when it is the caller's),
+ *   HORA_ERR_NOT_SUPPORTED, HORA_ERR_NO_MEMORY.
  * When hora_init sees HORA_GPU_MONITOR_S > 0 it starts one itself (ctx's GPU, or local rank 0
  * watching every GPU when the rank has none) and hora_finalize stops it. */
 hora_result_t hora_gpumon_start(const hora_gpumon_opts_t *opts, hora_gpumon_t **mon);
