@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include "ckpt_test.h"
 #include "hora_test.h"
@@ -87,6 +88,64 @@ static void expect_refusal(const char *path, const char *mode) {
   EXPECT(strstr(e, path) && strstr(e, g_user) && (!mode || strstr(e, mode)), "refusal message for %s: %s", path, e);
 }
 
+static void wide_child(const char *R) {
+  setenv("HORA_FILE_MODE", "0640", 1);
+  umask(022);
+  hora_ctx_t *ctx;
+  if (hora_init(&ctx) != HORA_SUCCESS) _exit(100);
+  char L[4200], p[4400];
+  snprintf(L, sizeof L, "%s/wide/local", R);
+  hora_ckpt_t *ck = open_ck(ctx, L, NULL, HORA_SUCCESS);
+  EXPECT_OK(save(ck, 1));
+  EXPECT_OK(hora_ckpt_close(ck));
+  expect_mode(L, 0750);
+  snprintf(p, sizeof p, "%s/step-1", L);
+  expect_mode(p, 0750);
+  snprintf(p, sizeof p, "%s/step-1/state.safetensors", L);
+  expect_mode(p, 0640);
+  snprintf(p, sizeof p, "%s/latest", L);
+  expect_mode(p, 0640);
+  hora_finalize(ctx);
+  _exit(hora_test_errors ? 1 : 0);
+}
+
+/* Directories of our own that still fail or pass the rule: group-writable without the sticky
+ * bit is refused; a symlink owned by root (us) is followed and its target checked; relative
+ * paths with ".." work. */
+static void own_dirs(hora_ctx_t *ctx, const char *R) {
+  char g[4200], p[4400], l[4200];
+  snprintf(g, sizeof g, "%s/groupw", R);
+  mkdir(g, 0700);
+  chmod(g, 0770);
+  snprintf(p, sizeof p, "%s/local", g);
+  open_ck(ctx, p, NULL, HORA_ERR_IO);
+  EXPECT(strstr(hora_last_error(), g) && strstr(hora_last_error(), "0770") && strstr(hora_last_error(), "group"),
+         "group-writable message: %s", hora_last_error());
+  EXPECT(count_entries(g) == 0, "something was created in %s", g);
+  chmod(g, 01770); /* sticky: accepted, like /tmp */
+  hora_ckpt_t *ck = open_ck(ctx, p, NULL, HORA_SUCCESS);
+  if (ck) EXPECT_OK(hora_ckpt_close(ck));
+  snprintf(l, sizeof l, "%s/ownlink", R);
+  EXPECT(symlink(p, l) == 0, "symlink %s", l);
+  ck = open_ck(ctx, l, NULL, HORA_SUCCESS); /* our own symlink to a checked directory */
+  if (ck) {
+    EXPECT_OK(save(ck, 3));
+    EXPECT_OK(hora_ckpt_close(ck));
+  }
+  snprintf(p, sizeof p, "%s/local/step-3/manifest.json", g);
+  EXPECT(ck_exists(p), "save through our own symlink did not land in its target");
+  chmod(g, 0770); /* the symlink's target is checked too */
+  open_ck(ctx, l, NULL, HORA_ERR_IO);
+  char cwd[4096];
+  if (getcwd(cwd, sizeof cwd) && chdir(R) == 0) {
+    ck = open_ck(ctx, "x/../rel/local", NULL, HORA_SUCCESS);
+    if (ck) EXPECT_OK(hora_ckpt_close(ck));
+    snprintf(p, sizeof p, "%s/rel/local", R);
+    expect_mode(p, 0700);
+    if (chdir(cwd) != 0) EXPECT(0, "chdir back");
+  }
+}
+
 int main(void) {
   if (geteuid() != 0) {
     printf("test_ckpt_hostile skipped: it needs root to add a second local user (useradd, runuser)\n");
@@ -115,6 +174,13 @@ int main(void) {
   /* R: a shared directory like /tmp (root, 1777). */
   char *R = ck_mktemp("ckpt-hostile");
   chmod(R, 01777);
+  /* HORA_FILE_MODE=0640 widens to group-readable (0750 directories, 0640 files); in a child, as
+   * parameters are read once per process (and before MPI starts in this one). */
+  pid_t pid = fork();
+  if (pid == 0) wide_child(R);
+  int wst = 0;
+  waitpid(pid, &wst, 0);
+  EXPECT(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "HORA_FILE_MODE=0640 child failed: status %d", wst);
   hora_ctx_t *ctx;
   if (hora_init(&ctx) != HORA_SUCCESS) return 1;
   char mine[4200], pers[4200], ww[4200], link[4200], target[4200], swap[4200], away[4200], p[20000];
@@ -168,6 +234,8 @@ int main(void) {
   snprintf(p, sizeof p, "%s/step-5", mine);
   EXPECT(src && strcmp(src, p) == 0, "restored from %s", src ? src : "(null)");
   EXPECT_OK(hora_ckpt_close(ck));
+
+  own_dirs(ctx, R);
 
   /* 1. A world-writable directory owned by the other user under the expected name. */
   snprintf(ww, sizeof ww, "%s/hora-ckpt-ww", R);
