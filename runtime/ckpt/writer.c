@@ -213,6 +213,47 @@ static hora_result_t make_room(hora_ckpt_t *ck, int64_t step, uint64_t need) {
                   ck->copying_step != INT64_MIN ? " and the one being copied are" : " is");
 }
 
+/* hora_ckpt_save's metadata rules: keys non-empty, unique and outside "hora."; values set. */
+static hora_result_t check_meta(const hora_kv_t *meta, size_t nmeta) {
+  for (size_t i = 0; i < nmeta; i++) {
+    if (!meta[i].key || !meta[i].value || !*meta[i].key) {
+      return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: meta[%zu] has a NULL or empty key or a NULL value", i);
+    }
+    if (strncmp(meta[i].key, "hora.", 5) == 0) {
+      return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: meta key '%s': the prefix \"hora.\" is reserved", meta[i].key);
+    }
+    for (size_t j = 0; j < i; j++)
+      if (strcmp(meta[i].key, meta[j].key) == 0) {
+        return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: meta key '%s' appears twice", meta[i].key);
+      }
+  }
+  return HORA_SUCCESS;
+}
+
+/* Wait until the writer is idle (the staging buffer is then the caller's), return a deferred
+ * error of an earlier write once, else make room for `need` bytes (make_room). */
+static hora_result_t claim_writer(hora_ckpt_t *ck, int64_t step, uint64_t need) {
+  hora_result_t rc;
+  /* Wait for the write in progress first: the space it takes counts, and a save that cannot fit
+   * must fail now, not be accepted and fail later in the background. */
+  pthread_mutex_lock(&ck->mu);
+  if (ck->write_rc == HORA_SUCCESS && (ck->job_pending || ck->writing)) {
+    double t0 = hora__now_s();
+    while (ck->job_pending || ck->writing) pthread_cond_wait(&ck->cv, &ck->mu);
+    HORA_WARN(CKPT, "save of step %" PRId64 " waited %.3f s for the previous checkpoint's write to finish "
+              "(saves come faster than local_dir takes them)", step, hora__now_s() - t0);
+  }
+  if (ck->write_rc != HORA_SUCCESS) {
+    rc = HORA_ERR(ck->write_rc, "%s", ck->write_msg);
+    ck->write_rc = HORA_SUCCESS;
+  } else {
+    /* Under mu, so that the copier cannot start on another step while room is made. */
+    rc = make_room(ck, step, need);
+  }
+  pthread_mutex_unlock(&ck->mu);
+  return rc;
+}
+
 static int strcmp_ptr(const void *a, const void *b) {
   return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
@@ -284,39 +325,8 @@ static hora_result_t save_root(hora_ckpt_t *ck, int64_t step, const hora_tensor_
       rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: tensor name '%s' appears twice", names[i]);
       goto done;
     }
-  for (size_t i = 0; i < nmeta; i++) {
-    if (!meta[i].key || !meta[i].value || !*meta[i].key) {
-      rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: meta[%zu] has a NULL or empty key or a NULL value", i);
-      goto done;
-    }
-    if (strncmp(meta[i].key, "hora.", 5) == 0) {
-      rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: meta key '%s': the prefix \"hora.\" is reserved", meta[i].key);
-      goto done;
-    }
-    for (size_t j = 0; j < i; j++)
-      if (strcmp(meta[i].key, meta[j].key) == 0) {
-        rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: meta key '%s' appears twice", meta[i].key);
-        goto done;
-      }
-  }
-  /* Wait for the write in progress first: the space it takes counts, and a save that cannot fit
-   * must fail now, not be accepted and fail later in the background. */
-  pthread_mutex_lock(&ck->mu);
-  if (ck->write_rc == HORA_SUCCESS && (ck->job_pending || ck->writing)) {
-    double t0 = hora__now_s();
-    while (ck->job_pending || ck->writing) pthread_cond_wait(&ck->cv, &ck->mu);
-    HORA_WARN(CKPT, "save of step %" PRId64 " waited %.3f s for the previous checkpoint's write to finish "
-              "(saves come faster than local_dir takes them)", step, hora__now_s() - t0);
-  }
-  if (ck->write_rc != HORA_SUCCESS) {
-    rc = HORA_ERR(ck->write_rc, "%s", ck->write_msg);
-    ck->write_rc = HORA_SUCCESS;
-  } else {
-    /* Under mu, so that the copier cannot start on another step while room is made. */
-    rc = make_room(ck, step, total + 4096 + (uint64_t)n * 256);
-  }
-  pthread_mutex_unlock(&ck->mu);
-  if (rc != HORA_SUCCESS) goto done;
+  HORA_CHECK_GOTO(check_meta(meta, nmeta), rc, done);
+  HORA_CHECK_GOTO(claim_writer(ck, step, total + 4096 + (uint64_t)n * 256), rc, done);
 
   /* The writer is idle: the staging buffer is ours. */
   double t0 = hora__now_s();
