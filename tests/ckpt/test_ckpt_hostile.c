@@ -1,7 +1,7 @@
 /* Shared nodes (docs/checkpoint.md, "Shared nodes"): another local user prepares hostile
  * directories in a sticky, world-writable directory (like /tmp) and hora must refuse to save,
  * copy or restore through them, with HORA_ERR_IO naming the path, its owner and mode, and write
- * nothing there. Also: default modes 0700/0600, `latest`, step symlinks and manifest entries
+ * nothing there; the same for TensorBoard event files and record files. Also: default modes 0700/0600, `latest`, step symlinks and manifest entries
  * never lead restore out of its directory. Needs root (useradd, runuser): exits 77 otherwise.
  * The test user is removed at exit, also when a check fails. */
 #include <errno.h>
@@ -244,6 +244,17 @@ int main(void) {
   expect_refusal(ww, "0777");
   snprintf(p, sizeof p, "%s/sub", ww);
   open_ck(ctx, p, NULL, HORA_ERR_IO); /* below it too, and nothing is created there */
+  /* The other files hora writes for the job: TensorBoard events and record files. */
+  hora_tb_t *tb = NULL;
+  EXPECT_RC(hora_tb_open(ww, &tb), HORA_ERR_IO);
+  expect_refusal(ww, "0777");
+  snprintf(p, sizeof p, "%s/tb", ww);
+  EXPECT_RC(hora_tb_open(p, &tb), HORA_ERR_IO);
+  hora_records_writer_t *rw = NULL;
+  snprintf(p, sizeof p, "%s/train-0.rec", ww);
+  EXPECT_RC(hora_records_writer_open(p, &rw), HORA_ERR_IO);
+  expect_refusal(ww, "0777");
+  EXPECT(tb == NULL && rw == NULL, "outputs set on error");
   EXPECT(count_entries(ww) == 0, "something was written into %s", ww);
 
   /* 2. A symlink owned by the other user, pointing at a directory of ours. */
@@ -255,6 +266,15 @@ int main(void) {
   expect_refusal(link, NULL);
   EXPECT(strstr(hora_last_error(), "symlink"), "message says symlink: %s", hora_last_error());
   EXPECT(count_entries(p) == 0, "something was written through the link into %s", p);
+  {
+    hora_tb_t *tb = NULL;
+    EXPECT_RC(hora_tb_open(link, &tb), HORA_ERR_IO);
+    char rec[4400];
+    snprintf(rec, sizeof rec, "%s/x.rec", link);
+    hora_records_writer_t *rw = NULL;
+    EXPECT_RC(hora_records_writer_open(rec, &rw), HORA_ERR_IO);
+    EXPECT(count_entries(p) == 0, "TensorBoard or records wrote through the link into %s", p);
+  }
 
   /* 3. A swapped local/: the directory an open checkpointer uses is replaced by one of the
    * other user holding a consistent checkpoint (CRCs and manifest match) of step 50. */
