@@ -240,9 +240,9 @@ static hora_result_t copy_step(hora_ckpt_t *ck, int64_t step) {
     goto fail;
   }
   if (rc != HORA_SUCCESS) goto fail;
-  rc = hora__subdir_open(f.pd, ck->persist_dir, name, 0, &f.dst);
-  if (rc != HORA_SUCCESS && rc != HORA_ERR_NOT_FOUND) goto fail;
-  int committed = f.dst >= 0 && hora__ck_manifest_read_at(f.dst, dst_sd, &old) == HORA_SUCCESS;
+  if (hora__entry_exists(f.pd, name)) HORA_CHECK_GOTO(hora__subdir_open(f.pd, ck->persist_dir, name, 0, &f.dst), rc, fail);
+  int committed = f.dst >= 0 && hora__entry_exists(f.dst, CK_MANIFEST) &&
+                  hora__ck_manifest_read_at(f.dst, dst_sd, &old) == HORA_SUCCESS;
   if (committed && old.file_crc == m.file_crc && old.file_bytes == m.file_bytes &&
       hora__ck_validate_at(f.dst, dst_sd, 0, &old, NULL, NULL) == HORA_SUCCESS) {
     HORA_INFO(CKPT, "step %" PRId64 " is already in %s", step, ck->persist_dir);

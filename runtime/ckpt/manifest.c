@@ -255,7 +255,8 @@ static hora_result_t open_place(place_t *p, const char *dir) {
   memset(p, 0, sizeof *p);
   p->dir = dir;
   p->fd = -1;
-  if (!dir) return HORA_SUCCESS;
+  struct stat st;
+  if (!dir || (lstat(dir, &st) != 0 && errno == ENOENT)) return HORA_SUCCESS; /* nothing there yet */
   hora_result_t rc = hora__dir_open(dir, 0, &p->fd);
   if (rc == HORA_ERR_NOT_FOUND) return HORA_SUCCESS; /* nothing there yet */
   if (rc != HORA_SUCCESS) { /* nothing is read from it */

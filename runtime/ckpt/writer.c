@@ -66,10 +66,10 @@ static hora_result_t write_checkpoint(hora_ckpt_t *ck, ck_snap_t *s) {
   snprintf(sd, sizeof sd, "%s/%s", ck->local_dir, name);
   /* A step directory without a (readable) manifest is debris of an interrupted write. A symlink
    * or a foreign directory under the step's name is refused (HORA_ERR_IO), never written into. */
-  rc = hora__subdir_open(ldfd, ck->local_dir, name, 0, &sdfd);
-  if (rc == HORA_SUCCESS) committed = hora__ck_manifest_read_at(sdfd, sd, &old) == HORA_SUCCESS;
-  else if (rc != HORA_ERR_NOT_FOUND) goto fail;
-  rc = HORA_SUCCESS;
+  if (hora__entry_exists(ldfd, name)) {
+    HORA_CHECK_GOTO(hora__subdir_open(ldfd, ck->local_dir, name, 0, &sdfd), rc, fail);
+    committed = hora__entry_exists(sdfd, CK_MANIFEST) && hora__ck_manifest_read_at(sdfd, sd, &old) == HORA_SUCCESS;
+  }
   if (!committed && sdfd >= 0) {
     close(sdfd);
     sdfd = -1;

@@ -225,6 +225,11 @@ hora_result_t hora__subdir_open(int dirfd, const char *dirpath, const char *name
   return HORA_SUCCESS;
 }
 
+int hora__entry_exists(int dirfd, const char *name) {
+  struct stat st;
+  return fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
 hora_result_t hora__file_create_excl(int dirfd, const char *dirpath, const char *name, int flags, int *fd) {
   int f = openat(dirfd, name, O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | flags, hora__file_mode());
   if (f < 0) return HORA_ERR(HORA_ERR_IO, "create %s/%s: %s", dirpath, name, strerror(errno));

@@ -48,6 +48,10 @@ hora_result_t hora__dir_open(const char *path, int create, int *dirfd);
  * and !create. */
 hora_result_t hora__subdir_open(int dirfd, const char *dirpath, const char *name, int create, int *fd);
 
+/* 1 when `name` exists in dirfd (any type, symlinks not followed), else 0; logs nothing (for
+ * entries whose absence is normal, before hora__subdir_open(..., 0, ...)). */
+int hora__entry_exists(int dirfd, const char *name);
+
 /* Create a new file in dirfd with an unpredictable name ".tmp-<base>.<16 hex digits>" (written
  * to name, cap bytes), O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC|flags (flags: O_WRONLY or O_RDWR,
  * optionally O_APPEND), mode hora__file_mode(). HORA_ERR_IO naming dirpath/name. */
