@@ -436,6 +436,8 @@ int main(int argc, char **argv) {
     if (rc == HORA_ERR_NOT_FOUND) {
       say("resume: no checkpoint found, starting from step 0\n");
     } else if (rc != HORA_SUCCESS) {
+      /* HORA_ERR_CORRUPT (checkpoints exist, none valid) or HORA_ERR_IO (a directory failed the
+       * shared-node check): stop; starting over from step 0 would silently discard the run. */
       FAIL("resume: %s: %s", hora_result_name(rc), hora_last_error());
     } else {
       /* The run must be the same run: same seed, rank count, batch and optimizer. */

@@ -116,6 +116,8 @@ def main():
         hora.stop_on_signal()
         opt.step()  # creates the optimizer state (zero gradients: Adam leaves weights unchanged)
         state = checkpoint_state(model, opt)
+        # None: no checkpoint yet (a fresh start). Checkpoints that exist but are all corrupt
+        # raise hora.CorruptError, which stops the run instead of silently starting over.
         epoch_done = ck.restore(state)
         if epoch_done is not None:
             start_epoch = epoch_done

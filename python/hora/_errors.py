@@ -80,6 +80,10 @@ class NotFoundError(HoraError, LookupError):
     """Nothing to restore, no such file, no such name."""
 
 
+class CorruptError(HoraError):
+    """Checkpoints exist but none is valid (the message names each and why): do not start over."""
+
+
 class InternalError(HoraError):
     """A bug in hora: please report it."""
 
@@ -105,6 +109,7 @@ _BY_NAME = {
     "HORA_ERR_NOT_FOUND": NotFoundError,
     "HORA_ERR_INTERNAL": InternalError,
     "HORA_ERR_SHUTDOWN": ShutdownError,
+    "HORA_ERR_CORRUPT": CorruptError,
 }
 
 # Result code -> class, built from the C library's own names so that the two cannot drift.

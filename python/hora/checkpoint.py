@@ -106,7 +106,10 @@ class Checkpoint:
     def restore(self, arrays):
         """Fill `arrays` (dict name -> writable array of the saved shape and dtype) from the
         newest valid checkpoint, on every rank. Returns its step, or None when there is no
-        checkpoint (then nothing is written). Collective."""
+        checkpoint (then nothing is written). Collective. Raises CorruptError when checkpoints
+        exist but none is valid (never None then: starting over from step 0 would silently
+        discard the run), IOError when a checkpoint directory fails the ownership and
+        permission check (docs/checkpoint.md)."""
         ck = self._live()
         ts, n, keep = _arrays(arrays, "Checkpoint.restore", writable=True)
         step = ffi.new("int64_t *")

@@ -3,6 +3,7 @@
  * checkpointers (guarded by ctx->lock). */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
@@ -41,28 +42,42 @@ static char *default_local_dir(void) {
   return strdup(buf);
 }
 
-/* Remove temporary files an earlier process left (crash mid-write or mid-copy): they never
- * carry a final name, so nothing valid is lost. */
+/* Remove the temporary files in directory dfd (path dir). */
+static void remove_tmp_in(int dfd, const char *dir) {
+  int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+  if (!d) {
+    if (fd >= 0) close(fd);
+    return;
+  }
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strncmp(e->d_name, CK_TMP_PREFIX, strlen(CK_TMP_PREFIX)) == 0 && unlinkat(dfd, e->d_name, 0) == 0)
+      HORA_INFO(CKPT, "removed %s/%s (left by an interrupted write)", dir, e->d_name);
+  closedir(d);
+}
+
+/* Remove temporary files an earlier process left (crash mid-write or mid-copy) in the checked
+ * directory dir and its step directories: they never carry a final name, so nothing valid is
+ * lost. Step entries that are symlinks or fail the check are left alone (restore refuses them). */
 static void remove_stale_tmp(const char *dir) {
+  int dfd;
+  if (hora__dir_open(dir, 0, &dfd) != HORA_SUCCESS) return;
   int64_t *steps = NULL;
   size_t n = 0;
-  if (hora__ck_list_steps(dir, &steps, &n) != HORA_SUCCESS) return;
-  for (size_t i = 0; i <= n; i++) {
-    char sd[4096];
-    if (i < n) hora__ck_step_dir(dir, steps[i], sd, sizeof sd);
-    else snprintf(sd, sizeof sd, "%s", dir);
-    DIR *d = opendir(sd);
-    if (!d) continue;
-    struct dirent *e;
-    while ((e = readdir(d)))
-      if (strncmp(e->d_name, CK_TMP_PREFIX, strlen(CK_TMP_PREFIX)) == 0) {
-        char p[4400];
-        snprintf(p, sizeof p, "%s/%s", sd, e->d_name);
-        if (unlink(p) == 0) HORA_INFO(CKPT, "removed %s (left by an interrupted write)", p);
-      }
-    closedir(d);
-  }
+  if (hora__ck_list_steps_at(dfd, dir, &steps, &n) == HORA_SUCCESS)
+    for (size_t i = 0; i < n; i++) {
+      char name[64], sd[4400];
+      int sfd;
+      hora__ck_step_name(steps[i], name, sizeof name);
+      snprintf(sd, sizeof sd, "%s/%s", dir, name);
+      if (hora__subdir_open(dfd, dir, name, 0, &sfd) != HORA_SUCCESS) continue;
+      remove_tmp_in(sfd, sd);
+      close(sfd);
+    }
+  remove_tmp_in(dfd, dir);
   free(steps);
+  close(dfd);
 }
 
 static hora_result_t ck_finalizer(hora_ctx_t *ctx, void *arg);

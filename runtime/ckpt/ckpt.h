@@ -17,11 +17,12 @@
 
 #include "core/ctx.h"
 #include "core/internal.h"
+#include "core/safefs.h"
 
 #define CK_MANIFEST "manifest.json"
 #define CK_LATEST "latest"
 #define CK_DATA "state.safetensors"
-#define CK_TMP_PREFIX ".tmp-"
+#define CK_TMP_PREFIX HORA_TMP_PREFIX
 #define CK_FORMAT "hora-ckpt"
 #define CK_FORMAT_VERSION 1
 #define CK_NAME_MAX 1024
@@ -72,19 +73,25 @@ hora_result_t hora__ck_encode(const ck_snap_t *s, unsigned char **prefix, size_t
 hora_result_t hora__ck_decode(const unsigned char *buf, size_t len, const char *what,
                               int check_crc, ck_snap_t *s);
 
-/* ---- fsutil.c ---- */
+/* ---- fsutil.c ----
+ * Directories are reached through fds checked by core/safefs.c (hora__dir_open: owner and mode
+ * of every component, no foreign symlinks); files inside them are opened with openat and
+ * O_NOFOLLOW, created with O_EXCL under unpredictable temporary names and renamed with renameat.
+ * `dir` arguments only name the directory in messages. */
 hora_result_t hora__ck_write_all(int fd, const void *p, size_t n, const char *name);
-hora_result_t hora__ck_fsync_dir(const char *dir);
-hora_result_t hora__ck_mkdirs(const char *dir); /* mkdir -p, fsyncing each parent it changes */
-/* Write a small file atomically: dir/.tmp-<name>.<pid>, fsync, rename to dir/name, fsync dir. */
-hora_result_t hora__ck_write_small(const char *dir, const char *name, const void *p, size_t n);
-/* Remove a step directory and everything in it (one level: step dirs hold only files). The
- * manifest is removed first, so a crash half-way leaves a directory that is not a checkpoint. */
-hora_result_t hora__ck_remove_step(const char *stepdir);
-/* Read a whole file into a malloc'd buffer (at most max_bytes). */
-hora_result_t hora__ck_read_file(const char *path, size_t max_bytes, unsigned char **buf, size_t *len);
+hora_result_t hora__ck_fsync_fd(int dfd, const char *dir);
+hora_result_t hora__ck_mkdirs(const char *dir); /* hora__dir_open(dir, create) and close */
+/* Remove the step directory `name` of dfd and everything in it (one level: step dirs hold only
+ * files). The manifest goes first, so a crash half-way leaves a directory that is not a
+ * checkpoint. A symlink under that name is removed, never followed. */
+hora_result_t hora__ck_remove_step_at(int dfd, const char *dir, const char *name);
+/* Read the whole regular file `name` of dfd (never a symlink) into a malloc'd buffer (at most
+ * max_bytes). */
+hora_result_t hora__ck_read_file_at(int dfd, const char *dir, const char *name, size_t max_bytes,
+                                    unsigned char **buf, size_t *len);
 /* CRC32C of a whole file and its size, read in chunk_bytes pieces. */
-hora_result_t hora__ck_file_crc(const char *path, size_t chunk_bytes, uint32_t *crc, uint64_t *bytes);
+hora_result_t hora__ck_file_crc_at(int dfd, const char *dir, const char *name, size_t chunk_bytes,
+                                   uint32_t *crc, uint64_t *bytes);
 /* Test-only pacing (HORA_CKPT_TEST_DELAY_US) after each chunk written or copied. */
 void hora__ck_test_delay(void);
 
@@ -101,24 +108,34 @@ typedef struct {
 hora_result_t hora__ck_manifest_json(const ck_snap_t *s, const char *file, uint64_t file_bytes,
                                      uint32_t file_crc, uint32_t data_crc, const char *persist_dir,
                                      char **json);
-hora_result_t hora__ck_manifest_read(const char *stepdir, ck_manifest_t *m);
+/* The manifest of the step directory sdfd (path sd). HORA_ERR_NOT_FOUND when it has none (an
+ * interrupted write), HORA_ERR_DATA when it does not parse, HORA_ERR_IO when unreadable. */
+hora_result_t hora__ck_manifest_read_at(int sdfd, const char *sd, ck_manifest_t *m);
 int hora__ck_has_manifest(const char *stepdir); /* the file exists (quiet check) */
-/* Steps present in `dir` as step-<N> directories, sorted newest first. *steps is malloc'd
- * (NULL when none); a missing dir gives 0 steps. */
+/* Steps present in the directory dfd (or `dir`) as step-<N> entries, sorted newest first.
+ * *steps is malloc'd (NULL when none); a missing dir gives 0 steps. */
+hora_result_t hora__ck_list_steps_at(int dfd, const char *dir, int64_t **steps, size_t *n);
 hora_result_t hora__ck_list_steps(const char *dir, int64_t **steps, size_t *n);
 void hora__ck_step_dir(const char *dir, int64_t step, char *out, size_t n);
-/* Validate a step directory: manifest parses, the file has the manifest's size and CRC32C.
- * With `load`, the file is also decoded and every tensor CRC checked; the caller then owns
- * *buf (the file) and *snap (pointing into it). HORA_ERR_DATA / HORA_ERR_NOT_FOUND / HORA_ERR_IO
- * with the reason as message. */
+void hora__ck_step_name(int64_t step, char *out, size_t n); /* "step-<N>" */
+/* Validate the step directory sdfd (path sd, whose last component must be step-<manifest's
+ * step>): manifest parses, the file has the manifest's size and CRC32C. With `load`, the file
+ * is also decoded and every tensor CRC checked; the caller then owns *buf (the file) and *snap
+ * (pointing into it). HORA_ERR_DATA / HORA_ERR_NOT_FOUND / HORA_ERR_IO with the reason as
+ * message. hora__ck_validate opens (and checks) the path first. */
+hora_result_t hora__ck_validate_at(int sdfd, const char *sd, int load, ck_manifest_t *m, unsigned char **buf,
+                                   ck_snap_t *snap);
 hora_result_t hora__ck_validate(const char *stepdir, int load, ck_manifest_t *m,
                                 unsigned char **buf, ck_snap_t *snap);
 /* Newest valid checkpoint over local then persistent (either may be NULL): the highest step
  * that validates; for equal steps the local copy. A local checkpoint counts only if its manifest
  * names the same persist_dir (canonical path; none for none): node-local directories such as
- * /tmp/hora-ckpt-<uid> may hold another run's checkpoints. Logs every rejected candidate and why.
- * HORA_ERR_NOT_FOUND when none. On success the caller owns *buf and *snap; *path is the step
- * directory used (malloc'd). */
+ * /tmp/hora-ckpt-<uid> may hold another run's checkpoints. Each directory must pass the safefs
+ * check (HORA_ERR_IO naming it otherwise: nothing is read); a step entry that is a symlink or
+ * fails the check is rejected like a corrupt one. `latest` is never read. Logs every rejected
+ * candidate and why. HORA_ERR_NOT_FOUND when no step directory holds a manifest of this run (a
+ * fresh start); HORA_ERR_CORRUPT when some do but none is valid, naming each and why. On success
+ * the caller owns *buf and *snap; *path is the step directory used (malloc'd). */
 hora_result_t hora__ck_find_newest(const char *local_dir, const char *persist_dir, char **path,
                                    unsigned char **buf, ck_snap_t *snap);
 
@@ -185,10 +202,11 @@ void hora__ck_wait_written(hora_ckpt_t *ck);
 void hora__ck_stats(hora_ckpt_t *ck, double *snapshot_s, double *write_s, double *copy_s, uint64_t *file_bytes);
 void *hora__ck_writer_main(void *arg);
 void *hora__ck_copier_main(void *arg);
-/* Prune `dir` to the newest `keep` steps, never removing `newest` (just verified) nor `pinned`;
- * only steps older than `newest` are removed. Step directories without a manifest older than
- * newest are removed too. Errors are logged, never returned (pruning is best effort). */
-void hora__ck_prune(const char *dir, int keep, int64_t newest, int64_t pinned);
+/* Prune the directory dfd (path dir) to the newest `keep` steps, never removing `newest` (just
+ * verified) nor `pinned`; only steps older than `newest` are removed. Step directories without
+ * a manifest older than newest are removed too. Errors are logged, never returned (pruning is
+ * best effort). Returns the number of step directories removed. */
+int hora__ck_prune(int dfd, const char *dir, int keep, int64_t newest, int64_t pinned);
 /* Broadcast rank 0's result and message to every rank of ck (collective); other ranks return
  * rank 0's code with a message that says it came from rank 0. */
 hora_result_t hora__ck_bcast_result(hora_ckpt_t *ck, hora_result_t rc, const char *fn);

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,22 +79,10 @@ static void *verify_main(void *arg) {
  * systems cannot do that); each chunk's writeback is started at once (sync_file_range), so the
  * final fsync overlaps with the copy instead of following it; each chunk is read back from dst
  * and CRC'd by the verifier thread while it is still in the page cache. */
-static hora_result_t copy_file(const char *src, const char *dst, uint32_t *crc, uint64_t *bytes) {
+static hora_result_t copy_file(int in, const char *src, int out, const char *dst, uint32_t *crc, uint64_t *bytes) {
   size_t chunk = (size_t)hora__params()->ckpt_chunk_bytes;
-  int in = open(src, O_RDONLY | O_CLOEXEC);
-  if (in < 0) return HORA_ERR(HORA_ERR_IO, "open %s: %s", src, strerror(errno));
   struct stat st;
-  if (fstat(in, &st) != 0) {
-    int e = errno;
-    close(in);
-    return HORA_ERR(HORA_ERR_IO, "stat %s: %s", src, strerror(e));
-  }
-  int out = open(dst, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (out < 0) {
-    int e = errno;
-    close(in);
-    return HORA_ERR(HORA_ERR_IO, "create %s: %s", dst, strerror(e));
-  }
+  if (fstat(in, &st) != 0) return HORA_ERR(HORA_ERR_IO, "stat %s: %s", src, strerror(errno));
   posix_fadvise(in, 0, 0, POSIX_FADV_SEQUENTIAL);
   verify_t v = {.fd = out, .path = dst};
   pthread_mutex_init(&v.mu, NULL);
@@ -155,8 +144,6 @@ static hora_result_t copy_file(const char *src, const char *dst, uint32_t *crc, 
   if (rc == HORA_SUCCESS && v.err)
     rc = HORA_ERR(HORA_ERR_IO, "read back %s: %s", dst, v.err > 0 ? strerror(v.err) : "short file");
   if (rc == HORA_SUCCESS && fsync(out) != 0) rc = HORA_ERR(HORA_ERR_IO, "fsync %s: %s", dst, strerror(errno));
-  if (close(out) != 0 && rc == HORA_SUCCESS) rc = HORA_ERR(HORA_ERR_IO, "close %s: %s", dst, strerror(errno));
-  close(in);
   free(b);
   pthread_mutex_destroy(&v.mu);
   pthread_cond_destroy(&v.cv);
@@ -165,97 +152,143 @@ static hora_result_t copy_file(const char *src, const char *dst, uint32_t *crc, 
   return rc;
 }
 
-/* The local manifest with "file" set to `file` (the persistent copy may carry another name). */
-static hora_result_t manifest_for(const char *stepdir, const char *file, char **out) {
-  char p[4600];
-  snprintf(p, sizeof p, "%s/%s", stepdir, CK_MANIFEST);
+/* The local manifest (of the step directory sdfd, path sd) with "file" set to `file` (the
+ * persistent copy may carry another name). */
+static hora_result_t manifest_for(int sdfd, const char *sd, const char *file, char **out) {
+  unsigned char *buf = NULL;
+  size_t len = 0;
+  HORA_CHECK(hora__ck_read_file_at(sdfd, sd, CK_MANIFEST, (size_t)256 << 20, &buf, &len));
   json_error_t e;
-  json_t *root = json_load_file(p, 0, &e);
-  if (!root) return HORA_ERR(HORA_ERR_DATA, "%s: %s", p, e.text);
+  json_t *root = json_loadb((const char *)buf, len, 0, &e);
+  free(buf);
+  if (!root) return HORA_ERR(HORA_ERR_DATA, "%s/%s: %s", sd, CK_MANIFEST, e.text);
   json_object_set_new(root, "file", json_string(file));
   *out = json_dumps(root, JSON_INDENT(1));
   json_decref(root);
   return *out ? HORA_SUCCESS : HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
 }
 
+/* Copy the file of manifest m from src_sdfd to dst_sdfd under `file` (temporary name first),
+ * check size and CRC32C against the manifest, then rename. */
+static hora_result_t copy_data(int src_sdfd, const char *src_sd, int dst_sdfd, const char *dst_sd,
+                               const ck_manifest_t *m, const char *file) {
+  char src[4800], tmp[NAME_MAX + 1], what[4800];
+  int in, out;
+  snprintf(src, sizeof src, "%s/%s", src_sd, m->file);
+  HORA_CHECK(hora__file_open_read(src_sdfd, src_sd, m->file, &in));
+  hora_result_t rc = hora__file_create_tmp(dst_sdfd, dst_sd, file, O_RDWR, tmp, sizeof tmp, &out);
+  if (rc != HORA_SUCCESS) {
+    close(in);
+    return rc;
+  }
+  snprintf(what, sizeof what, "%s/%s", dst_sd, tmp);
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
+  rc = copy_file(in, src, out, what, &crc, &bytes);
+  if (close(out) != 0 && rc == HORA_SUCCESS) rc = HORA_ERR(HORA_ERR_IO, "close %s: %s", what, strerror(errno));
+  close(in);
+  /* What persist_dir holds must match the manifest: a mismatch means the local file was
+   * damaged after its commit (it cannot be fixed by retrying) or the copy went wrong. */
+  if (rc == HORA_SUCCESS && (bytes != m->file_bytes || crc != m->file_crc)) {
+    uint32_t lc = 0;
+    uint64_t lb = 0;
+    int local_bad = hora__ck_file_crc_at(src_sdfd, src_sd, m->file, (size_t)hora__params()->ckpt_chunk_bytes, &lc,
+                                         &lb) != HORA_SUCCESS || lc != m->file_crc || lb != m->file_bytes;
+    rc = HORA_ERR(local_bad ? HORA_ERR_DATA : HORA_ERR_IO,
+                  "%s reads back as %" PRIu64 " bytes with CRC32C %08" PRIx32 ", the manifest says %" PRIu64
+                  ", %08" PRIx32 "%s: not committed", what, bytes, crc, m->file_bytes, m->file_crc,
+                  local_bad ? " (the local file itself no longer matches)" : "");
+  }
+  if (rc == HORA_SUCCESS) rc = hora__file_commit(dst_sdfd, dst_sd, tmp, file);
+  if (rc != HORA_SUCCESS) unlinkat(dst_sdfd, tmp, 0);
+  return rc;
+}
+
+/* Fds of one copy: local_dir, its step directory, persist_dir, the destination step directory. */
+typedef struct {
+  int ld, src, pd, dst;
+} copy_fds_t;
+
+static void close_fds(copy_fds_t *f) {
+  int *all[4] = {&f->ld, &f->src, &f->pd, &f->dst};
+  for (int i = 0; i < 4; i++)
+    if (*all[i] >= 0) {
+      close(*all[i]);
+      *all[i] = -1;
+    }
+}
+
 static hora_result_t copy_step(hora_ckpt_t *ck, int64_t step) {
-  char src_sd[4096], dst_sd[4096], src[4600], tmp[4600], fin[4600];
+  char name[64], src_sd[4400], dst_sd[4400];
   ck_manifest_t m, old;
-  hora__ck_step_dir(ck->local_dir, step, src_sd, sizeof src_sd);
-  HORA_CHECK(hora__ck_manifest_read(src_sd, &m));
-  struct stat st;
-  errno = 0;
-  if (stat(ck->persist_dir, &st) != 0 || !S_ISDIR(st.st_mode))
-    return HORA_ERR(HORA_ERR_IO, "persist_dir %s is not reachable: %s", ck->persist_dir,
-                    errno ? strerror(errno) : "not a directory");
-  hora__ck_step_dir(ck->persist_dir, step, dst_sd, sizeof dst_sd);
-  int committed = hora__ck_has_manifest(dst_sd) && hora__ck_manifest_read(dst_sd, &old) == HORA_SUCCESS;
+  copy_fds_t f = {-1, -1, -1, -1};
+  hora__ck_step_name(step, name, sizeof name);
+  snprintf(src_sd, sizeof src_sd, "%s/%s", ck->local_dir, name);
+  snprintf(dst_sd, sizeof dst_sd, "%s/%s", ck->persist_dir, name);
+  hora_result_t rc;
+  char *manifest = NULL;
+  int created = 0;
+  HORA_CHECK_GOTO(hora__dir_open(ck->local_dir, 0, &f.ld), rc, fail);
+  HORA_CHECK_GOTO(hora__subdir_open(f.ld, ck->local_dir, name, 0, &f.src), rc, fail);
+  HORA_CHECK_GOTO(hora__ck_manifest_read_at(f.src, src_sd, &m), rc, fail);
+  /* persist_dir is never created here (an unmounted file system leaves an empty mount point). */
+  rc = hora__dir_open(ck->persist_dir, 0, &f.pd);
+  if (rc == HORA_ERR_NOT_FOUND) {
+    char msg[CK_MSG_MAX];
+    hora__ck_keep_msg(msg);
+    rc = HORA_ERR(HORA_ERR_IO, "persist_dir %s is not reachable: %s", ck->persist_dir, msg);
+    goto fail;
+  }
+  if (rc != HORA_SUCCESS) goto fail;
+  if (hora__entry_exists(f.pd, name)) HORA_CHECK_GOTO(hora__subdir_open(f.pd, ck->persist_dir, name, 0, &f.dst), rc, fail);
+  int committed = f.dst >= 0 && hora__entry_exists(f.dst, CK_MANIFEST) &&
+                  hora__ck_manifest_read_at(f.dst, dst_sd, &old) == HORA_SUCCESS;
   if (committed && old.file_crc == m.file_crc && old.file_bytes == m.file_bytes &&
-      hora__ck_validate(dst_sd, 0, &old, NULL, NULL) == HORA_SUCCESS) {
+      hora__ck_validate_at(f.dst, dst_sd, 0, &old, NULL, NULL) == HORA_SUCCESS) {
     HORA_INFO(CKPT, "step %" PRId64 " is already in %s", step, ck->persist_dir);
     goto latest;
   }
-  int created = 0;
   if (!committed) {
-    if (access(dst_sd, F_OK) == 0) HORA_CHECK(hora__ck_remove_step(dst_sd));
-    if (mkdir(dst_sd, 0755) != 0) return HORA_ERR(HORA_ERR_IO, "mkdir %s: %s", dst_sd, strerror(errno));
+    if (f.dst >= 0) {
+      close(f.dst);
+      f.dst = -1;
+      HORA_CHECK_GOTO(hora__ck_remove_step_at(f.pd, ck->persist_dir, name), rc, fail);
+    }
+    HORA_CHECK_GOTO(hora__subdir_open(f.pd, ck->persist_dir, name, 1, &f.dst), rc, fail);
     created = 1;
   }
   const char *file = (committed && strcmp(old.file, m.file) == 0)
                          ? (strcmp(m.file, CK_DATA) == 0 ? "state.1.safetensors" : CK_DATA)
                          : m.file;
-  snprintf(src, sizeof src, "%s/%s", src_sd, m.file);
-  snprintf(tmp, sizeof tmp, "%s/" CK_TMP_PREFIX "%s.%ld", dst_sd, file, (long)getpid());
-  snprintf(fin, sizeof fin, "%s/%s", dst_sd, file);
-  hora_result_t rc;
-  char *manifest = NULL;
-  uint32_t crc = 0;
-  uint64_t bytes = 0;
   double t0 = hora__now_s();
-  HORA_CHECK_GOTO(hora__ck_fsync_dir(ck->persist_dir), rc, fail);
-  HORA_CHECK_GOTO(copy_file(src, tmp, &crc, &bytes), rc, fail);
-  /* What persist_dir holds must match the manifest: a mismatch means the local file was
-   * damaged after its commit (it cannot be fixed by retrying) or the copy went wrong. */
-  if (bytes != m.file_bytes || crc != m.file_crc) {
-    uint32_t lc = 0;
-    uint64_t lb = 0;
-    int local_bad = hora__ck_file_crc(src, (size_t)hora__params()->ckpt_chunk_bytes, &lc, &lb) != HORA_SUCCESS ||
-                    lc != m.file_crc || lb != m.file_bytes;
-    rc = HORA_ERR(local_bad ? HORA_ERR_DATA : HORA_ERR_IO,
-                  "%s reads back as %" PRIu64 " bytes with CRC32C %08" PRIx32 ", the manifest says %" PRIu64
-                  ", %08" PRIx32 "%s: not committed", tmp, bytes, crc, m.file_bytes, m.file_crc,
-                  local_bad ? " (the local file itself no longer matches)" : "");
-    goto fail;
-  }
-  if (rename(tmp, fin) != 0) {
-    rc = HORA_ERR(HORA_ERR_IO, "rename %s to %s: %s", tmp, fin, strerror(errno));
-    goto fail;
-  }
-  tmp[0] = 0;
-  HORA_CHECK_GOTO(hora__ck_fsync_dir(dst_sd), rc, fail);
-  HORA_CHECK_GOTO(manifest_for(src_sd, file, &manifest), rc, fail);
-  HORA_CHECK_GOTO(hora__ck_write_small(dst_sd, CK_MANIFEST, manifest, strlen(manifest)), rc, fail);
+  HORA_CHECK_GOTO(copy_data(f.src, src_sd, f.dst, dst_sd, &m, file), rc, fail);
+  HORA_CHECK_GOTO(manifest_for(f.src, src_sd, file, &manifest), rc, fail);
+  HORA_CHECK_GOTO(hora__file_write_atomic(f.dst, dst_sd, CK_MANIFEST, manifest, strlen(manifest)), rc, fail);
   free(manifest);
   manifest = NULL;
+  created = 0;
   if (committed && strcmp(old.file, file) != 0) {
-    char p[4600];
-    snprintf(p, sizeof p, "%s/%s", dst_sd, old.file);
-    unlink(p);
-    (void)hora__ck_fsync_dir(dst_sd);
+    unlinkat(f.dst, old.file, 0);
+    (void)hora__ck_fsync_fd(f.dst, dst_sd);
   }
   ck->last_copy_dur_s = hora__now_s() - t0;
-  HORA_INFO(CKPT, "step %" PRId64 " copied to %s (%" PRIu64 " bytes, %.3f s)", step, ck->persist_dir, bytes,
+  HORA_INFO(CKPT, "step %" PRId64 " copied to %s (%" PRIu64 " bytes, %.3f s)", step, ck->persist_dir, m.file_bytes,
             ck->last_copy_dur_s);
 latest:;
   char latest[64];
-  int ln = snprintf(latest, sizeof latest, "step-%" PRId64 "\n", step);
-  HORA_CHECK(hora__ck_write_small(ck->persist_dir, CK_LATEST, latest, (size_t)ln));
-  hora__ck_prune(ck->persist_dir, ck->keep, step, INT64_MIN);
+  int ln = snprintf(latest, sizeof latest, "%s\n", name);
+  HORA_CHECK_GOTO(hora__file_write_atomic(f.pd, ck->persist_dir, CK_LATEST, latest, (size_t)ln), rc, fail);
+  hora__ck_prune(f.pd, ck->persist_dir, ck->keep, step, INT64_MIN);
+  close_fds(&f);
   return HORA_SUCCESS;
 fail:
   free(manifest);
-  if (tmp[0]) unlink(tmp);
-  if (created) hora__ck_remove_step(dst_sd);
+  if (created) {
+    if (f.dst >= 0) close(f.dst);
+    f.dst = -1;
+    hora__ck_remove_step_at(f.pd, ck->persist_dir, name);
+  }
+  close_fds(&f);
   return rc;
 }
 

@@ -1,6 +1,8 @@
 /* File-system helpers of the checkpoint pipeline: every file reaches its final name through
  * temporary name + fsync + rename + directory fsync, so that a crash at any instant leaves either
- * the old or the new content under a final name, never a torn one. */
+ * the old or the new content under a final name, never a torn one. Everything works on fds of
+ * directories checked by core/safefs.c (owner, mode, no foreign symlinks): no file is opened,
+ * created or removed through a path another user could redirect. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -13,116 +15,77 @@
 
 #include "ckpt/ckpt.h"
 #include "core/crc32c.h"
+#include "core/safefs.h"
 
 hora_result_t hora__ck_write_all(int fd, const void *p, size_t n, const char *name) {
-  const unsigned char *c = p;
-  while (n) {
-    ssize_t w = write(fd, c, n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return HORA_ERR(HORA_ERR_IO, "write %s: %s", name, strerror(errno));
-    if (w == 0) return HORA_ERR(HORA_ERR_IO, "write %s: no progress (disk full?)", name);
-    c += w;
-    n -= (size_t)w;
-  }
-  return HORA_SUCCESS;
+  return hora__write_all(fd, p, n, name);
 }
 
-hora_result_t hora__ck_fsync_dir(const char *dir) {
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return HORA_ERR(HORA_ERR_IO, "open directory %s: %s", dir, strerror(errno));
-  int r = fsync(fd);
-  int e = errno;
-  close(fd);
-  if (r != 0 && e != EINVAL) return HORA_ERR(HORA_ERR_IO, "fsync directory %s: %s", dir, strerror(e));
+hora_result_t hora__ck_fsync_fd(int dfd, const char *dir) {
+  if (fsync(dfd) != 0 && errno != EINVAL) return HORA_ERR(HORA_ERR_IO, "fsync directory %s: %s", dir, strerror(errno));
   return HORA_SUCCESS;
 }
 
 hora_result_t hora__ck_mkdirs(const char *dir) {
-  struct stat st;
-  if (stat(dir, &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return HORA_SUCCESS;
-    return HORA_ERR(HORA_ERR_IO, "%s exists and is not a directory", dir);
-  }
-  char *p = strdup(dir);
-  if (!p) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
-  hora_result_t rc = HORA_SUCCESS;
-  for (char *s = p + 1;; s++) {
-    if (*s != '/' && *s) continue;
-    char c = *s;
-    *s = 0;
-    if (mkdir(p, 0755) == 0) {
-      /* Make the new entry durable in its parent. */
-      char *slash = strrchr(p, '/');
-      if (slash && slash != p) {
-        *slash = 0;
-        hora__ck_fsync_dir(p);
-        *slash = '/';
-      }
-    } else if (errno != EEXIST) {
-      rc = HORA_ERR(HORA_ERR_IO, "mkdir %s: %s", p, strerror(errno));
-      break;
-    }
-    *s = c;
-    if (!c) break;
-  }
-  free(p);
-  return rc;
-}
-
-hora_result_t hora__ck_write_small(const char *dir, const char *name, const void *p, size_t n) {
-  char tmp[4600], fin[4600];
-  snprintf(tmp, sizeof tmp, "%s/" CK_TMP_PREFIX "%s.%ld", dir, name, (long)getpid());
-  snprintf(fin, sizeof fin, "%s/%s", dir, name);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return HORA_ERR(HORA_ERR_IO, "create %s: %s", tmp, strerror(errno));
-  hora_result_t rc = hora__ck_write_all(fd, p, n, tmp);
-  if (rc == HORA_SUCCESS && fsync(fd) != 0) rc = HORA_ERR(HORA_ERR_IO, "fsync %s: %s", tmp, strerror(errno));
-  if (close(fd) != 0 && rc == HORA_SUCCESS) rc = HORA_ERR(HORA_ERR_IO, "close %s: %s", tmp, strerror(errno));
-  if (rc == HORA_SUCCESS && rename(tmp, fin) != 0)
-    rc = HORA_ERR(HORA_ERR_IO, "rename %s to %s: %s", tmp, fin, strerror(errno));
-  if (rc != HORA_SUCCESS) {
-    unlink(tmp);
-    return rc;
-  }
-  return hora__ck_fsync_dir(dir);
-}
-
-hora_result_t hora__ck_remove_step(const char *stepdir) {
-  char p[4600];
-  snprintf(p, sizeof p, "%s/%s", stepdir, CK_MANIFEST);
-  if (unlink(p) != 0 && errno != ENOENT)
-    return HORA_ERR(HORA_ERR_IO, "remove %s: %s", p, strerror(errno));
-  DIR *d = opendir(stepdir);
-  if (!d) return errno == ENOENT ? HORA_SUCCESS : HORA_ERR(HORA_ERR_IO, "opendir %s: %s", stepdir, strerror(errno));
-  struct dirent *e;
-  while ((e = readdir(d))) {
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    snprintf(p, sizeof p, "%s/%s", stepdir, e->d_name);
-    unlink(p);
-  }
-  closedir(d);
-  if (rmdir(stepdir) != 0) return HORA_ERR(HORA_ERR_IO, "rmdir %s: %s", stepdir, strerror(errno));
+  int fd;
+  HORA_CHECK(hora__dir_open(dir, 1, &fd));
+  close(fd);
   return HORA_SUCCESS;
 }
 
-hora_result_t hora__ck_read_file(const char *path, size_t max_bytes, unsigned char **buf, size_t *len) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return HORA_ERR(errno == ENOENT ? HORA_ERR_NOT_FOUND : HORA_ERR_IO, "open %s: %s", path, strerror(errno));
+hora_result_t hora__ck_remove_step_at(int dfd, const char *dir, const char *name) {
+  int sfd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (sfd < 0) {
+    if (errno == ENOENT) return HORA_SUCCESS;
+    if (errno != ELOOP && errno != ENOTDIR) return HORA_ERR(HORA_ERR_IO, "open %s/%s: %s", dir, name, strerror(errno));
+    /* A symlink (or a file) under a step name is not ours to follow: remove the entry itself. */
+    if (unlinkat(dfd, name, 0) != 0) return HORA_ERR(HORA_ERR_IO, "remove %s/%s: %s", dir, name, strerror(errno));
+    return HORA_SUCCESS;
+  }
+  if (unlinkat(sfd, CK_MANIFEST, 0) != 0 && errno != ENOENT) {
+    int e = errno;
+    close(sfd);
+    return HORA_ERR(HORA_ERR_IO, "remove %s/%s/%s: %s", dir, name, CK_MANIFEST, strerror(e));
+  }
+  int lfd = dup(sfd);
+  DIR *d = lfd >= 0 ? fdopendir(lfd) : NULL;
+  if (!d) {
+    int e = errno;
+    if (lfd >= 0) close(lfd);
+    close(sfd);
+    return HORA_ERR(HORA_ERR_IO, "opendir %s/%s: %s", dir, name, strerror(e));
+  }
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    unlinkat(sfd, e->d_name, 0);
+  }
+  closedir(d);
+  close(sfd);
+  if (unlinkat(dfd, name, AT_REMOVEDIR) != 0)
+    return HORA_ERR(HORA_ERR_IO, "rmdir %s/%s: %s", dir, name, strerror(errno));
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__ck_read_file_at(int dfd, const char *dir, const char *name, size_t max_bytes, unsigned char **buf,
+                                    size_t *len) {
+  int fd;
+  HORA_CHECK(hora__file_open_read(dfd, dir, name, &fd));
   struct stat st;
   if (fstat(fd, &st) != 0) {
     close(fd);
-    return HORA_ERR(HORA_ERR_IO, "stat %s: %s", path, strerror(errno));
+    return HORA_ERR(HORA_ERR_IO, "stat %s/%s: %s", dir, name, strerror(errno));
   }
   if ((uint64_t)st.st_size > max_bytes) {
     close(fd);
-    return HORA_ERR(HORA_ERR_DATA, "%s has %lld bytes, more than the %zu expected", path, (long long)st.st_size, max_bytes);
+    return HORA_ERR(HORA_ERR_DATA, "%s/%s has %lld bytes, more than the %zu expected", dir, name, (long long)st.st_size,
+                    max_bytes);
   }
   size_t n = (size_t)st.st_size;
   unsigned char *b = malloc(n + 1);
   if (!b) {
     close(fd);
-    return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory reading %s (%zu bytes)", path, n);
+    return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory reading %s/%s (%zu bytes)", dir, name, n);
   }
   size_t got = 0;
   while (got < n) {
@@ -132,7 +95,7 @@ hora_result_t hora__ck_read_file(const char *path, size_t max_bytes, unsigned ch
       int e = errno;
       free(b);
       close(fd);
-      return HORA_ERR(HORA_ERR_IO, "read %s: %s", path, r == 0 ? "unexpected end of file" : strerror(e));
+      return HORA_ERR(HORA_ERR_IO, "read %s/%s: %s", dir, name, r == 0 ? "unexpected end of file" : strerror(e));
     }
     got += (size_t)r;
   }
@@ -143,10 +106,10 @@ hora_result_t hora__ck_read_file(const char *path, size_t max_bytes, unsigned ch
   return HORA_SUCCESS;
 }
 
-hora_result_t hora__ck_file_crc(const char *path, size_t chunk, uint32_t *crc, uint64_t *bytes) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return HORA_ERR(errno == ENOENT ? HORA_ERR_NOT_FOUND : HORA_ERR_IO, "open %s: %s", path, strerror(errno));
+hora_result_t hora__ck_file_crc_at(int dfd, const char *dir, const char *name, size_t chunk, uint32_t *crc,
+                                   uint64_t *bytes) {
+  int fd;
+  HORA_CHECK(hora__file_open_read(dfd, dir, name, &fd));
   unsigned char *b = malloc(chunk);
   if (!b) {
     close(fd);
@@ -159,7 +122,7 @@ hora_result_t hora__ck_file_crc(const char *path, size_t chunk, uint32_t *crc, u
     ssize_t r = read(fd, b, chunk);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
-      rc = HORA_ERR(HORA_ERR_IO, "read %s: %s", path, strerror(errno));
+      rc = HORA_ERR(HORA_ERR_IO, "read %s/%s: %s", dir, name, strerror(errno));
       break;
     }
     if (r == 0) break;

@@ -8,6 +8,8 @@
  * A step directory is a checkpoint only when its manifest parses and the file it names has
  * exactly file_bytes bytes whose CRC32C is file_crc32c. */
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -26,6 +28,8 @@
 void hora__ck_step_dir(const char *dir, int64_t step, char *out, size_t n) {
   snprintf(out, n, "%s/step-%" PRId64, dir, step);
 }
+
+void hora__ck_step_name(int64_t step, char *out, size_t n) { snprintf(out, n, "step-%" PRId64, step); }
 
 hora_result_t hora__ck_manifest_json(const ck_snap_t *s, const char *file, uint64_t file_bytes,
                                      uint32_t file_crc, uint32_t data_crc, const char *persist_dir,
@@ -80,12 +84,10 @@ int hora__ck_has_manifest(const char *stepdir) {
   return access(path, F_OK) == 0;
 }
 
-hora_result_t hora__ck_manifest_read(const char *stepdir, ck_manifest_t *m) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/%s", stepdir, CK_MANIFEST);
+hora_result_t hora__ck_manifest_read_at(int sdfd, const char *stepdir, ck_manifest_t *m) {
   unsigned char *buf = NULL;
   size_t len = 0;
-  hora_result_t rc = hora__ck_read_file(path, MANIFEST_MAX_BYTES, &buf, &len);
+  hora_result_t rc = hora__ck_read_file_at(sdfd, stepdir, CK_MANIFEST, MANIFEST_MAX_BYTES, &buf, &len);
   if (rc == HORA_ERR_NOT_FOUND)
     return HORA_ERR(HORA_ERR_NOT_FOUND, "%s has no %s (the write did not finish)", stepdir, CK_MANIFEST);
   if (rc != HORA_SUCCESS) return rc;
@@ -126,17 +128,10 @@ static int newest_first(const void *a, const void *b) {
   return x > y ? -1 : x < y;
 }
 
-hora_result_t hora__ck_list_steps(const char *dir, int64_t **steps, size_t *n) {
-  *steps = NULL;
-  *n = 0;
-  DIR *d = opendir(dir);
-  if (!d) {
-    if (errno == ENOENT) return HORA_SUCCESS;
-    return HORA_ERR(HORA_ERR_IO, "opendir %s: %s", dir, strerror(errno));
-  }
+/* Collect step-<N> names of the open directory stream d. */
+static hora_result_t collect_steps(DIR *d, int64_t **steps, size_t *n) {
   size_t cap = 0;
   struct dirent *e;
-  hora_result_t rc = HORA_SUCCESS;
   while ((e = readdir(d))) {
     if (strncmp(e->d_name, "step-", 5) != 0) continue;
     const char *num = e->d_name + 5;
@@ -148,38 +143,61 @@ hora_result_t hora__ck_list_steps(const char *dir, int64_t **steps, size_t *n) {
       cap = cap ? 2 * cap : 16;
       int64_t *t = realloc(*steps, cap * sizeof *t);
       if (!t) {
-        rc = HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
-        break;
+        free(*steps);
+        *steps = NULL;
+        *n = 0;
+        return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
       }
       *steps = t;
     }
     (*steps)[(*n)++] = v;
   }
-  closedir(d);
-  if (rc != HORA_SUCCESS) {
-    free(*steps);
-    *steps = NULL;
-    *n = 0;
-    return rc;
-  }
   if (*n) qsort(*steps, *n, sizeof **steps, newest_first);
   return HORA_SUCCESS;
 }
 
-hora_result_t hora__ck_validate(const char *stepdir, int load, ck_manifest_t *m, unsigned char **buf,
-                                ck_snap_t *snap) {
-  HORA_CHECK(hora__ck_manifest_read(stepdir, m));
+hora_result_t hora__ck_list_steps_at(int dfd, const char *dir, int64_t **steps, size_t *n) {
+  *steps = NULL;
+  *n = 0;
+  int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+  if (!d) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    return HORA_ERR(HORA_ERR_IO, "opendir %s: %s", dir, strerror(e));
+  }
+  hora_result_t rc = collect_steps(d, steps, n);
+  closedir(d);
+  return rc;
+}
+
+hora_result_t hora__ck_list_steps(const char *dir, int64_t **steps, size_t *n) {
+  *steps = NULL;
+  *n = 0;
+  DIR *d = opendir(dir);
+  if (!d) {
+    if (errno == ENOENT) return HORA_SUCCESS;
+    return HORA_ERR(HORA_ERR_IO, "opendir %s: %s", dir, strerror(errno));
+  }
+  hora_result_t rc = collect_steps(d, steps, n);
+  closedir(d);
+  return rc;
+}
+
+hora_result_t hora__ck_validate_at(int sdfd, const char *stepdir, int load, ck_manifest_t *m, unsigned char **buf,
+                                   ck_snap_t *snap) {
+  HORA_CHECK(hora__ck_manifest_read_at(sdfd, stepdir, m));
   const char *base = strrchr(stepdir, '/');
   char want[64];
   snprintf(want, sizeof want, "step-%" PRId64, m->step);
   if (!base || strcmp(base + 1, want) != 0)
     return HORA_ERR(HORA_ERR_DATA, "%s: its manifest says step %" PRId64, stepdir, m->step);
-  char path[4096];
+  char path[4400];
   snprintf(path, sizeof path, "%s/%s", stepdir, m->file);
   if (!load) {
     uint32_t crc;
     uint64_t bytes;
-    HORA_CHECK(hora__ck_file_crc(path, (size_t)hora__params()->ckpt_chunk_bytes, &crc, &bytes));
+    HORA_CHECK(hora__ck_file_crc_at(sdfd, stepdir, m->file, (size_t)hora__params()->ckpt_chunk_bytes, &crc, &bytes));
     if (bytes != m->file_bytes)
       return HORA_ERR(HORA_ERR_DATA, "%s has %" PRIu64 " bytes, the manifest says %" PRIu64 " (torn file)", path,
                       bytes, m->file_bytes);
@@ -190,7 +208,7 @@ hora_result_t hora__ck_validate(const char *stepdir, int load, ck_manifest_t *m,
   }
   unsigned char *b = NULL;
   size_t len = 0;
-  HORA_CHECK(hora__ck_read_file(path, m->file_bytes, &b, &len));
+  HORA_CHECK(hora__ck_read_file_at(sdfd, stepdir, m->file, m->file_bytes, &b, &len));
   if (len != m->file_bytes) {
     free(b);
     return HORA_ERR(HORA_ERR_DATA, "%s has %zu bytes, the manifest says %" PRIu64 " (torn file)", path, len,
@@ -216,37 +234,93 @@ hora_result_t hora__ck_validate(const char *stepdir, int load, ck_manifest_t *m,
   return HORA_SUCCESS;
 }
 
+hora_result_t hora__ck_validate(const char *stepdir, int load, ck_manifest_t *m, unsigned char **buf,
+                                ck_snap_t *snap) {
+  int fd;
+  HORA_CHECK(hora__dir_open(stepdir, 0, &fd));
+  hora_result_t rc = hora__ck_validate_at(fd, stepdir, load, m, buf, snap);
+  close(fd);
+  return rc;
+}
+
+/* One place of a restore: its checked fd (-1: none or missing) and its steps, newest first. */
+typedef struct {
+  const char *dir;
+  int fd;
+  int64_t *steps;
+  size_t n, at;
+} place_t;
+
+static hora_result_t open_place(place_t *p, const char *dir) {
+  memset(p, 0, sizeof *p);
+  p->dir = dir;
+  p->fd = -1;
+  struct stat st;
+  if (!dir || (lstat(dir, &st) != 0 && errno == ENOENT)) return HORA_SUCCESS; /* nothing there yet */
+  hora_result_t rc = hora__dir_open(dir, 0, &p->fd);
+  if (rc == HORA_ERR_NOT_FOUND) return HORA_SUCCESS; /* nothing there yet */
+  if (rc != HORA_SUCCESS) { /* nothing is read from it */
+    char msg[CK_MSG_MAX];
+    hora__ck_keep_msg(msg);
+    return HORA_ERR(rc, "restore refuses %s: %s", dir, msg);
+  }
+  if (hora__ck_list_steps_at(p->fd, dir, &p->steps, &p->n) != HORA_SUCCESS)
+    HORA_WARN(CKPT, "restore: cannot list %s (%s); skipping it", dir, hora_last_error());
+  return HORA_SUCCESS;
+}
+
+/* Try one candidate: step directory `step` of place p. *counts: 1 when the candidate was a
+ * committed checkpoint of this run (it has a manifest; a local one names our persist_dir), so
+ * that its rejection makes the result HORA_ERR_CORRUPT rather than HORA_ERR_NOT_FOUND. */
+static hora_result_t try_candidate(place_t *p, int local, int64_t step, const char *ours, char *sd, size_t sd_cap,
+                                   unsigned char **buf, ck_snap_t *snap, int *counts) {
+  char name[64];
+  hora__ck_step_name(step, name, sizeof name);
+  snprintf(sd, sd_cap, "%s/%s", p->dir, name);
+  *counts = 1;
+  int sfd;
+  hora_result_t v = hora__subdir_open(p->fd, p->dir, name, 0, &sfd);
+  if (v != HORA_SUCCESS) return v; /* a symlink or a foreign directory: refused, counted */
+  ck_manifest_t m;
+  if (faccessat(sfd, CK_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT)
+    *counts = 0; /* never committed: an interrupted first write is a fresh start, not corruption */
+  v = hora__ck_validate_at(sfd, sd, 1, &m, buf, snap);
+  close(sfd);
+  if (v == HORA_SUCCESS && local && strcmp(m.persist_dir, ours) != 0) {
+    hora__ck_snap_free(snap);
+    free(*buf);
+    *buf = NULL;
+    *counts = 0;
+    v = HORA_ERR(HORA_ERR_DATA, "%s was written by another run (persist_dir '%s', this run's is '%s')", sd,
+                 m.persist_dir, ours);
+  }
+  return v;
+}
+
 hora_result_t hora__ck_find_newest(const char *local_dir, const char *persist_dir, char **path,
                                    unsigned char **buf, ck_snap_t *snap) {
-  const char *dirs[2] = {local_dir, persist_dir};
-  int64_t *steps[2] = {NULL, NULL};
-  size_t n[2] = {0, 0}, at[2] = {0, 0};
-  for (int p = 0; p < 2; p++) {
-    if (!dirs[p]) continue;
-    if (hora__ck_list_steps(dirs[p], &steps[p], &n[p]) != HORA_SUCCESS)
-      HORA_WARN(CKPT, "restore: cannot list %s (%s); skipping it", dirs[p], hora_last_error());
+  place_t pl[2];
+  HORA_CHECK(open_place(&pl[0], local_dir));
+  hora_result_t rc = open_place(&pl[1], persist_dir);
+  if (rc != HORA_SUCCESS) {
+    if (pl[0].fd >= 0) close(pl[0].fd);
+    free(pl[0].steps);
+    return rc;
   }
-  hora_result_t rc = HORA_ERR_NOT_FOUND;
-  char why[2 * CK_MSG_MAX] = "", canon[PATH_MAX];
+  rc = HORA_ERR_NOT_FOUND;
+  char why[2 * CK_MSG_MAX] = "", other[CK_MSG_MAX] = "", canon[PATH_MAX];
   const char *ours = persist_dir ? (realpath(persist_dir, canon) ? canon : persist_dir) : "";
+  int bad = 0, skipped = 0;
   for (;;) {
     /* Next candidate: the highest step left; local before persistent on a tie. */
     int pick = -1;
     for (int p = 0; p < 2; p++)
-      if (at[p] < n[p] && (pick < 0 || steps[p][at[p]] > steps[pick][at[pick]])) pick = p;
+      if (pl[p].at < pl[p].n && (pick < 0 || pl[p].steps[pl[p].at] > pl[pick].steps[pl[pick].at])) pick = p;
     if (pick < 0) break;
-    int64_t step = steps[pick][at[pick]++];
-    char sd[4096];
-    hora__ck_step_dir(dirs[pick], step, sd, sizeof sd);
-    ck_manifest_t m;
-    hora_result_t v = hora__ck_validate(sd, 1, &m, buf, snap);
-    if (v == HORA_SUCCESS && pick == 0 && strcmp(m.persist_dir, ours) != 0) {
-      hora__ck_snap_free(snap);
-      free(*buf);
-      *buf = NULL;
-      v = HORA_ERR(HORA_ERR_DATA, "%s was written by another run (persist_dir '%s', this run's is '%s')", sd,
-                   m.persist_dir, ours);
-    }
+    int64_t step = pl[pick].steps[pl[pick].at++];
+    char sd[4400];
+    int counts = 0;
+    hora_result_t v = try_candidate(&pl[pick], pick == 0, step, ours, sd, sizeof sd, buf, snap, &counts);
     if (v == HORA_SUCCESS) {
       *path = strdup(sd);
       if (!*path) {
@@ -256,7 +330,7 @@ hora_result_t hora__ck_find_newest(const char *local_dir, const char *persist_di
         rc = HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
         break;
       }
-      if (why[0])
+      if (bad || skipped)
         HORA_WARN(CKPT, "restore: using %s (step %" PRId64 ", %s) because the newer candidates are torn or corrupt "
                   "(see above)", sd, step, pick == 0 ? "local" : "persistent");
       else
@@ -265,44 +339,75 @@ hora_result_t hora__ck_find_newest(const char *local_dir, const char *persist_di
       break;
     }
     HORA_WARN(CKPT, "restore: skipping %s: %s", sd, hora_last_error());
+    if (!counts) {
+      size_t used = strlen(other);
+      if (used < sizeof other - 16)
+        snprintf(other + used, sizeof other - used, "%s%.300s", used ? "; " : "", hora_last_error());
+      skipped++;
+      continue;
+    }
+    bad++;
     size_t used = strlen(why);
     if (used < sizeof why - 16)
-      snprintf(why + used, sizeof why - used, "%s%.400s: %.400s", used ? "; " : "", sd, hora_last_error());
+      snprintf(why + used, sizeof why - used, "%s%.400s", used ? "; " : "", hora_last_error());
   }
-  free(steps[0]);
-  free(steps[1]);
+  for (int p = 0; p < 2; p++) {
+    if (pl[p].fd >= 0) close(pl[p].fd);
+    free(pl[p].steps);
+  }
+  const char *places = local_dir && persist_dir ? " or " : "";
+  if (rc == HORA_ERR_NOT_FOUND && bad)
+    return HORA_ERR(HORA_ERR_CORRUPT, "%d checkpoint%s in %s%s%s, none valid (not starting over: fix or move them "
+                    "away to start from step 0): %s", bad, bad == 1 ? "" : "s", local_dir ? local_dir : "", places,
+                    persist_dir ? persist_dir : "", why);
   if (rc == HORA_ERR_NOT_FOUND)
-    return HORA_ERR(HORA_ERR_NOT_FOUND, "no valid checkpoint in %s%s%s%s%s", local_dir ? local_dir : "",
-                    local_dir && persist_dir ? " or " : "", persist_dir ? persist_dir : "", why[0] ? ": " : "",
-                    why);
+    return HORA_ERR(HORA_ERR_NOT_FOUND, "no checkpoint in %s%s%s%s%s", local_dir ? local_dir : "", places,
+                    persist_dir ? persist_dir : "",
+                    skipped ? " (only interrupted writes or other runs' checkpoints): " : "", other);
   return rc;
 }
 
-void hora__ck_prune(const char *dir, int keep, int64_t newest, int64_t pinned) {
+/* A step directory that holds a complete checkpoint as far as its size shows: the manifest
+ * parses and the file it names has the manifest's size (no CRC pass: pruning decides quickly). */
+static int looks_complete(int dfd, const char *dir, const char *name) {
+  int sfd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (sfd < 0) return 0;
+  char sd[4400];
+  snprintf(sd, sizeof sd, "%s/%s", dir, name);
+  ck_manifest_t m;
+  struct stat st;
+  int ok = faccessat(sfd, CK_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0 &&
+           hora__ck_manifest_read_at(sfd, sd, &m) == HORA_SUCCESS &&
+           fstatat(sfd, m.file, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+           (uint64_t)st.st_size == m.file_bytes;
+  close(sfd);
+  return ok;
+}
+
+int hora__ck_prune(int dfd, const char *dir, int keep, int64_t newest, int64_t pinned) {
   int64_t *steps = NULL;
   size_t n = 0;
-  if (hora__ck_list_steps(dir, &steps, &n) != HORA_SUCCESS) {
+  if (hora__ck_list_steps_at(dfd, dir, &steps, &n) != HORA_SUCCESS) {
     HORA_WARN(CKPT, "prune: %s", hora_last_error());
-    return;
+    return 0;
   }
-  int kept = 0;
+  int kept = 0, removed = 0;
   for (size_t i = 0; i < n; i++) {
-    char sd[4096], mp[4200];
-    hora__ck_step_dir(dir, steps[i], sd, sizeof sd);
+    char name[64];
+    hora__ck_step_name(steps[i], name, sizeof name);
     if (steps[i] > newest || steps[i] == pinned) continue; /* newer ones belong to someone else's run */
-    snprintf(mp, sizeof mp, "%s/%s", sd, CK_MANIFEST);
-    FILE *f = fopen(mp, "r");
-    int committed = f != NULL;
-    if (f) fclose(f);
-    if (committed && kept < keep) {
+    if (kept < keep && looks_complete(dfd, dir, name)) {
       kept++;
       continue;
     }
-    if (hora__ck_remove_step(sd) != HORA_SUCCESS)
+    if (hora__ck_remove_step_at(dfd, dir, name) != HORA_SUCCESS) {
       HORA_WARN(CKPT, "prune: %s", hora_last_error());
-    else
-      HORA_INFO(CKPT, "pruned %s", sd);
+    } else {
+      HORA_INFO(CKPT, "pruned %s/%s", dir, name);
+      removed++;
+    }
   }
   free(steps);
-  (void)hora__ck_fsync_dir(dir);
+  (void)hora__ck_fsync_fd(dfd, dir);
+  return removed;
 }

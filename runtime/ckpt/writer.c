@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,23 +32,52 @@ static const char *pick_file(const char *old) {
   return (old && strcmp(old, CK_DATA) == 0) ? "state.1.safetensors" : CK_DATA;
 }
 
+/* Write the data file of snapshot s into the step directory sdfd (path sd) under `file`:
+ * unpredictable temporary name (O_EXCL, O_NOFOLLOW), chunked writes, fsync, renameat, fsync. */
+static hora_result_t write_data(int sdfd, const char *sd, const char *file, const unsigned char *prefix,
+                                size_t prefix_bytes, const ck_snap_t *s) {
+  char tmp[NAME_MAX + 1], what[4800];
+  int fd;
+  HORA_CHECK(hora__file_create_tmp(sdfd, sd, file, O_WRONLY, tmp, sizeof tmp, &fd));
+  snprintf(what, sizeof what, "%s/%s", sd, tmp);
+  hora_result_t rc = hora__ck_write_all(fd, prefix, prefix_bytes, what);
+  size_t chunk = (size_t)hora__params()->ckpt_chunk_bytes;
+  for (size_t at = 0; rc == HORA_SUCCESS && at < s->data_bytes; at += chunk) {
+    size_t n = s->data_bytes - at < chunk ? s->data_bytes - at : chunk;
+    rc = hora__ck_write_all(fd, s->data + at, n, what);
+    hora__ck_test_delay();
+  }
+  if (rc == HORA_SUCCESS && fsync(fd) != 0) rc = HORA_ERR(HORA_ERR_IO, "fsync %s: %s", what, strerror(errno));
+  if (close(fd) != 0 && rc == HORA_SUCCESS) rc = HORA_ERR(HORA_ERR_IO, "close %s: %s", what, strerror(errno));
+  if (rc == HORA_SUCCESS) rc = hora__file_commit(sdfd, sd, tmp, file);
+  if (rc != HORA_SUCCESS) unlinkat(sdfd, tmp, 0);
+  return rc;
+}
+
 static hora_result_t write_checkpoint(hora_ckpt_t *ck, ck_snap_t *s) {
   hora_result_t rc = HORA_SUCCESS;
-  char sd[4096], tmp[4600], fin[4600];
-  int created = 0, fd = -1, committed = 0;
+  char sd[4400], name[64];
+  int created = 0, committed = 0, ldfd = -1, sdfd = -1;
   unsigned char *prefix = NULL;
   char *manifest = NULL;
   ck_manifest_t old;
-  HORA_CHECK(hora__ck_mkdirs(ck->local_dir));
-  hora__ck_step_dir(ck->local_dir, s->step, sd, sizeof sd);
-  tmp[0] = 0;
-  /* A step directory without a (readable) manifest is debris of an interrupted write. */
-  committed = hora__ck_has_manifest(sd) && hora__ck_manifest_read(sd, &old) == HORA_SUCCESS;
-  if (!committed && access(sd, F_OK) == 0) HORA_CHECK(hora__ck_remove_step(sd));
+  HORA_CHECK(hora__dir_open(ck->local_dir, 1, &ldfd));
+  hora__ck_step_name(s->step, name, sizeof name);
+  snprintf(sd, sizeof sd, "%s/%s", ck->local_dir, name);
+  /* A step directory without a (readable) manifest is debris of an interrupted write. A symlink
+   * or a foreign directory under the step's name is refused (HORA_ERR_IO), never written into. */
+  if (hora__entry_exists(ldfd, name)) {
+    HORA_CHECK_GOTO(hora__subdir_open(ldfd, ck->local_dir, name, 0, &sdfd), rc, fail);
+    committed = hora__entry_exists(sdfd, CK_MANIFEST) && hora__ck_manifest_read_at(sdfd, sd, &old) == HORA_SUCCESS;
+  }
+  if (!committed && sdfd >= 0) {
+    close(sdfd);
+    sdfd = -1;
+    HORA_CHECK_GOTO(hora__ck_remove_step_at(ldfd, ck->local_dir, name), rc, fail);
+  }
   if (!committed) {
-    if (mkdir(sd, 0755) != 0) return HORA_ERR(HORA_ERR_IO, "mkdir %s: %s", sd, strerror(errno));
+    HORA_CHECK_GOTO(hora__subdir_open(ldfd, ck->local_dir, name, 1, &sdfd), rc, fail);
     created = 1;
-    HORA_CHECK_GOTO(hora__ck_fsync_dir(ck->local_dir), rc, fail);
   } else {
     HORA_INFO(CKPT, "step %" PRId64 " is already committed in %s: writing a new version beside it", s->step,
               ck->local_dir);
@@ -57,71 +87,43 @@ static hora_result_t write_checkpoint(hora_ckpt_t *ck, ck_snap_t *s) {
   size_t prefix_bytes;
   hora__ck_snap_crcs(s);
   HORA_CHECK_GOTO(hora__ck_encode(s, &prefix, &prefix_bytes, &file_crc, &data_crc), rc, fail);
-  snprintf(tmp, sizeof tmp, "%s/" CK_TMP_PREFIX "%s.%ld", sd, file, (long)getpid());
-  snprintf(fin, sizeof fin, "%s/%s", sd, file);
-  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    rc = HORA_ERR(HORA_ERR_IO, "create %s: %s", tmp, strerror(errno));
-    goto fail;
-  }
-  HORA_CHECK_GOTO(hora__ck_write_all(fd, prefix, prefix_bytes, tmp), rc, fail);
-  size_t chunk = (size_t)hora__params()->ckpt_chunk_bytes;
-  for (size_t at = 0; at < s->data_bytes; at += chunk) {
-    size_t n = s->data_bytes - at < chunk ? s->data_bytes - at : chunk;
-    HORA_CHECK_GOTO(hora__ck_write_all(fd, s->data + at, n, tmp), rc, fail);
-    hora__ck_test_delay();
-  }
-  if (fsync(fd) != 0) {
-    rc = HORA_ERR(HORA_ERR_IO, "fsync %s: %s", tmp, strerror(errno));
-    goto fail;
-  }
-  int cfd = fd;
-  fd = -1;
-  if (close(cfd) != 0) {
-    rc = HORA_ERR(HORA_ERR_IO, "close %s: %s", tmp, strerror(errno));
-    goto fail;
-  }
-  if (rename(tmp, fin) != 0) {
-    rc = HORA_ERR(HORA_ERR_IO, "rename %s to %s: %s", tmp, fin, strerror(errno));
-    goto fail;
-  }
-  tmp[0] = 0;
-  HORA_CHECK_GOTO(hora__ck_fsync_dir(sd), rc, fail);
+  HORA_CHECK_GOTO(write_data(sdfd, sd, file, prefix, prefix_bytes, s), rc, fail);
   uint64_t file_bytes = prefix_bytes + s->data_bytes;
   HORA_CHECK_GOTO(hora__ck_manifest_json(s, file, file_bytes, file_crc, data_crc, ck->persist_dir, &manifest), rc, fail);
-  HORA_CHECK_GOTO(hora__ck_write_small(sd, CK_MANIFEST, manifest, strlen(manifest)), rc, fail);
+  HORA_CHECK_GOTO(hora__file_write_atomic(sdfd, sd, CK_MANIFEST, manifest, strlen(manifest)), rc, fail);
   if (committed && strcmp(old.file, file) != 0) {
-    char p[4600];
-    snprintf(p, sizeof p, "%s/%s", sd, old.file);
-    unlink(p);
-    (void)hora__ck_fsync_dir(sd);
+    unlinkat(sdfd, old.file, 0);
+    (void)hora__ck_fsync_fd(sdfd, sd);
   }
   committed = 1;
   created = 0;
   /* Read the new checkpoint back before anything older may go. */
   if (hora__params()->ckpt_verify) {
     ck_manifest_t m;
-    rc = hora__ck_validate(sd, 0, &m, NULL, NULL);
+    rc = hora__ck_validate_at(sdfd, sd, 0, &m, NULL, NULL);
     if (rc != HORA_SUCCESS) {
       char msg[CK_MSG_MAX];
       hora__ck_keep_msg(msg);
-      hora__ck_remove_step(sd);
+      created = 1; /* removed below */
       rc = HORA_ERR(HORA_ERR_IO, "checkpoint of step %" PRId64 " did not read back correctly and was removed: %s",
                     s->step, msg);
       goto fail;
     }
   }
   char latest[64];
-  int ln = snprintf(latest, sizeof latest, "step-%" PRId64 "\n", s->step);
-  HORA_CHECK_GOTO(hora__ck_write_small(ck->local_dir, CK_LATEST, latest, (size_t)ln), rc, fail);
+  int ln = snprintf(latest, sizeof latest, "%s\n", name);
+  HORA_CHECK_GOTO(hora__file_write_atomic(ldfd, ck->local_dir, CK_LATEST, latest, (size_t)ln), rc, fail);
   ck->last_file_bytes = file_bytes;
+  close(sdfd);
+  close(ldfd);
   free(prefix);
   free(manifest);
   return HORA_SUCCESS;
 fail:
-  if (fd >= 0) close(fd);
-  if (tmp[0]) unlink(tmp);
-  if (created) hora__ck_remove_step(sd); /* nothing of ours may stay behind; older steps untouched */
+  if (sdfd >= 0) close(sdfd);
+  /* Nothing of ours may stay behind; older steps are untouched. */
+  if (created) hora__ck_remove_step_at(ldfd, ck->local_dir, name);
+  if (ldfd >= 0) close(ldfd);
   free(prefix);
   free(manifest);
   return rc;
@@ -158,7 +160,11 @@ void *hora__ck_writer_main(void *arg) {
       int64_t pinned = ck->copying_step;
       int64_t step = s->step;
       pthread_mutex_unlock(&ck->mu);
-      hora__ck_prune(ck->local_dir, ck->keep, step, pinned);
+      int dfd;
+      if (hora__dir_open(ck->local_dir, 0, &dfd) == HORA_SUCCESS) {
+        hora__ck_prune(dfd, ck->local_dir, ck->keep, step, pinned);
+        close(dfd);
+      }
       pthread_mutex_lock(&ck->mu);
     } else if (ck->write_rc == HORA_SUCCESS) {
       ck->write_rc = rc;
@@ -170,6 +176,82 @@ void *hora__ck_writer_main(void *arg) {
   }
   pthread_mutex_unlock(&ck->mu);
   return NULL;
+}
+
+static int free_bytes(const char *dir, uint64_t *avail) {
+  struct statvfs vf;
+  if (statvfs(dir, &vf) != 0) return 0;
+  *avail = (uint64_t)vf.f_bavail * vf.f_frsize;
+  return 1;
+}
+
+/* Disk space for a new file of `need` bytes in local_dir (called with ck->mu held and the writer
+ * idle). When it does not fit beside the versions kept, older versions are pruned first, down to
+ * the newest complete one at or below `step` and the one the copier is reading: a full disk
+ * costs the older safety copy, never the only complete checkpoint and never the next save.
+ * HORA_ERR_IO (nothing changed but the pruning) when it still does not fit, or when local_dir
+ * fails the ownership and mode check (core/safefs.h). */
+static hora_result_t make_room(hora_ckpt_t *ck, int64_t step, uint64_t need) {
+  /* The directory is checked here too, so that a save into a directory that fails the check
+   * (replaced since open) is refused at once rather than failing in the background. */
+  int dfd, pruned = 0;
+  HORA_CHECK(hora__dir_open(ck->local_dir, 1, &dfd));
+  uint64_t avail = 0;
+  if (!free_bytes(ck->local_dir, &avail) || avail >= need) {
+    close(dfd);
+    return HORA_SUCCESS;
+  }
+  pruned = hora__ck_prune(dfd, ck->local_dir, 1, step, ck->copying_step);
+  close(dfd);
+  if (pruned)
+    HORA_WARN(CKPT, "local_dir %s had %" PRIu64 " bytes free, step %" PRId64 " needs %" PRIu64 ": pruned %d older "
+              "version%s early", ck->local_dir, avail, step, need, pruned, pruned == 1 ? "" : "s");
+  if (!free_bytes(ck->local_dir, &avail) || avail >= need) return HORA_SUCCESS;
+  return HORA_ERR(HORA_ERR_IO, "hora_ckpt_save: local_dir %s has %" PRIu64 " bytes free, the checkpoint of step %" PRId64
+                  " needs %" PRIu64 " (disk full, even after pruning %d older version%s; the newest complete "
+                  "checkpoint%s kept)", ck->local_dir, avail, step, need, pruned, pruned == 1 ? "" : "s",
+                  ck->copying_step != INT64_MIN ? " and the one being copied are" : " is");
+}
+
+/* hora_ckpt_save's metadata rules: keys non-empty, unique and outside "hora."; values set. */
+static hora_result_t check_meta(const hora_kv_t *meta, size_t nmeta) {
+  for (size_t i = 0; i < nmeta; i++) {
+    if (!meta[i].key || !meta[i].value || !*meta[i].key) {
+      return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: meta[%zu] has a NULL or empty key or a NULL value", i);
+    }
+    if (strncmp(meta[i].key, "hora.", 5) == 0) {
+      return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: meta key '%s': the prefix \"hora.\" is reserved", meta[i].key);
+    }
+    for (size_t j = 0; j < i; j++)
+      if (strcmp(meta[i].key, meta[j].key) == 0) {
+        return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: meta key '%s' appears twice", meta[i].key);
+      }
+  }
+  return HORA_SUCCESS;
+}
+
+/* Wait until the writer is idle (the staging buffer is then the caller's), return a deferred
+ * error of an earlier write once, else make room for `need` bytes (make_room). */
+static hora_result_t claim_writer(hora_ckpt_t *ck, int64_t step, uint64_t need) {
+  hora_result_t rc;
+  /* Wait for the write in progress first: the space it takes counts, and a save that cannot fit
+   * must fail now, not be accepted and fail later in the background. */
+  pthread_mutex_lock(&ck->mu);
+  if (ck->write_rc == HORA_SUCCESS && (ck->job_pending || ck->writing)) {
+    double t0 = hora__now_s();
+    while (ck->job_pending || ck->writing) pthread_cond_wait(&ck->cv, &ck->mu);
+    HORA_WARN(CKPT, "save of step %" PRId64 " waited %.3f s for the previous checkpoint's write to finish "
+              "(saves come faster than local_dir takes them)", step, hora__now_s() - t0);
+  }
+  if (ck->write_rc != HORA_SUCCESS) {
+    rc = HORA_ERR(ck->write_rc, "%s", ck->write_msg);
+    ck->write_rc = HORA_SUCCESS;
+  } else {
+    /* Under mu, so that the copier cannot start on another step while room is made. */
+    rc = make_room(ck, step, need);
+  }
+  pthread_mutex_unlock(&ck->mu);
+  return rc;
 }
 
 static int strcmp_ptr(const void *a, const void *b) {
@@ -243,51 +325,8 @@ static hora_result_t save_root(hora_ckpt_t *ck, int64_t step, const hora_tensor_
       rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: tensor name '%s' appears twice", names[i]);
       goto done;
     }
-  for (size_t i = 0; i < nmeta; i++) {
-    if (!meta[i].key || !meta[i].value || !*meta[i].key) {
-      rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: meta[%zu] has a NULL or empty key or a NULL value", i);
-      goto done;
-    }
-    if (strncmp(meta[i].key, "hora.", 5) == 0) {
-      rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: meta key '%s': the prefix \"hora.\" is reserved", meta[i].key);
-      goto done;
-    }
-    for (size_t j = 0; j < i; j++)
-      if (strcmp(meta[i].key, meta[j].key) == 0) {
-        rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: meta key '%s' appears twice", meta[i].key);
-        goto done;
-      }
-  }
-  /* Disk space: the new file must fit beside the versions kept (they go only after it). */
-  struct statvfs vf;
-  uint64_t need = total + 4096 + (uint64_t)n * 256;
-  if (statvfs(ck->local_dir, &vf) == 0 && (uint64_t)vf.f_bavail * vf.f_frsize < need) {
-    rc = HORA_ERR(HORA_ERR_IO, "hora_ckpt_save: local_dir %s has %" PRIu64 " bytes free, the checkpoint of step %" PRId64
-                  " needs %" PRIu64 " (disk full); the previous checkpoints are kept", ck->local_dir,
-                  (uint64_t)vf.f_bavail * vf.f_frsize, step, need);
-    goto done;
-  }
-
-  pthread_mutex_lock(&ck->mu);
-  if (ck->write_rc != HORA_SUCCESS) {
-    rc = HORA_ERR(ck->write_rc, "%s", ck->write_msg);
-    ck->write_rc = HORA_SUCCESS;
-    pthread_mutex_unlock(&ck->mu);
-    goto done;
-  }
-  if (ck->job_pending || ck->writing) {
-    double t0 = hora__now_s();
-    while (ck->job_pending || ck->writing) pthread_cond_wait(&ck->cv, &ck->mu);
-    HORA_WARN(CKPT, "save of step %" PRId64 " waited %.3f s for the previous checkpoint's write to finish "
-              "(saves come faster than local_dir takes them)", step, hora__now_s() - t0);
-    if (ck->write_rc != HORA_SUCCESS) {
-      rc = HORA_ERR(ck->write_rc, "%s", ck->write_msg);
-      ck->write_rc = HORA_SUCCESS;
-      pthread_mutex_unlock(&ck->mu);
-      goto done;
-    }
-  }
-  pthread_mutex_unlock(&ck->mu);
+  HORA_CHECK_GOTO(check_meta(meta, nmeta), rc, done);
+  HORA_CHECK_GOTO(claim_writer(ck, step, total + 4096 + (uint64_t)n * 256), rc, done);
 
   /* The writer is idle: the staging buffer is ours. */
   double t0 = hora__now_s();

@@ -3,21 +3,23 @@
  * close has flushed, fsynced and renamed it, so a crash leaves at most a hidden temporary file. */
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/safefs.h"
 #include "data/records.h"
 
 #define WRITER_BUF_BYTES (1u << 20)
 
 struct hora_records_writer {
   int fd;
+  int dirfd; /* the checked directory of path (core/safefs.h) */
   int failed;
-  char *path, *tmp;
+  char *path, *tmp;   /* tmp: dir/tmpname, for messages */
+  char *dir, *base, *tmpname;
   unsigned char *buf;
   size_t used;
   uint64_t records;
@@ -35,24 +37,14 @@ static hora_result_t write_all(int fd, const void *p, size_t n, const char *name
   return HORA_SUCCESS;
 }
 
-/* fsync the directory holding `path` so that a rename into it is durable. */
-static hora_result_t fsync_dir_of(const char *path) {
-  char *copy = strdup(path);
-  if (!copy) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
-  const char *dir = dirname(copy);
-  int fd = open(dir, O_RDONLY | O_DIRECTORY);
-  hora_result_t rc = HORA_SUCCESS;
-  if (fd < 0 || fsync(fd) != 0)
-    rc = HORA_ERR(HORA_ERR_IO, "fsync directory %s: %s", dir, strerror(errno));
-  if (fd >= 0) close(fd);
-  free(copy);
-  return rc;
-}
-
 static void writer_free(hora_records_writer_t *w) {
   if (w->fd >= 0) close(w->fd);
+  if (w->dirfd >= 0) close(w->dirfd);
   free(w->path);
   free(w->tmp);
+  free(w->dir);
+  free(w->base);
+  free(w->tmpname);
   free(w->buf);
   free(w);
 }
@@ -64,30 +56,31 @@ HORA_EXPORT hora_result_t hora_records_writer_open(const char *path, hora_record
   hora_records_writer_t *w = calloc(1, sizeof *w);
   if (!w) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
   w->fd = -1;
+  w->dirfd = -1;
   w->path = strdup(path);
   w->buf = malloc(WRITER_BUF_BYTES);
-  char *d = strdup(path), *b = strdup(path);
-  if (!w->path || !w->buf || !d || !b) {
-    free(d);
-    free(b);
+  size_t n = strlen(path) + 2;
+  w->dir = malloc(n);
+  w->base = malloc(n);
+  w->tmpname = malloc(n + 32);
+  w->tmp = malloc(2 * n + 32);
+  if (!w->path || !w->buf || !w->dir || !w->base || !w->tmpname || !w->tmp) {
     writer_free(w);
     return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
   }
-  size_t n = strlen(path) + 64;
-  w->tmp = malloc(n);
-  if (w->tmp) snprintf(w->tmp, n, "%s/.%s.hora-tmp.%ld", dirname(d), basename(b), (long)getpid());
-  free(d);
-  free(b);
-  if (!w->tmp) {
-    writer_free(w);
-    return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+  /* The directory is checked (owner, mode, symlinks: core/safefs.h) and the temporary file is
+   * created in it with openat(O_EXCL|O_NOFOLLOW) under an unpredictable name. */
+  hora_result_t rc = hora__path_split(path, w->dir, n, w->base, n);
+  if (rc == HORA_SUCCESS) {
+    rc = hora__dir_open(w->dir, 0, &w->dirfd);
+    if (rc == HORA_ERR_NOT_FOUND) rc = HORA_ERR(HORA_ERR_IO, "hora_records_writer_open: %s: no such directory", w->dir);
   }
-  w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (w->fd < 0) {
-    hora_result_t rc = HORA_ERR(HORA_ERR_IO, "hora_records_writer_open: create %s: %s", w->tmp, strerror(errno));
+  if (rc == HORA_SUCCESS) rc = hora__file_create_tmp(w->dirfd, w->dir, w->base, O_WRONLY, w->tmpname, n + 32, &w->fd);
+  if (rc != HORA_SUCCESS) {
     writer_free(w);
     return rc;
   }
+  snprintf(w->tmp, 2 * n + 32, "%s/%s", w->dir, w->tmpname);
   *writer = w;
   return HORA_SUCCESS;
 }
@@ -135,7 +128,7 @@ HORA_EXPORT hora_result_t hora_records_writer_abort(hora_records_writer_t *w) {
   if (!w) return HORA_SUCCESS;
   close(w->fd);
   w->fd = -1;
-  unlink(w->tmp);
+  unlinkat(w->dirfd, w->tmpname, 0);
   writer_free(w);
   return HORA_SUCCESS;
 }
@@ -159,11 +152,8 @@ HORA_EXPORT hora_result_t hora_records_writer_close(hora_records_writer_t *w) {
     rc = HORA_ERR(HORA_ERR_IO, "close %s: %s", w->tmp, strerror(errno));
     goto fail;
   }
-  if (rename(w->tmp, w->path) != 0) {
-    rc = HORA_ERR(HORA_ERR_IO, "rename %s to %s: %s", w->tmp, w->path, strerror(errno));
-    goto fail;
-  }
-  rc = fsync_dir_of(w->path);
+  /* renameat inside the checked directory, then fsync it. */
+  HORA_CHECK_GOTO(hora__file_commit(w->dirfd, w->dir, w->tmpname, w->base), rc, fail);
   writer_free(w);
   return rc;
 fail:

@@ -12,15 +12,19 @@
  *
  * Size cap: a long run must not grow the file to gigabytes (Horovod #603). Once the next event
  * would pass HORA_TIMELINE_MAX_BYTES, events are dropped and counted; the closing metadata
- * event reports the count. The file is written under a temporary name next to the final one and
- * renamed when the engine stops, so the final name only ever holds a complete JSON document.
+ * event reports the count. The file is written under a temporary name next to the final one
+ * (".tmp-<name>.<16 random hex digits>", created with O_EXCL|O_NOFOLLOW in a directory that passed
+ * the shared-node check of core/safefs.h, mode HORA_FILE_MODE) and renamed inside that directory
+ * when the engine stops, so the final name only ever holds a complete JSON document.
  * Strings are escaped by jansson. */
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "core/safefs.h"
 #include "engine/engine.h"
 
 typedef struct tl_name {
@@ -31,7 +35,9 @@ typedef struct tl_name {
 
 struct eng_timeline {
   FILE *f;
-  char *path, *tmp;
+  char *path, *tmp; /* tmp: dir/tmpname, for messages */
+  int dirfd;        /* the checked directory of path (core/safefs.h) */
+  char dir[4096], base[256], tmpname[320];
   uint64_t max_bytes, bytes, dropped;
   double t0;
   int first;
@@ -86,23 +92,32 @@ static int tensor_id(eng_timeline_t *t, const char *name) {
 hora_result_t hora__timeline_open(const char *path, uint64_t max_bytes, eng_timeline_t **out) {
   eng_timeline_t *t = calloc(1, sizeof *t);
   if (!t) return HORA_ERR(HORA_ERR_NO_MEMORY, "timeline: out of memory");
+  t->dirfd = -1;
   t->path = strdup(path);
-  size_t n = strlen(path) + 32;
+  size_t n = strlen(path) + 340;
   t->tmp = malloc(n);
-  if (!t->path || !t->tmp) {
-    free(t->path);
-    free(t->tmp);
-    free(t);
-    return HORA_ERR(HORA_ERR_NO_MEMORY, "timeline: out of memory");
+  hora_result_t rc = (!t->path || !t->tmp) ? HORA_ERR(HORA_ERR_NO_MEMORY, "timeline: out of memory") : HORA_SUCCESS;
+  /* The directory is checked (owner, mode, symlinks: core/safefs.h); the temporary file is
+   * created in it with openat(O_EXCL|O_NOFOLLOW) under an unpredictable name, mode 0600. */
+  if (rc == HORA_SUCCESS) rc = hora__path_split(path, t->dir, sizeof t->dir, t->base, sizeof t->base);
+  if (rc == HORA_SUCCESS) {
+    rc = hora__dir_open(t->dir, 0, &t->dirfd);
+    if (rc == HORA_ERR_NOT_FOUND) rc = HORA_ERR(HORA_ERR_IO, "HORA_TIMELINE: %s: no such directory", t->dir);
   }
-  /* Unique per process and per context (two contexts of one process would share the name). */
-  static atomic_int seq;
-  int k = atomic_fetch_add(&seq, 1);
-  if (k) snprintf(t->tmp, n, "%s.hora-tmp.%ld.%d", path, (long)getpid(), k);
-  else snprintf(t->tmp, n, "%s.hora-tmp.%ld", path, (long)getpid());
-  t->f = fopen(t->tmp, "w");
-  if (!t->f) {
-    hora_result_t rc = HORA_ERR(HORA_ERR_IO, "HORA_TIMELINE: cannot create %s: %s", t->tmp, strerror(errno));
+  int fd = -1;
+  if (rc == HORA_SUCCESS)
+    rc = hora__file_create_tmp(t->dirfd, t->dir, t->base, O_WRONLY, t->tmpname, sizeof t->tmpname, &fd);
+  if (rc == HORA_SUCCESS) {
+    snprintf(t->tmp, n, "%s/%s", t->dir, t->tmpname);
+    t->f = fdopen(fd, "w");
+    if (!t->f) {
+      rc = HORA_ERR(HORA_ERR_IO, "HORA_TIMELINE: fdopen %s: %s", t->tmp, strerror(errno));
+      close(fd);
+      unlinkat(t->dirfd, t->tmpname, 0);
+    }
+  }
+  if (rc != HORA_SUCCESS) {
+    if (t->dirfd >= 0) close(t->dirfd);
     free(t->path);
     free(t->tmp);
     free(t);
@@ -145,9 +160,9 @@ hora_result_t hora__timeline_close(eng_timeline_t *t) {
   hora_result_t rc = HORA_SUCCESS;
   if (fflush(t->f) != 0 || fsync(fileno(t->f)) != 0) rc = HORA_ERR(HORA_ERR_IO, "timeline %s: %s", t->tmp, strerror(errno));
   if (fclose(t->f) != 0 && rc == HORA_SUCCESS) rc = HORA_ERR(HORA_ERR_IO, "timeline %s: %s", t->tmp, strerror(errno));
-  if (rc == HORA_SUCCESS && rename(t->tmp, t->path) != 0)
-    rc = HORA_ERR(HORA_ERR_IO, "timeline: rename %s -> %s: %s", t->tmp, t->path, strerror(errno));
-  if (rc != HORA_SUCCESS) unlink(t->tmp);
+  if (rc == HORA_SUCCESS) rc = hora__file_commit(t->dirfd, t->dir, t->tmpname, t->base);
+  if (rc != HORA_SUCCESS) unlinkat(t->dirfd, t->tmpname, 0);
+  close(t->dirfd);
   if (t->dropped) HORA_INFO(ENGINE, "timeline: %llu events dropped at the %llu-byte cap (HORA_TIMELINE_MAX_BYTES)",
                             (unsigned long long)t->dropped, (unsigned long long)t->max_bytes);
   for (int i = 0; i < 1024; i++)

@@ -54,7 +54,8 @@ typedef enum {
   HORA_ERR_LAYOUT = 13,          /* launcher/Slurm layout and MPI world disagree */
   HORA_ERR_NOT_FOUND = 14,       /* nothing to restore, no such file, no such name */
   HORA_ERR_INTERNAL = 15,        /* a bug in hora: please report it */
-  HORA_ERR_SHUTDOWN = 16         /* the operation was cancelled because hora is shutting down */
+  HORA_ERR_SHUTDOWN = 16,        /* the operation was cancelled because hora is shutting down */
+  HORA_ERR_CORRUPT = 17          /* checkpoints exist but none is valid (each is named and why) */
 } hora_result_t;
 
 /* Name of a result code ("HORA_ERR_MPI"); "HORA_UNKNOWN_RESULT" for values not in the list. */
@@ -438,8 +439,12 @@ typedef struct { const char *key; const char *value; } hora_kv_t;
  * still open. opts NULL means the defaults (see hora_ckpt_opts_t).
  * Errors: HORA_ERR_NOT_INITIALIZED (ctx not live), HORA_ERR_INVALID_ARGUMENT (ck NULL, opts->size
  *   too small, keep 1 or negative, copy_interval_s NaN, an empty directory string),
- *   HORA_ERR_IO (a directory cannot be created or is not a directory: the message names it;
- *   every rank returns it), HORA_ERR_MPI, HORA_ERR_NO_MEMORY. On error *ck is unchanged. */
+ *   HORA_ERR_IO (a directory cannot be created or is not a directory, or fails the shared-node
+ *   check: a directory on the way owned by another user than the caller or root, writable by
+ *   group or others without the sticky bit, or a symlink owned by another user; the message
+ *   names the path, owner and mode; every rank returns it; docs/checkpoint.md, "Shared nodes"),
+ *   HORA_ERR_MPI, HORA_ERR_NO_MEMORY. On error *ck is unchanged.
+ * Directories hora creates are 0700 and files 0600 (HORA_FILE_MODE widens them). */
 hora_result_t hora_ckpt_open(hora_ctx_t *ctx, const hora_ckpt_opts_t *opts, hora_ckpt_t **ck);
 
 /* hora_ckpt_save: checkpoint `step`. Collective; only rank 0's tensors and metadata are read
@@ -461,8 +466,11 @@ hora_result_t hora_ckpt_open(hora_ctx_t *ctx, const hora_ckpt_opts_t *opts, hora
  *     data NULL with count > 0; ndim outside 0..64, shape NULL, or a shape whose product is not
  *     count; count * element size overflowing; a meta key NULL, empty, repeated or starting
  *     with "hora."; a meta value NULL.
- *   HORA_ERR_IO: local_dir has less free space than the new file needs (the previous
- *     checkpoints are kept), or the background write of an EARLIER save failed (disk full,
+ *   HORA_ERR_IO: local_dir has less free space than the new file needs even after pruning
+ *     older versions early (the save first waits for the write in progress, then removes
+ *     versions other than the newest complete one and the one being copied), or local_dir
+ *     fails the shared-node check (see hora_ckpt_open), or the background write of an EARLIER
+ *     save failed (disk full,
  *     quota, RLIMIT_FSIZE; the message names that step). Such a deferred error is returned
  *     once, by the next save, flush or close; a save that returns it takes no snapshot, so
  *     call it again to checkpoint this step. Training can go on after any of these errors.
@@ -484,7 +492,13 @@ hora_result_t hora_ckpt_save(hora_ckpt_t *ck, int64_t step, const hora_tensor_t 
  * On success *step is the checkpoint's step (resume at *step + 1), and hora_ckpt_meta_get and
  * hora_ckpt_restore_source describe it.
  * Errors (every rank returns the same code):
- *   HORA_ERR_NOT_FOUND: no valid checkpoint in either place (a fresh start); nothing is written.
+ *   HORA_ERR_NOT_FOUND: no checkpoint in either place (a fresh start: no step directory holds a
+ *     manifest of this run); nothing is written.
+ *   HORA_ERR_CORRUPT: checkpoints exist but none is valid; the message names each and why.
+ *     A resume loop must stop here, not start over from step 0. Nothing is written.
+ *   HORA_ERR_IO: local_dir or persist_dir fails the shared-node check (see hora_ckpt_open);
+ *     nothing is read from it. Restore never reads `latest`, never follows a symlink inside
+ *     either directory, and takes only plain file names from a manifest.
  *   HORA_ERR_MISMATCH: the checkpoint lacks a requested tensor, or has another dtype, count or
  *     shape (when ndim > 0) for it, or the ranks' tensors differ in total size; nothing is
  *     written.
@@ -545,12 +559,17 @@ typedef struct hora_records_reader hora_records_reader_t;
 
 /* hora_records_writer_open: start writing a record file that appears under `path` only when
  * hora_records_writer_close succeeds. Local; blocking (creates the temporary file).
- * Records go to a temporary file ".<name>.hora-tmp.<pid>" in the same directory (hidden, so glob
- * patterns such as "train-*" never match it); close flushes, fsyncs, renames it to `path` (an
- * existing file there is replaced) and fsyncs the directory.
+ * Records go to a temporary file ".tmp-<name>.<16 random hex digits>" in the same directory
+ * (hidden, so glob patterns such as "train-*" never match it), created with O_EXCL|O_NOFOLLOW on
+ * the directory's fd with mode HORA_FILE_MODE (0600 by default); close flushes, fsyncs, renames
+ * it to `path` inside that directory (an existing file there is replaced) and fsyncs the directory.
+ * The directory must exist and pass the shared-node check (owned by the caller or root, not
+ * writable by group or others unless sticky, no symlink owned by another user on the way;
+ * docs/checkpoint.md, "Shared nodes").
  * Not thread-safe: one writer is used by one thread at a time.
- * Errors: HORA_ERR_INVALID_ARGUMENT (path or writer NULL, path empty), HORA_ERR_IO (the temporary
- *   file cannot be created: the message names it and the errno text), HORA_ERR_NO_MEMORY.
+ * Errors: HORA_ERR_INVALID_ARGUMENT (path or writer NULL, path empty or ending in '/'),
+ *   HORA_ERR_IO (the directory is missing or fails the check, or the temporary file cannot be
+ *   created: the message names the path, and owner and mode or the errno text), HORA_ERR_NO_MEMORY.
  *   On error *writer is unchanged and no file is left behind. */
 hora_result_t hora_records_writer_open(const char *path, hora_records_writer_t **writer);
 
@@ -680,9 +699,14 @@ typedef struct hora_tb hora_tb_t;
 /* hora_tb_open: create `dir` (and missing parents) and a new event file
  * dir/events.out.tfevents.<unix time>.<hostname>.<pid> in TFRecord framing, whose first record is
  * the Event{wall_time, file_version: "brain.Event:2"} TensorBoard expects. Local: usually only
- * rank 0 calls it. Blocking (creates the file).
+ * rank 0 calls it. Blocking (creates the file). Every directory on the way must pass the
+ * shared-node check (owned by the caller or root, not writable by group or others unless
+ * sticky, no symlink owned by another user; docs/checkpoint.md, "Shared nodes"); directories it
+ * creates get 0700 and the event file 0600 (HORA_FILE_MODE widens them), created with
+ * O_EXCL|O_NOFOLLOW on the checked directory's fd.
  * Errors: HORA_ERR_INVALID_ARGUMENT (NULL argument, empty dir), HORA_ERR_IO (mkdir or create
- *   failed: the message names the path), HORA_ERR_NO_MEMORY. On error *tb is unchanged. */
+ *   failed, or a directory fails the check: the message names the path, and owner and mode),
+ *   HORA_ERR_NO_MEMORY. On error *tb is unchanged. */
 hora_result_t hora_tb_open(const char *dir, hora_tb_t **tb);
 
 /* hora_tb_scalar: append Event{wall_time: now, step, summary{value{tag, simple_value}}}; the value
@@ -727,7 +751,10 @@ typedef struct {
  * Without NVML (library missing, nvmlInit fails, or the GPU is not found) it logs one INFO line
  * and returns HORA_ERR_NOT_SUPPORTED with *mon unchanged: callers treat that as "monitor off".
  * Errors: HORA_ERR_INVALID_ARGUMENT (NULL output, opts->size too small, period < 0, device < 0),
- *   HORA_ERR_IO (the CSV file cannot be created), HORA_ERR_NOT_SUPPORTED, HORA_ERR_NO_MEMORY.
+ *   HORA_ERR_IO (the CSV file cannot be created: its directory is missing or fails the
+ *   shared-node check of hora_tb_open, or the name is a symlink or another user's file; the CSV
+ *   is created with mode HORA_FILE_MODE, 0600 by default, or truncated when it is the caller's),
+ *   HORA_ERR_NOT_SUPPORTED, HORA_ERR_NO_MEMORY.
  * When hora_init sees HORA_GPU_MONITOR_S > 0 it starts one itself (ctx's GPU, or local rank 0
  * watching every GPU when the rank has none) and hora_finalize stops it. */
 hora_result_t hora_gpumon_start(const hora_gpumon_opts_t *opts, hora_gpumon_t **mon);

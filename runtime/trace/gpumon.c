@@ -18,7 +18,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <unistd.h>
+
 #include "core/ctx.h"
+#include "core/safefs.h"
 #include "trace/trace.h"
 
 typedef int nvml_ret;
@@ -290,9 +293,24 @@ HORA_EXPORT hora_result_t hora_gpumon_start(const hora_gpumon_opts_t *o, hora_gp
     gpumon_free(m);
     return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
   }
-  m->csv = fopen(csv, "w");
-  if (!m->csv) {
-    hora_result_t rc = HORA_ERR(HORA_ERR_IO, "hora_gpumon_start: create %s: %s", csv, strerror(errno));
+  /* The CSV is read while it grows, so it is written under its final name; its directory is
+   * checked first and the file opened on the directory's fd (core/safefs.h). */
+  char dir[4096], base[256];
+  int dfd = -1, fd = -1;
+  hora_result_t rc = hora__path_split(csv, dir, sizeof dir, base, sizeof base);
+  if (rc == HORA_SUCCESS) rc = hora__dir_open(dir, 0, &dfd);
+  if (rc == HORA_SUCCESS) rc = hora__file_open_log(dfd, dir, base, &fd);
+  if (dfd >= 0) close(dfd);
+  if (rc == HORA_SUCCESS && !(m->csv = fdopen(fd, "w"))) {
+    rc = HORA_ERR(HORA_ERR_IO, "hora_gpumon_start: fdopen %s: %s", csv, strerror(errno));
+    close(fd);
+  }
+  if (rc != HORA_SUCCESS) {
+    if (rc == HORA_ERR_NOT_FOUND || rc == HORA_ERR_INVALID_ARGUMENT) {
+      char msg[1024];
+      snprintf(msg, sizeof msg, "%s", hora_last_error());
+      rc = HORA_ERR(HORA_ERR_IO, "hora_gpumon_start: cannot create %s: %s", csv, msg);
+    }
     gpumon_free(m);
     return rc;
   }

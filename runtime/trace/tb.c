@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "core/crc32c.h"
+#include "core/safefs.h"
 #include "trace/trace.h"
 
 #define TB_MAX_TAG 1024
@@ -97,30 +98,20 @@ static hora_result_t write_event(hora_tb_t *tb, const unsigned char *ev, size_t 
   return HORA_SUCCESS;
 }
 
+/* mkdir -p through core/safefs.c: every directory on the way is checked (owner, mode, symlinks)
+ * and new ones are private (hora__dir_mode()). */
 hora_result_t hora__mkdir_p(const char *dir) {
-  char *p = strdup(dir);
-  if (!p) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
-  for (char *c = p + 1;; c++) {
-    if (*c == '/' || *c == 0) {
-      char save = *c;
-      *c = 0;
-      if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-        hora_result_t rc = HORA_ERR(HORA_ERR_IO, "mkdir %s: %s", p, strerror(errno));
-        free(p);
-        return rc;
-      }
-      *c = save;
-      if (!save) break;
-    }
-  }
-  free(p);
+  int fd;
+  HORA_CHECK(hora__dir_open(dir, 1, &fd));
+  close(fd);
   return HORA_SUCCESS;
 }
 
 HORA_EXPORT hora_result_t hora_tb_open(const char *dir, hora_tb_t **out) {
   if (!dir || !*dir || !out)
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_tb_open: %s is NULL or empty", !out ? "tb" : "dir");
-  HORA_CHECK(hora__mkdir_p(dir));
+  int dfd;
+  HORA_CHECK(hora__dir_open(dir, 1, &dfd));
   char host[256] = "localhost";
   if (gethostname(host, sizeof host - 1) != 0) strcpy(host, "localhost");
   host[sizeof host - 1] = 0;
@@ -128,14 +119,18 @@ HORA_EXPORT hora_result_t hora_tb_open(const char *dir, hora_tb_t **out) {
   size_t n = strlen(dir) + strlen(host) + 96;
   char *path = malloc(n);
   if (!tb || !path) {
+    close(dfd);
     free(tb);
     free(path);
     return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
   }
-  snprintf(path, n, "%s/events.out.tfevents.%lld.%s.%ld", dir, (long long)time(NULL), host, (long)getpid());
-  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    hora_result_t rc = HORA_ERR(HORA_ERR_IO, "hora_tb_open: create %s: %s", path, strerror(errno));
+  int off = snprintf(path, n, "%s/", dir);
+  snprintf(path + off, n - (size_t)off, "events.out.tfevents.%lld.%s.%ld", (long long)time(NULL), host, (long)getpid());
+  /* openat on the checked directory, O_EXCL|O_NOFOLLOW, mode HORA_FILE_MODE (0600). */
+  int fd;
+  hora_result_t rc = hora__file_create_excl(dfd, dir, path + off, O_WRONLY | O_APPEND, &fd);
+  close(dfd);
+  if (rc != HORA_SUCCESS) {
     free(tb);
     free(path);
     return rc;
@@ -146,7 +141,7 @@ HORA_EXPORT hora_result_t hora_tb_open(const char *dir, hora_tb_t **out) {
   static const char version[] = "brain.Event:2";
   unsigned char ev[64];
   size_t len = encode_event(ev, wall_time_s(), 0, 0x1a, (const unsigned char *)version, sizeof version - 1);
-  hora_result_t rc = write_event(tb, ev, len);
+  rc = write_event(tb, ev, len);
   if (rc != HORA_SUCCESS) {
     close(fd);
     unlink(path);

@@ -249,8 +249,20 @@ int main(void) {
   /* A truncated persistent file and a garbled manifest: nothing valid is left. */
   snprintf(path, sizeof path, "%s/step-20/state.safetensors", P);
   EXPECT(truncate(path, 100) == 0, "truncate");
-  restore(ck, HORA_ERR_NOT_FOUND);
-  EXPECT(strstr(hora_last_error(), "torn") != NULL, "NOT_FOUND message explains: %s", hora_last_error());
+  /* Checkpoints exist but none is valid: HORA_ERR_CORRUPT (not the NOT_FOUND of a fresh start,
+   * on which a resume loop would silently restart from step 0), naming every file and why. */
+  restore(ck, HORA_ERR_CORRUPT);
+  {
+    const char *e = hora_last_error();
+    char want[4][4400];
+    snprintf(want[0], sizeof want[0], "%s/step-30/state.safetensors: tensor", L);
+    snprintf(want[1], sizeof want[1], "%s/step-30/state.safetensors: tensor", P);
+    snprintf(want[2], sizeof want[2], "%s/step-20/state.safetensors: tensor", L);
+    snprintf(want[3], sizeof want[3], "%s/step-20/state.safetensors has 100 bytes", P);
+    EXPECT(strstr(e, "4 checkpoints") != NULL, "CORRUPT message counts 4: %s", e);
+    for (int i = 0; i < 4; i++) EXPECT(strstr(e, want[i]) != NULL, "CORRUPT message lacks '%s': %s", want[i], e);
+    EXPECT(strstr(e, "CRC32C mismatch") && strstr(e, "torn"), "CORRUPT message gives reasons: %s", e);
+  }
 
   /* A new save repairs everything; re-saving a committed step replaces it atomically. */
   save_step(ck, 40);

@@ -3,9 +3,11 @@
  *     disk or a quota would): the save returns at once, the flush returns HORA_ERR_IO naming the
  *     step, no temporary file and no step directory stay behind, the previous checkpoint still
  *     restores, and later saves work (run in a child process: the limit is process-wide).
- *  B. local_dir on a small tmpfs (root only; skipped elsewhere): a save that does not fit fails
- *     with HORA_ERR_IO ("disk full") before taking a snapshot, the previous checkpoints stay
- *     intact, and after the file system grows saving goes on.
+ *  B. local_dir on small tmpfs mounts (root only; skipped elsewhere): B1 a save that does not fit
+ *     beside the kept versions prunes the oldest early; B2 with a step held by the copier every
+ *     later save still fits (held + newest complete kept); B3 a save that comes while a write is
+ *     in progress waits for it and, not fitting even then, fails at once with HORA_ERR_IO
+ *     ("disk full") leaving the only complete version.
  *  C. persist_dir unreachable for a while (renamed away), then back: flush fails with
  *     HORA_ERR_IO after HORA_CKPT_FLUSH_TIMEOUT_S, nothing is created in its place, and the
  *     copies resume by themselves when it returns. */
@@ -74,14 +76,26 @@ static void part_a_child(const char *L) {
   _exit(hora_test_errors ? 1 : 0);
 }
 
-static void part_b(hora_ctx_t *ctx, const char *root) {
-  char M[4200];
-  snprintf(M, sizeof M, "%s/small", root);
-  mkdir(M, 0755);
-  if (mount("tmpfs", M, "tmpfs", 0, "size=8m") != 0) {
+/* A small tmpfs at root/name (8 MiB); 0 when it cannot be mounted. */
+static int mount_small(const char *root, const char *name, char *M, size_t cap) {
+  snprintf(M, cap, "%s/%s", root, name);
+  mkdir(M, 0700);
+  if (mount("tmpfs", M, "tmpfs", 0, "size=8m,mode=0700") != 0) {
     printf("part B skipped: cannot mount a tmpfs here (%s); part A covers write failures\n", strerror(errno));
-    return;
+    return 0;
   }
+  return 1;
+}
+
+static int step_exists(const char *dir, int64_t step) {
+  char p[4400];
+  snprintf(p, sizeof p, "%s/step-%" PRId64 "/manifest.json", dir, step);
+  return ck_exists(p);
+}
+
+/* B1: 3 MiB states on 8 MiB: the third save prunes the oldest version early instead of being
+ * refused, and the newest complete one stays. */
+static void part_b1(hora_ctx_t *ctx, const char *M) {
   hora_ckpt_opts_t o;
   hora_ckpt_opts_init(&o);
   o.local_dir = M;
@@ -92,21 +106,74 @@ static void part_b(hora_ctx_t *ctx, const char *root) {
   EXPECT_OK(save_bytes(ck, 1, buf, bytes));
   EXPECT_OK(save_bytes(ck, 2, buf, bytes));
   EXPECT_OK(hora_ckpt_flush(ck));
-  EXPECT_RC(save_bytes(ck, 3, buf, bytes), HORA_ERR_IO); /* 6 of 8 MiB used: no room for a third */
-  EXPECT(strstr(hora_last_error(), "disk full") && strstr(hora_last_error(), M), "message: %s", hora_last_error());
+  EXPECT_OK(save_bytes(ck, 3, buf, bytes)); /* 6 of 8 MiB used: step 1 goes early, step 2 stays */
   EXPECT_OK(hora_ckpt_flush(ck));
-  EXPECT(restore_bytes(ck, buf, bytes) == 2, "step 2 intact");
-  char p[4400];
-  snprintf(p, sizeof p, "%s/step-1/manifest.json", M);
-  EXPECT(ck_exists(p), "step 1 must stay");
-  EXPECT(mount("tmpfs", M, "tmpfs", MS_REMOUNT, "size=16m") == 0, "remount: %s", strerror(errno));
-  EXPECT_OK(save_bytes(ck, 3, buf, bytes));
-  EXPECT_OK(hora_ckpt_flush(ck));
-  EXPECT(restore_bytes(ck, buf, bytes) == 3, "step 3 after the file system grew");
-  EXPECT(!ck_exists(p), "step 1 pruned after step 3 verified");
+  EXPECT(!step_exists(M, 1) && step_exists(M, 2) && step_exists(M, 3), "B1: steps 2 and 3 must be there, 1 gone");
+  EXPECT(restore_bytes(ck, buf, bytes) == 3, "B1: step 3");
   EXPECT_OK(hora_ckpt_close(ck));
   free(buf);
-  umount(M);
+}
+
+/* B2: the copier holds step 1 (copying_step, as copy_step sets it) while saves go on; room for
+ * three 2 MiB versions: every save prunes what is neither the newest complete one nor the held
+ * one (before the fix, every save after the third failed for the rest of the run). */
+static void part_b2(hora_ctx_t *ctx, const char *M) {
+  hora_ckpt_opts_t o;
+  hora_ckpt_opts_init(&o);
+  o.local_dir = M;
+  hora_ckpt_t *ck = NULL;
+  EXPECT_OK(hora_ckpt_open(ctx, &o, &ck));
+  size_t bytes = 2 << 20;
+  unsigned char *buf = malloc(bytes);
+  EXPECT_OK(save_bytes(ck, 1, buf, bytes));
+  EXPECT_OK(hora_ckpt_flush(ck));
+  pthread_mutex_lock(&ck->mu);
+  ck->copying_step = 1;
+  pthread_mutex_unlock(&ck->mu);
+  for (int64_t s = 2; s <= 7; s++) {
+    EXPECT_OK(save_bytes(ck, s, buf, bytes));
+    EXPECT_OK(hora_ckpt_flush(ck));
+    EXPECT(step_exists(M, 1) && step_exists(M, s), "B2: after save %" PRId64 ": held step 1 and the new one", s);
+  }
+  EXPECT(restore_bytes(ck, buf, bytes) == 7, "B2: step 7");
+  pthread_mutex_lock(&ck->mu);
+  ck->copying_step = INT64_MIN;
+  pthread_mutex_unlock(&ck->mu);
+  EXPECT_OK(save_bytes(ck, 8, buf, bytes));
+  EXPECT_OK(hora_ckpt_flush(ck));
+  EXPECT(!step_exists(M, 1) && step_exists(M, 7) && step_exists(M, 8), "B2: once released, step 1 is pruned");
+  EXPECT_OK(hora_ckpt_close(ck));
+  free(buf);
+}
+
+/* B3 (child: the pacing parameter is read once per process): 5 MiB on 8 MiB. The second save
+ * comes while the first is still being written; it must wait for that write and fail at once
+ * with HORA_ERR_IO (not be accepted and fail later), leaving the only complete version. */
+static void part_b3_child(const char *M) {
+  setenv("HORA_CKPT_CHUNK_BYTES", "256K", 1);
+  setenv("HORA_CKPT_TEST_DELAY_US", "20000", 1); /* 20 chunks: about 0.4 s of writing */
+  hora_ctx_t *ctx;
+  if (hora_init(&ctx) != HORA_SUCCESS) _exit(100);
+  hora_ckpt_opts_t o;
+  hora_ckpt_opts_init(&o);
+  o.local_dir = M;
+  hora_ckpt_t *ck = NULL;
+  EXPECT_OK(hora_ckpt_open(ctx, &o, &ck));
+  size_t bytes = 5 << 20;
+  unsigned char *buf = malloc(bytes);
+  EXPECT_OK(save_bytes(ck, 1, buf, bytes));
+  EXPECT_RC(save_bytes(ck, 2, buf, bytes), HORA_ERR_IO);
+  EXPECT(strstr(hora_last_error(), "disk full") && strstr(hora_last_error(), M), "B3 message: %s", hora_last_error());
+  EXPECT_OK(hora_ckpt_flush(ck)); /* nothing deferred: the refusal was immediate */
+  EXPECT(step_exists(M, 1), "B3: step 1 must stay");
+  char p[4400];
+  snprintf(p, sizeof p, "%s/step-2", M);
+  EXPECT(!ck_exists(p) && ck_count_tmp(M) == 0, "B3: nothing of step 2 may exist");
+  EXPECT(restore_bytes(ck, buf, bytes) == 1, "B3: step 1 restores");
+  EXPECT_OK(hora_ckpt_close(ck));
+  free(buf);
+  hora_finalize(ctx);
+  _exit(hora_test_errors ? 1 : 0);
 }
 
 static void part_c(hora_ctx_t *ctx, const char *root) {
@@ -165,14 +232,31 @@ int main(void) {
   int st = 0;
   waitpid(pid, &st, 0);
   EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "part A (write failure) failed: status %d", st);
+  char M[3][4300];
+  int mounted[3] = {0, 0, 0};
+  if (geteuid() == 0) {
+    for (int i = 0; i < 3; i++) {
+      char name[16];
+      snprintf(name, sizeof name, "small%d", i + 1);
+      mounted[i] = mount_small(root, name, M[i], sizeof M[i]);
+    }
+  } else {
+    printf("part B skipped: mounting a tmpfs needs root\n");
+  }
+  if (mounted[2]) {
+    pid = fork();
+    if (pid == 0) part_b3_child(M[2]);
+    waitpid(pid, &st, 0);
+    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "part B3 (save while a write is in progress) failed: status %d", st);
+  }
   hora_ctx_t *ctx;
   if (hora_init(&ctx) != HORA_SUCCESS) return 1;
-  if (geteuid() == 0)
-    part_b(ctx, root);
-  else
-    printf("part B skipped: mounting a tmpfs needs root\n");
+  if (mounted[0]) part_b1(ctx, M[0]);
+  if (mounted[1]) part_b2(ctx, M[1]);
   part_c(ctx, root);
   hora_finalize(ctx);
+  for (int i = 0; i < 3; i++)
+    if (mounted[i]) umount(M[i]);
   ck_rmrf(root);
   free(root);
   return hora_test_finish("test_ckpt_faults");

@@ -1,6 +1,7 @@
 /* GPU monitor against a fake NVML (argv[1]): sampling, the CSV rows and their values, the
  * TensorBoard scalars, CUDA_VISIBLE_DEVICES mapping, NVML missing or failing, and the
  * HORA_GPU_MONITOR_S path through hora_init/hora_finalize. */
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/internal.h"
@@ -36,6 +37,9 @@ static void wait_samples(hora_gpumon_t *m, uint64_t n) {
 
 /* Parse the CSV; checks every row's values. Returns the number of rows, fills per-GPU counts. */
 static int check_csv(const char *csv, int rows_gpu[2]) {
+  struct stat st;
+  EXPECT(stat(csv, &st) == 0 && (st.st_mode & 07777) == 0600, "CSV %s mode %04o, want 0600 (HORA_FILE_MODE)", csv,
+         (unsigned)(st.st_mode & 07777));
   FILE *f = fopen(csv, "r");
   EXPECT(f != NULL, "no CSV %s", csv);
   if (!f) return 0;

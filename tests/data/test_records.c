@@ -129,6 +129,9 @@ static void test_framing(void) {
   uint64_t cnt = 0;
   EXPECT_OK(hora_records_count(path, &cnt));
   EXPECT(cnt == 2, "count %llu", (unsigned long long)cnt);
+  struct stat pst;
+  EXPECT(stat(path, &pst) == 0 && (pst.st_mode & 07777) == 0600, "record file mode %04o, want 0600 (HORA_FILE_MODE)",
+         (unsigned)(pst.st_mode & 07777));
   /* abort leaves nothing */
   snprintf(path, sizeof path, "%s/aborted.rec", dir);
   EXPECT_OK(hora_records_writer_open(path, &w));
@@ -137,7 +140,7 @@ static void test_framing(void) {
   struct stat st;
   EXPECT(stat(path, &st) != 0, "aborted file exists");
   char cmd[600];
-  snprintf(cmd, sizeof cmd, "ls -A %s | grep -q hora-tmp", dir);
+  snprintf(cmd, sizeof cmd, "ls -A %s | grep -q '^\\.tmp-'", dir);
   EXPECT(system(cmd) != 0, "a temporary file was left behind");
 }
 

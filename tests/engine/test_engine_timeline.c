@@ -7,6 +7,7 @@
  * With argument "cap" (and HORA_TIMELINE_MAX_BYTES=4096) the file must stay within the cap,
  * still parse, and report the dropped events. */
 #include <jansson.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine/engine.h"
@@ -94,9 +95,12 @@ int main(int argc, char **argv) {
     json_error_t err;
     json_t *root = json_load_file(path, 0, &err);
     EXPECT(root && json_is_array(root), "%s does not parse as a JSON array: %s (line %d)", path, err.text, err.line);
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.hora-tmp.%ld", path, (long)getpid());
-    EXPECT(access(tmp, F_OK) != 0, "temporary file %s left behind", tmp);
+    char cmd[4300];
+    snprintf(cmd, sizeof cmd, "ls -A \"$(dirname '%s')\" | grep -qF \".tmp-$(basename '%s').\"", path, path);
+    EXPECT(system(cmd) != 0, "a temporary file was left beside %s", path);
+    struct stat tst;
+    EXPECT(stat(path, &tst) == 0 && (tst.st_mode & 07777) == 0600, "timeline mode %04o, want 0600",
+           (unsigned)(tst.st_mode & 07777));
     if (root && !cap) {
       for (int k = 0; k < NG; k++) {
         int tid = tid_of(root, names[k]);

@@ -2,6 +2,7 @@
 tensors, metadata, versions kept, restore from the persistent copy, errors, preemption flag."""
 import glob
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -138,6 +139,37 @@ def test_checkpoint_errors():
     ck.close()
     with pytest.raises(hora.InvalidArgumentError, match="closed"):
         ck.save(2, ok)
+
+
+def test_restore_all_corrupt_raises_corrupt_error():
+    """Checkpoints exist but none is valid: CorruptError on every rank (not None, which a resume
+    loop would take for a fresh start), naming each file; a fresh directory gives None."""
+    r, n = rank_size()
+    base = shared_dir("corrupt")
+    ck = hora.Checkpoint(os.path.join(base, "l"))
+    st = {"a": np.zeros(4)}
+    assert ck.restore(st) is None
+    for step in (1, 2):
+        ck.save(step, {"a": np.full(4, float(step))})
+    ck.flush()
+    if r == 0:  # only rank 0 reads the files; restore below is collective
+        for step in (1, 2):
+            path = os.path.join(base, "l", f"step-{step}", "state.safetensors")
+            with open(path, "r+b") as f:
+                f.seek(-3, os.SEEK_END)
+                b = f.read(1)
+                f.seek(-3, os.SEEK_END)
+                f.write(bytes([b[0] ^ 0x5A]))
+    with pytest.raises(hora.CorruptError) as e:
+        ck.restore(st)
+    assert "2 checkpoints" in str(e.value)
+    for step in (1, 2):
+        assert f"step-{step}" in str(e.value)
+    assert st["a"].tolist() == [0, 0, 0, 0]
+    assert e.value.name == "HORA_ERR_CORRUPT"
+    ck.close()  # collective: every rank is done with the directory after it
+    if r == 0:
+        shutil.rmtree(base)
 
 
 def test_should_stop_after_a_signal():
