@@ -2,7 +2,10 @@
 # The test command: installs what is missing, builds hora (and its CUDA code when nvcc exists),
 # runs the whole ctest suite, then the suite again under AddressSanitizer+UBSan, then the engine
 # tests under ThreadSanitizer.
-# Usage: bash tests/run.sh   (from the repository root; BUILD_DIR defaults to build)
+# Usage: bash tests/run.sh   (from anywhere; BUILD_DIR defaults to build)
+# Python packages (tests/python/requirements.txt, torch included) go into a virtual environment,
+# $BUILD_DIR/venv, made once and reused: nothing is pip-installed into the system interpreter
+# (Debian's python3 refuses that, PEP 668), and whichever python3 is first on PATH makes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -12,10 +15,21 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export PATH=/usr/local/cuda/bin:$PATH
 
 bash tests/install-deps.sh
-[ -f tests/python/requirements.txt ] && python3 -m pip install -q -r tests/python/requirements.txt
+
+echo "== python venv ($BUILD_DIR/venv)"
+mkdir -p "$BUILD_DIR"
+VENV=$(cd "$BUILD_DIR" && pwd)/venv
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+# Installs only when requirements.txt changed since the last successful install (torch is large).
+stamp=$VENV/.hora-requirements
+if ! cmp -s tests/python/requirements.txt "$stamp"; then
+  "$VENV/bin/python" -m pip install -q -r tests/python/requirements.txt
+  cp tests/python/requirements.txt "$stamp"
+fi
 
 echo "== configure and build ($BUILD_DIR)"
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHORA_PYTHON="$VENV/bin/python" \
+  -DPython3_EXECUTABLE="$VENV/bin/python" >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS"
 
 echo "== tests"
@@ -23,7 +37,8 @@ status=0
 (cd "$BUILD_DIR" && ctest --output-on-failure -j "${CTEST_JOBS:-2}" --timeout 600) || status=1
 
 echo "== tests under AddressSanitizer + UndefinedBehaviorSanitizer (unit and mpi labels)"
-cmake -S . -B "$BUILD_DIR-asan" -DCMAKE_BUILD_TYPE=Debug -DHORA_SANITIZE=ON -DHORA_WITH_CUDA=OFF >/dev/null
+cmake -S . -B "$BUILD_DIR-asan" -DCMAKE_BUILD_TYPE=Debug -DHORA_SANITIZE=ON -DHORA_WITH_CUDA=OFF \
+  -DPython3_EXECUTABLE="$VENV/bin/python" >/dev/null
 cmake --build "$BUILD_DIR-asan" -j "$JOBS"
 # Open MPI's own allocations are reported as leaks by LeakSanitizer; hora's are checked by
 # valgrind-free ASan errors (use-after-free, overflows) and UBSan, which abort the test.
