@@ -30,6 +30,7 @@
 #include "dist.h"
 #include "hora.h"
 #include "model.h"
+#include "opt.h" /* runtime/tools/opt.h: the tools' option parser */
 
 typedef struct {
   const char *data, *ckpt_dir, *persist_dir, *tensorboard, *cache_dir, *save_weights;
@@ -95,19 +96,16 @@ static void usage(FILE *f) {
     MNIST_EXIT_REQUEUE);
 }
 
-static int parse_int(const char *s, long lo, long hi, long *out) {
-  char *end;
-  long v = strtol(s, &end, 10);
-  if (*s == 0 || *end || v < lo || v > hi) return 0;
-  *out = v;
+/* Numbers are checked in full by the tools' shared parser (runtime/tools/opt.h): digits only, no
+ * overflow, inside the option's range; it prints one line naming the option on rank 0. */
+static int parse_int(const char *opt, const char *s, long lo, long hi, long *out) {
+  uint64_t v;
+  if (opt_parse_u64("mnist", opt, s, (uint64_t)lo, (uint64_t)hi, &v)) return 0;
+  *out = (long)v;
   return 1;
 }
-static int parse_double(const char *s, double lo, double hi, double *out) {
-  char *end;
-  double v = strtod(s, &end);
-  if (*s == 0 || *end || !(v >= lo && v <= hi)) return 0;
-  *out = v;
-  return 1;
+static int parse_double(const char *opt, const char *s, double lo, double hi, double *out) {
+  return opt_parse_double("mnist", opt, s, lo, hi, out) == 0;
 }
 
 static int parse_args(int argc, char **argv, opts_t *o) {
@@ -127,60 +125,69 @@ static int parse_args(int argc, char **argv, opts_t *o) {
       {0, 0, 0, 0}};
   int c;
   long v;
-  opterr = 0;
+  opterr = 0; /* errors are printed below, once, on rank 0 */
+  opt_quiet = g_rank != 0;
   while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
     const char *a = optarg;
     int ok = 1;
+    char nm[32] = "--";
+    for (const struct option *p = lo; p->name; p++)
+      if (p->val == c) snprintf(nm, sizeof nm, "--%s", p->name);
+    /* "--data --resume": getopt takes the next option as the value; it is a missing value. */
+    if (a && (opt_is_option(a) || !*a)) {
+      opt_error("mnist", "%s needs a value", nm);
+      return -1;
+    }
     switch (c) {
       case 'd': o->data = a; break;
-      case 'e': ok = parse_int(a, 1, 100000, &v), o->epochs = (int)v; break;
-      case 'b': ok = parse_int(a, 1, 65536, &v), o->batch = (int)v; break;
-      case 'l': ok = parse_double(a, 1e-12, 100, &o->lr); break;
+      case 'e': ok = parse_int(nm, a, 1, 100000, &v), o->epochs = (int)v; break;
+      case 'b': ok = parse_int(nm, a, 1, 65536, &v), o->batch = (int)v; break;
+      case 'l': ok = parse_double(nm, a, 1e-12, 100, &o->lr); break;
       case 'o': opt = a; ok = !strcmp(a, "adam") || !strcmp(a, "sgd"); break;
-      case 's': ok = parse_int(a, 0, 0x7fffffffffffffffL, &v), o->seed = (uint64_t)v; break;
+      case 's': ok = parse_int(nm, a, 0, 0x7fffffffffffffffL, &v), o->seed = (uint64_t)v; break;
       case 'c': o->ckpt_dir = a; break;
       case 'p': o->persist_dir = a; break;
-      case 'k': ok = parse_int(a, 0, 0x7fffffff, &v), o->ckpt_every = (int)v; break;
+      case 'k': ok = parse_int(nm, a, 0, 0x7fffffff, &v), o->ckpt_every = (int)v; break;
       case 'r': o->resume = 1; break;
       case 't': o->tensorboard = a; break;
       case 'D': device = a; ok = !strcmp(a, "auto") || !strcmp(a, "cpu") || !strcmp(a, "cuda"); break;
-      case 'L': ok = parse_int(a, 1, 1L << 30, &v), o->log_every = (int)v; break;
-      case 'T': ok = parse_int(a, 0, 4096, &v), o->threads = (int)v; break;
-      case 'M': ok = parse_int(a, 1, 1L << 50, &v), o->max_steps = v; break;
+      case 'L': ok = parse_int(nm, a, 1, 1L << 30, &v), o->log_every = (int)v; break;
+      case 'T': ok = parse_int(nm, a, 0, 4096, &v), o->threads = (int)v; break;
+      case 'M': ok = parse_int(nm, a, 1, 1L << 50, &v), o->max_steps = v; break;
       case 'C': o->cache_dir = a; break;
-      case 'm': ok = parse_double(a, 0, 0.9999, &o->momentum); break;
+      case 'm': ok = parse_double(nm, a, 0, 0.9999, &o->momentum); break;
       case 'S': o->lr_scaling = a;
         ok = !strcmp(a, "auto") || !strcmp(a, "linear") || !strcmp(a, "sqrt") || !strcmp(a, "none");
         break;
-      case 'w': ok = parse_double(a, 0, 1000, &o->warmup_epochs); break;
+      case 'w': ok = parse_double(nm, a, 0, 1000, &o->warmup_epochs); break;
       case 'W': o->save_weights = a; break;
       case 'R': ok = !strcmp(a, "cosine") || !strcmp(a, "constant"), o->cosine = !strcmp(a, "cosine"); break;
       case 'h': usage(stdout); return 0;
-      default:
-        if (g_rank == 0) {
-          if (optopt) fprintf(stderr, "mnist: option -%c needs a value or is unknown\n", optopt);
-          else fprintf(stderr, "mnist: unknown option or missing value: %s\n", argv[optind - 1]);
-          usage(stderr);
-        }
+      default: {
+        /* getopt_long: ':' when a value is missing at the end, '?' for an unknown option */
+        const char *bad = argv[optind - 1];
+        int known = 0;
+        for (const struct option *p = lo; p->name; p++)
+          if (!strncmp(bad, "--", 2) && !strncmp(bad + 2, p->name, strlen(p->name))) known = 1;
+        if (known) opt_error("mnist", "%s needs a value", bad);
+        else if (optopt) opt_error("mnist", "unknown option '-%c'", optopt);
+        else opt_unknown("mnist", bad);
         return -1;
+      }
     }
     if (!ok) {
-      const char *name = "?";
-      for (const struct option *p = lo; p->name; p++)
-        if (p->val == c) name = p->name;
-      if (g_rank == 0) fprintf(stderr, "mnist: bad value '%s' for --%s\n", a, name);
+      /* numbers were reported by the parser; the words here */
+      if (c == 'o' || c == 'D' || c == 'S' || c == 'R') opt_error("mnist", "%s '%s' is not one of %s", nm, a,
+          c == 'o' ? "adam|sgd" : c == 'D' ? "auto|cpu|cuda" : c == 'S' ? "auto|linear|sqrt|none" : "cosine|constant");
       return -1;
     }
   }
   if (optind < argc) {
-    if (g_rank == 0) fprintf(stderr, "mnist: unexpected argument '%s'\n", argv[optind]);
+    opt_unknown("mnist", argv[optind]);
     return -1;
   }
   if (!o->data) {
-    if (g_rank == 0) {
-      fprintf(stderr, "mnist: --data DIR is required\n");
-      usage(stderr);
-    }
+    opt_error("mnist", "--data DIR is required");
     return -1;
   }
   o->device = device;

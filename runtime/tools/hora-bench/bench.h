@@ -6,6 +6,10 @@
 #include <time.h>
 
 #include "core/internal.h"
+#include "../opt.h"
+
+/* Largest buffer a benchmark option may ask for: 64 GiB. */
+#define BENCH_MAX_BYTES (64ull << 30)
 
 static inline double bench_now_s(void) { return hora__now_s(); }
 

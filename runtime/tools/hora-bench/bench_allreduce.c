@@ -98,51 +98,37 @@ int hora_bench_allreduce(int argc, char **argv) {
   int64_t minb = 4, maxb = 256ll << 20;
   const char *algos = "ring,shm,hier,auto,mpi", *json = NULL, *dname = "f32", *oname = "sum";
   int iters = 0, warmup = 3, repeat = 1;
-  for (int i = 1; i + 1 < argc; i++)
-    if (!strcmp(argv[i], "--device")) {
-      if (!strcmp(argv[i + 1], "cuda")) return hora__bench_allreduce_cuda(argc, argv);
-      if (strcmp(argv[i + 1], "host") != 0) {
-        fprintf(stderr, "hora-bench allreduce: --device %s: want host or cuda\n", argv[i + 1]);
-        return 2;
-      }
-    }
+  const char *P = "hora-bench allreduce", *device = "host";
+  uint64_t minu = (uint64_t)minb, maxu = (uint64_t)maxb;
   for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    const char *a = argv[i];
+    int rc = 0;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
       return 0;
     }
-    if (!v) {
-      fprintf(stderr, "hora-bench allreduce: %s needs a value\n", a);
-      usage(stderr);
-      return 2;
-    }
-    i++;
-    if (!strcmp(a, "--min-bytes")) minb = bench_parse_size(v);
-    else if (!strcmp(a, "--max-bytes")) maxb = bench_parse_size(v);
-    else if (!strcmp(a, "--algo")) algos = v;
-    else if (!strcmp(a, "--dtype")) dname = v;
-    else if (!strcmp(a, "--op")) oname = v;
-    else if (!strcmp(a, "--iters")) iters = atoi(v);
-    else if (!strcmp(a, "--warmup")) warmup = atoi(v);
-    else if (!strcmp(a, "--repeat")) repeat = atoi(v);
-    else if (!strcmp(a, "--json")) json = v;
-    else if (!strcmp(a, "--device")) continue; /* host (cuda returned above) */
-    else {
-      fprintf(stderr, "hora-bench allreduce: unknown option %s\n", a);
-      usage(stderr);
-      return 2;
-    }
+    if (!strcmp(a, "--min-bytes")) rc = opt_bytes(P, argc, argv, &i, 1, BENCH_MAX_BYTES, &minu);
+    else if (!strcmp(a, "--max-bytes")) rc = opt_bytes(P, argc, argv, &i, 1, BENCH_MAX_BYTES, &maxu);
+    else if (!strcmp(a, "--algo")) rc = (algos = opt_value(P, argc, argv, &i)) ? 0 : OPT_USAGE;
+    else if (!strcmp(a, "--dtype")) rc = opt_choice(P, argc, argv, &i, "u8|i8|i32|i64|f16|bf16|f32|f64", &dname);
+    else if (!strcmp(a, "--op")) rc = opt_choice(P, argc, argv, &i, "sum|avg|min|max|prod", &oname);
+    else if (!strcmp(a, "--iters")) rc = opt_int(P, argc, argv, &i, 0, 100000000, &iters);
+    else if (!strcmp(a, "--warmup")) rc = opt_int(P, argc, argv, &i, 0, 1000000, &warmup);
+    else if (!strcmp(a, "--repeat")) rc = opt_int(P, argc, argv, &i, 1, 1000000, &repeat);
+    else if (!strcmp(a, "--json")) rc = (json = opt_value(P, argc, argv, &i)) ? 0 : OPT_USAGE;
+    else if (!strcmp(a, "--device")) rc = opt_choice(P, argc, argv, &i, "host|cuda", &device);
+    else rc = opt_unknown(P, a);
+    if (rc) return rc;
   }
+  if (!strcmp(device, "cuda")) return hora__bench_allreduce_cuda(argc, argv);
+  minb = (int64_t)minu, maxb = (int64_t)maxu;
+  if (maxb < minb) return opt_error(P, "--max-bytes is below --min-bytes");
   int d = -1, op = -1;
   for (int k = 0; k < 8; k++)
     if (!strcmp(dname, dnames[k])) d = k;
   for (int k = 0; k < 5; k++)
     if (!strcmp(oname, onames[k])) op = k;
-  if (minb <= 0 || maxb < minb || d < 0 || op < 0 || iters < 0 || warmup < 0 || repeat < 1) {
-    fprintf(stderr, "hora-bench allreduce: bad --min-bytes/--max-bytes/--dtype/--op/--iters/--warmup/--repeat\n");
-    return 2;
-  }
+
   algo_sel_t sel[MAX_ALGOS];
   int nsel = 0;
   char list[256];

@@ -275,33 +275,26 @@ int hora__bench_allreduce_cuda(int argc, char **argv) {
   int64_t minb = 1 << 20, maxb = 256ll << 20;
   int iters = 20, repeat = 3;
   const char *only = "kernels,paths,overhead";
+  const char *P = "hora-bench allreduce --device cuda", *dev;
+  uint64_t minu = (uint64_t)minb, maxu = (uint64_t)maxb;
   for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    const char *a = argv[i];
+    int rc = 0;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
       return 0;
     }
-    if (!v) {
-      fprintf(stderr, "hora-bench allreduce: %s needs a value\n", a);
-      return 2;
-    }
-    i++;
-    if (!strcmp(a, "--device")) continue;
-    if (!strcmp(a, "--min-bytes")) minb = bench_parse_size(v);
-    else if (!strcmp(a, "--max-bytes")) maxb = bench_parse_size(v);
-    else if (!strcmp(a, "--iters")) iters = atoi(v);
-    else if (!strcmp(a, "--repeat")) repeat = atoi(v);
-    else if (!strcmp(a, "--only")) only = v;
-    else {
-      fprintf(stderr, "hora-bench allreduce --device cuda: unknown option %s\n", a);
-      usage(stderr);
-      return 2;
-    }
+    if (!strcmp(a, "--device")) rc = opt_choice(P, argc, argv, &i, "cuda", &dev);
+    else if (!strcmp(a, "--min-bytes")) rc = opt_bytes(P, argc, argv, &i, 16, BENCH_MAX_BYTES, &minu);
+    else if (!strcmp(a, "--max-bytes")) rc = opt_bytes(P, argc, argv, &i, 16, BENCH_MAX_BYTES, &maxu);
+    else if (!strcmp(a, "--iters")) rc = opt_int(P, argc, argv, &i, 1, 100000000, &iters);
+    else if (!strcmp(a, "--repeat")) rc = opt_int(P, argc, argv, &i, 1, 1000000, &repeat);
+    else if (!strcmp(a, "--only")) rc = (only = opt_value(P, argc, argv, &i)) ? 0 : OPT_USAGE;
+    else rc = opt_unknown(P, a);
+    if (rc) return rc;
   }
-  if (minb < 16 || maxb < minb || iters < 1 || repeat < 1) {
-    fprintf(stderr, "hora-bench allreduce: bad --min-bytes/--max-bytes/--iters/--repeat\n");
-    return 2;
-  }
+  minb = (int64_t)minu, maxb = (int64_t)maxu;
+  if (maxb < minb) return opt_error(P, "--max-bytes is below --min-bytes");
   hora_ctx_t *ctx;
   if (hora_init(&ctx) != HORA_SUCCESS) {
     fprintf(stderr, "hora-bench allreduce: hora_init: %s\n", hora_last_error());

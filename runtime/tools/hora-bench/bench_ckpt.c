@@ -20,6 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <mpi.h>
+
 #include "bench.h"
 #include "ckpt/ckpt.h"
 #include "hora.h"
@@ -57,26 +59,29 @@ static double sync_write(const char *path, void **bufs, const size_t *bytes, int
 int hora_bench_ckpt(int argc, char **argv) {
   long mib = 256, k = 8, reps = 3;
   const char *dir = NULL, *pdir = NULL, *json = NULL;
+  const char *P = "hora-bench ckpt";
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--state-mib") && i + 1 < argc) mib = atol(argv[++i]);
-    else if (!strcmp(argv[i], "--tensors") && i + 1 < argc) k = atol(argv[++i]);
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atol(argv[++i]);
-    else if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
-    else if (!strcmp(argv[i], "--persist-dir") && i + 1 < argc) pdir = argv[++i];
-    else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
-    else {
-      fprintf(strcmp(argv[i], "--help") ? stderr : stdout,
-              "usage: hora-bench ckpt [--state-mib N (256)] [--tensors K (8)] [--dir DIR] [--persist-dir DIR]\n"
-              "                       [--reps R (3)] [--json FILE]\n"
-              "  DIR: local_dir (default $TMPDIR or /tmp, hora-bench-ckpt-PID/local); persist-dir defaults to\n"
-              "  a sibling on the same disk\n");
-      return strcmp(argv[i], "--help") ? 2 : 0;
+    const char *a = argv[i];
+    int rc = 0;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      printf("usage: hora-bench ckpt [--state-mib N (256)] [--tensors K (8)] [--dir DIR] [--persist-dir DIR]\n"
+             "                       [--reps R (3)] [--json FILE]\n"
+             "  DIR: local_dir (default $TMPDIR or /tmp, hora-bench-ckpt-PID/local); persist-dir defaults to\n"
+             "  a sibling on the same disk. N <= 65536 (64 GiB), K <= 100000 and K <= N MiB.\n"
+             "  Rank 0 checkpoints (hora_ckpt_save is rank 0's); under mpirun the other ranks wait.\n");
+      return 0;
     }
+    if (!strcmp(a, "--state-mib")) rc = opt_long(P, argc, argv, &i, 1, 65536, &mib);
+    else if (!strcmp(a, "--tensors")) rc = opt_long(P, argc, argv, &i, 1, 100000, &k);
+    else if (!strcmp(a, "--reps")) rc = opt_long(P, argc, argv, &i, 1, 1000, &reps);
+    else if (!strcmp(a, "--dir")) rc = (dir = opt_value(P, argc, argv, &i)) ? 0 : OPT_USAGE;
+    else if (!strcmp(a, "--persist-dir")) rc = (pdir = opt_value(P, argc, argv, &i)) ? 0 : OPT_USAGE;
+    else if (!strcmp(a, "--json")) rc = (json = opt_value(P, argc, argv, &i)) ? 0 : OPT_USAGE;
+    else rc = opt_unknown(P, a);
+    if (rc) return rc;
   }
-  if (mib <= 0 || k <= 0 || reps <= 0) {
-    fprintf(stderr, "hora-bench ckpt: --state-mib, --tensors and --reps must be positive\n");
-    return 2;
-  }
+  if ((uint64_t)k > ((uint64_t)mib << 20))
+    return opt_error(P, "--tensors %ld is more than the bytes of --state-mib %ld", k, mib);
   char base[4096], L[4200], P[4200], syncf[4300];
   const char *tmp = getenv("TMPDIR");
   snprintf(base, sizeof base, "%s/hora-bench-ckpt-%ld", tmp && *tmp ? tmp : "/tmp", (long)getpid());
@@ -90,17 +95,24 @@ int hora_bench_ckpt(int argc, char **argv) {
     fprintf(stderr, "hora-bench ckpt: hora_init: %s\n", hora_last_error());
     return 1;
   }
+  /* hora_ckpt_* are collective and only rank 0's tensors and directories are used: rank 0 holds
+   * the state, runs the baselines and prints; the other ranks make the same collective calls
+   * with no tensors, so the benchmark runs at any rank count (mpirun -np N). */
+  int rank = 0;
+  hora_rank(ctx, &rank);
   size_t total = (size_t)mib << 20;
-  void **bufs = calloc((size_t)k, sizeof *bufs);
-  size_t *bytes = calloc((size_t)k, sizeof *bytes);
-  hora_tensor_t *t = calloc((size_t)k, sizeof *t);
-  char (*names)[32] = calloc((size_t)k, sizeof *names);
-  for (long i = 0; i < k; i++) {
+  if (rank != 0) k = 0;
+  void **bufs = calloc((size_t)k + 1, sizeof *bufs);
+  size_t *bytes = calloc((size_t)k + 1, sizeof *bytes);
+  hora_tensor_t *t = calloc((size_t)k + 1, sizeof *t);
+  char (*names)[32] = calloc((size_t)k + 1, sizeof *names);
+  int oom = !bufs || !bytes || !t || !names;
+  for (long i = 0; i < k && !oom; i++) {
     bytes[i] = total / (size_t)k + (i == k - 1 ? total % (size_t)k : 0);
     bufs[i] = malloc(bytes[i]);
     if (!bufs[i]) {
-      fprintf(stderr, "hora-bench ckpt: out of memory for %ld MiB of state\n", mib);
-      return 1;
+      oom = 1;
+      break;
     }
     unsigned char *c = bufs[i];
     uint64_t x = 0x9E3779B97F4A7C15ull + (uint64_t)i;
@@ -112,6 +124,14 @@ int hora_bench_ckpt(int argc, char **argv) {
     }
     snprintf(names[i], sizeof names[i], "layer%ld/w", i);
     t[i] = (hora_tensor_t){names[i], bufs[i], bytes[i], HORA_UINT8, HORA_DEVICE_HOST, 0, NULL};
+  }
+  /* Every rank learns whether rank 0 has the memory before the first collective call. */
+  int any_oom = 0;
+  MPI_Allreduce(&oom, &any_oom, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any_oom) {
+    if (oom) fprintf(stderr, "hora-bench ckpt: out of memory for %ld MiB of state in %ld tensors\n", mib, k);
+    hora_finalize(ctx);
+    return 1;
   }
   hora_ckpt_opts_t o;
   hora_ckpt_opts_init(&o);
@@ -127,7 +147,7 @@ int hora_bench_ckpt(int argc, char **argv) {
   double *wr = calloc((size_t)reps, sizeof(double)), *cop = calloc((size_t)reps, sizeof(double));
   double *cp = calloc((size_t)reps, sizeof(double));
   uint64_t file_bytes = 0;
-  int failed = 0;
+  int failed = 0, local_failed = 0; /* failed: a collective call failed (the same on every rank) */
   /* Warm-up save: the staging buffer is allocated once and reused by later saves. */
   if (hora_ckpt_save(ck, 0, t, (size_t)k, NULL, 0) != HORA_SUCCESS || hora_ckpt_flush(ck) != HORA_SUCCESS) {
     fprintf(stderr, "hora-bench ckpt: %s\n", hora_last_error());
@@ -136,14 +156,14 @@ int hora_bench_ckpt(int argc, char **argv) {
   for (long r = 0; r < reps && !failed; r++) {
     /* The baseline alternates between before and after hora's save, so that neither always
      * follows the other's deletes and writeback on a shared disk. */
-    if (r % 2 == 0) syncw[r] = sync_write(syncf, bufs, bytes, (int)k);
+    if (r % 2 == 0 && rank == 0) syncw[r] = sync_write(syncf, bufs, bytes, (int)k);
     double t0 = bench_now_s();
     if (hora_ckpt_save(ck, r + 1, t, (size_t)k, NULL, 0) != HORA_SUCCESS) failed = 1;
     stall[r] = bench_now_s() - t0;
     /* Both copies of the committed file start from the same state: the local write is
      * committed, everything dirty is written back (sync) and the disk had a moment to settle.
      * Which of the two goes first alternates, so neither always follows the other's writeback. */
-    hora__ck_wait_written(ck);
+    if (rank == 0) hora__ck_wait_written(ck);
     char cmd[14000], src[4400], dst[4400];
     snprintf(src, sizeof src, "%s/step-%ld/%s", L, r + 1, CK_DATA);
     snprintf(dst, sizeof dst, "%s/cp-baseline.safetensors", P);
@@ -154,23 +174,41 @@ int hora_bench_ckpt(int argc, char **argv) {
       if ((phase == 0) == (r % 2 == 0)) {
         /* flush: the copier runs now (timed inside the copier) */
         if (hora_ckpt_flush(ck) != HORA_SUCCESS) failed = 1;
-        hora__ck_stats(ck, NULL, &wr[r], &cop[r], &file_bytes);
-      } else {
+        if (rank == 0) hora__ck_stats(ck, NULL, &wr[r], &cop[r], &file_bytes);
+      } else if (rank == 0) {
         t0 = bench_now_s();
-        if (system(cmd) != 0) failed = 1;
+        if (system(cmd) != 0) local_failed = 1;
         cp[r] = bench_now_s() - t0;
         unlink(dst);
       }
     }
-    if (r % 2 == 1) syncw[r] = sync_write(syncf, bufs, bytes, (int)k);
-    if (syncw[r] < 0) failed = 1;
-    if (!failed && cop[r] > 0 && cp[r] > 0)
+    if (r % 2 == 1 && rank == 0) syncw[r] = sync_write(syncf, bufs, bytes, (int)k);
+    if (syncw[r] < 0) local_failed = 1;
+    if (rank == 0 && !failed && !local_failed && cop[r] > 0 && cp[r] > 0)
       printf("  rep %ld: copier %.3f GB/s, cp %.3f GB/s (%s first)\n", r + 1, (double)file_bytes / cop[r] / 1e9,
              (double)file_bytes / cp[r] / 1e9, r % 2 == 0 ? "copier" : "cp");
   }
-  if (failed) {
-    fprintf(stderr, "hora-bench ckpt: a step failed: %s\n", hora_last_error());
+  int any_local = 0;
+  MPI_Allreduce(&local_failed, &any_local, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (failed || any_local) {
+    if (rank == 0) fprintf(stderr, "hora-bench ckpt: a step failed: %s\n", failed ? hora_last_error() : "a baseline (cp or write) failed");
+    hora_ckpt_close(ck);
+    hora_finalize(ctx);
     return 1;
+  }
+  if (rank != 0) {
+    hora_ckpt_close(ck);
+    hora_finalize(ctx);
+    free(bufs);
+    free(bytes);
+    free(t);
+    free(names);
+    free(stall);
+    free(syncw);
+    free(wr);
+    free(cop);
+    free(cp);
+    return 0;
   }
   double s_ms = median(stall, (int)reps) * 1e3, w_ms = median(syncw, (int)reps) * 1e3;
   double bg_ms = median(wr, (int)reps) * 1e3;

@@ -73,35 +73,20 @@ static int cmpd(const void *a, const void *b) {
 int hora_bench_fusion(int argc, char **argv) {
   const char *workload = "resnet50", *json = NULL;
   int steps = 10, warmup = 2;
+  const char *P = "hora-bench fusion";
   for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    const char *a = argv[i];
+    int rc = 0;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
       return 0;
     }
-    if (!v) {
-      fprintf(stderr, "hora-bench fusion: %s needs a value\n", a);
-      usage(stderr);
-      return 2;
-    }
-    if (!strcmp(a, "--workload")) workload = v;
-    else if (!strcmp(a, "--steps")) steps = atoi(v);
-    else if (!strcmp(a, "--warmup")) warmup = atoi(v);
-    else if (!strcmp(a, "--json")) json = v;
-    else {
-      fprintf(stderr, "hora-bench fusion: unknown option %s\n", a);
-      usage(stderr);
-      return 2;
-    }
-    i++;
-  }
-  if (strcmp(workload, "resnet50") && strcmp(workload, "small200")) {
-    fprintf(stderr, "hora-bench fusion: unknown workload '%s' (resnet50 | small200)\n", workload);
-    return 2;
-  }
-  if (steps < 1 || warmup < 0) {
-    fprintf(stderr, "hora-bench fusion: --steps must be >= 1 and --warmup >= 0\n");
-    return 2;
+    if (!strcmp(a, "--workload")) rc = opt_choice(P, argc, argv, &i, "resnet50|small200", &workload);
+    else if (!strcmp(a, "--steps")) rc = opt_int(P, argc, argv, &i, 1, 1000000, &steps);
+    else if (!strcmp(a, "--warmup")) rc = opt_int(P, argc, argv, &i, 0, 1000000, &warmup);
+    else if (!strcmp(a, "--json")) rc = (json = opt_value(P, argc, argv, &i)) ? 0 : OPT_USAGE;
+    else rc = opt_unknown(P, a);
+    if (rc) return rc;
   }
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);

@@ -94,20 +94,27 @@ int hora_bench_launch(int argc, char **argv) {
   if (k <= 0) return 1;
   self[k] = 0;
   snprintf(launch, sizeof launch, "%.*s/launch", (int)(strrchr(self, '/') - self), self);
+  const char *P = "hora-bench launch";
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--probe") == 0 && i + 1 < argc) return probe(argv[i + 1]);
-    if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--nodes") == 0 && i + 1 < argc) nodes = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--tasks-per-node") == 0 && i + 1 < argc) tpn = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--launch") == 0 && i + 1 < argc) snprintf(launch, sizeof launch, "%s", argv[++i]);
-    else {
-      fprintf(stderr, "usage: hora-bench launch [--reps N] [--nodes N] [--tasks-per-node N] [--launch PATH]\n");
-      return strcmp(argv[i], "--help") == 0 ? 0 : 2;
+    const char *a = argv[i], *v;
+    int rc = 0;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      printf("usage: hora-bench launch [--reps N (10)] [--nodes N (2)] [--tasks-per-node N (2)] [--launch PATH]\n"
+             "  inside a Slurm allocation: srun startup with and without launch and hora_init\n");
+      return 0;
     }
-  }
-  if (reps < 1 || reps > 1000 || nodes < 1 || tpn < 1) {
-    fprintf(stderr, "hora-bench launch: bad --reps/--nodes/--tasks-per-node\n");
-    return 2;
+    if (!strcmp(a, "--probe")) {
+      if (!(v = opt_value(P, argc, argv, &i))) return OPT_USAGE;
+      return probe(v);
+    }
+    if (!strcmp(a, "--reps")) rc = opt_int(P, argc, argv, &i, 1, 1000, &reps);
+    else if (!strcmp(a, "--nodes")) rc = opt_int(P, argc, argv, &i, 1, 100000, &nodes);
+    else if (!strcmp(a, "--tasks-per-node")) rc = opt_int(P, argc, argv, &i, 1, 4096, &tpn);
+    else if (!strcmp(a, "--launch")) {
+      if (!(v = opt_value(P, argc, argv, &i))) return OPT_USAGE;
+      snprintf(launch, sizeof launch, "%s", v);
+    } else rc = opt_unknown(P, a);
+    if (rc) return rc;
   }
   char a_n[32], a_t[48];
   snprintf(a_n, sizeof a_n, "--nodes=%d", nodes);

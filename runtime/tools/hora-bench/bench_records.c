@@ -264,34 +264,42 @@ int hora_bench_records(int argc, char **argv) {
   const char *tmp = getenv("TMPDIR");
   snprintf(defdir, sizeof defdir, "%s/hora-bench-records", tmp && *tmp ? tmp : "/tmp");
   a.dir = defdir;
+  const char *P = "hora-bench records", *cache = "both";
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--dir") && i + 1 < argc) a.dir = argv[++i];
-    else if (!strcmp(argv[i], "--records") && i + 1 < argc) a.records = atol(argv[++i]);
-    else if (!strcmp(argv[i], "--record-bytes") && i + 1 < argc) a.record_bytes = atol(argv[++i]);
-    else if (!strcmp(argv[i], "--shards") && i + 1 < argc) a.shards = atol(argv[++i]);
-    else if (!strcmp(argv[i], "--small-files") && i + 1 < argc) a.small = atol(argv[++i]);
-    else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) a.repeat = atol(argv[++i]);
-    else if (!strcmp(argv[i], "--shuffle") && i + 1 < argc) a.shuffle = (size_t)atol(argv[++i]);
-    else if (!strcmp(argv[i], "--json")) a.json = 1;
-    else if (!strcmp(argv[i], "--cache") && i + 1 < argc) {
-      const char *c = argv[++i];
-      a.warm = !strcmp(c, "warm") || !strcmp(c, "both");
-      a.cold = !strcmp(c, "cold") || !strcmp(c, "both");
-    }
-    else {
+    const char *o = argv[i];
+    int rc = 0;
+    if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
       printf("usage: hora-bench records [--dir DIR] [--records N] [--record-bytes B] [--shards S]\n"
              "                          [--small-files N (default min(records, 20000))]\n"
              "                          [--repeat R] [--shuffle K] [--cache warm|cold|both] [--json]\n"
-             "  run under mpirun -np P for P ranks reading disjoint shards\n");
-      return strcmp(argv[i], "--help") ? 2 : 0;
+             "  run under mpirun -np P for P ranks reading disjoint shards; S <= N <= 100000000,\n"
+             "  N x B <= 64 GiB\n");
+      return 0;
     }
+    if (!strcmp(o, "--dir")) rc = (a.dir = opt_value(P, argc, argv, &i)) ? 0 : OPT_USAGE;
+    else if (!strcmp(o, "--records")) rc = opt_long(P, argc, argv, &i, 1, 100000000, &a.records);
+    else if (!strcmp(o, "--record-bytes")) rc = opt_long(P, argc, argv, &i, 1, 1L << 30, &a.record_bytes);
+    else if (!strcmp(o, "--shards")) rc = opt_long(P, argc, argv, &i, 1, 99999, &a.shards);
+    else if (!strcmp(o, "--small-files")) rc = opt_long(P, argc, argv, &i, 0, 1000000, &a.small);
+    else if (!strcmp(o, "--repeat")) rc = opt_long(P, argc, argv, &i, 1, 32, &a.repeat);
+    else if (!strcmp(o, "--shuffle")) {
+      uint64_t v;
+      rc = opt_u64(P, argc, argv, &i, 0, 100000000, &v);
+      a.shuffle = (size_t)v;
+    } else if (!strcmp(o, "--json")) a.json = 1;
+    else if (!strcmp(o, "--cache")) rc = opt_choice(P, argc, argv, &i, "warm|cold|both", &cache);
+    else rc = opt_unknown(P, o);
+    if (rc) return rc;
   }
+  a.warm = !strcmp(cache, "warm") || !strcmp(cache, "both");
+  a.cold = !strcmp(cache, "cold") || !strcmp(cache, "both");
   if (a.small == 0) a.small = a.records < 20000 ? a.records : 20000;
   if (a.small > a.records) a.small = a.records;
-  if (a.records < 1 || a.record_bytes < 1 || a.shards < 1 || a.repeat < 1 || !(a.warm || a.cold)) {
-    fprintf(stderr, "hora-bench records: --records, --record-bytes, --shards and --repeat must be positive, --cache warm, cold or both\n");
-    return 2;
-  }
+  if (a.shards > a.records)
+    return opt_error(P, "--shards %ld is more than --records %ld (every shard needs a record)", a.shards,
+                     a.records);
+  if ((uint64_t)a.records * (uint64_t)a.record_bytes > BENCH_MAX_BYTES)
+    return opt_error(P, "--records %ld x --record-bytes %ld is more than 64 GiB", a.records, a.record_bytes);
   hora_ctx_t *ctx;
   if (hora_init(&ctx) != HORA_SUCCESS) {
     fprintf(stderr, "hora-bench records: hora_init: %s\n", hora_last_error());

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "../opt.h"
 
 static const char *type_name(hora_param_type_t t) {
   switch (t) {
@@ -39,14 +40,25 @@ static void env_md(void) {
   }
 }
 
+static void usage(FILE *f) {
+  fprintf(f, "usage: hora-info [env-md]\n"
+             "  hora-info          version and build features (cuda, nccl, hwloc)\n"
+             "  hora-info env-md   the Markdown table of every HORA_* variable (docs/env.md)\n");
+}
+
 int main(int argc, char **argv) {
-  if (argc > 1 && strcmp(argv[1], "env-md") == 0) {
-    env_md();
+  if (opt_wants_help(argc, argv)) {
+    usage(stdout);
     return 0;
   }
-  if (argc > 1 && strcmp(argv[1], "--help") != 0) {
-    fprintf(stderr, "hora-info: unknown command '%s'\nusage: hora-info [env-md]\n", argv[1]);
-    return 2;
+  if (argc > 2) return opt_unknown("hora-info", argv[2]);
+  if (argc == 2 && strcmp(argv[1], "env-md") == 0) {
+    env_md();
+    return fflush(stdout) == 0 ? 0 : 1;
+  }
+  if (argc == 2) {
+    if (opt_is_option(argv[1])) return opt_unknown("hora-info", argv[1]);
+    return opt_error("hora-info", "unknown command '%s'", argv[1]);
   }
   printf("hora %s cuda=%d nccl=%d hwloc=%d\n", HORA_VERSION_STRING, HORA_HAVE_CUDA, HORA_HAVE_NCCL,
          HORA_HAVE_HWLOC);

@@ -14,6 +14,7 @@
 
 #include "data/idx.h"
 #include "hora.h"
+#include "../opt.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -47,24 +48,20 @@ static int find_one(const char *dir, const char *prefix, char *out, size_t n) {
 }
 
 static int convert_idx(int argc, char **argv) {
-  const char *dir = NULL, *split = NULL, *outdir = NULL;
+  const char *P = "hora-records convert-idx", *dir = NULL, *split = NULL, *outdir = NULL;
   long shards = 0;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--split") && i + 1 < argc) split = argv[++i];
-    else if (!strcmp(argv[i], "--shards") && i + 1 < argc) shards = strtol(argv[++i], NULL, 10);
-    else if (!strcmp(argv[i], "--out") && i + 1 < argc) outdir = argv[++i];
-    else if (argv[i][0] != '-' && !dir) dir = argv[i];
-    else {
-      fprintf(stderr, "hora-records convert-idx: unexpected argument '%s'\n", argv[i]);
-      usage(stderr);
-      return 2;
-    }
+    const char *a = argv[i];
+    int rc = 0;
+    if (!strcmp(a, "--split")) rc = opt_choice(P, argc, argv, &i, "train|test", &split);
+    else if (!strcmp(a, "--shards")) rc = opt_long(P, argc, argv, &i, 1, 99999, &shards);
+    else if (!strcmp(a, "--out")) rc = (outdir = opt_value(P, argc, argv, &i)) ? 0 : OPT_USAGE;
+    else if (!opt_is_option(a) && !dir) dir = a;
+    else rc = opt_unknown(P, a);
+    if (rc) return rc;
   }
-  if (!dir || !split || !outdir || shards < 1 || shards > 99999 ||
-      (strcmp(split, "train") && strcmp(split, "test"))) {
-    fprintf(stderr, "hora-records convert-idx: need IDX_DIR, --split train|test, --shards N (1..99999), --out DIR\n");
-    return 2;
-  }
+  if (!dir || !split || !outdir || !shards)
+    return opt_error(P, "needs IDX_DIR, --split train|test, --shards N (1..99999) and --out DIR");
   const char *pre = strcmp(split, "train") == 0 ? "train" : "t10k";
   char ipath[4096], lpath[4096], p[4200];
   snprintf(p, sizeof p, "%s-images", pre);
@@ -81,6 +78,12 @@ static int convert_idx(int argc, char **argv) {
   if (img.ndims != 3 || lab.ndims != 1 || img.dims[0] != lab.dims[0]) {
     fprintf(stderr, "hora-records convert-idx: %s (%d dims) and %s (%d dims) do not describe the same images\n",
             ipath, img.ndims, lpath, lab.ndims);
+    goto done;
+  }
+  if ((size_t)shards > img.dims[0]) {
+    /* refused before anything is written: a shard without records helps no reader */
+    fprintf(stderr, "hora-records convert-idx: --shards %ld is more than the %u images in %s\n", shards, (unsigned)img.dims[0], ipath);
+    rc = 2;
     goto done;
   }
   if (mkdir(outdir, 0755) != 0 && errno != EEXIST) {
@@ -128,11 +131,16 @@ done:
   return rc;
 }
 
+/* FILE... arguments of count and verify: at least one, and none that looks like an option. */
+static int files_only(const char *prog, int argc, char **argv) {
+  if (argc < 2) return opt_error(prog, "needs at least one FILE");
+  for (int i = 1; i < argc; i++)
+    if (opt_is_option(argv[i])) return opt_unknown(prog, argv[i]);
+  return 0;
+}
+
 static int count(int argc, char **argv) {
-  if (argc < 2) {
-    usage(stderr);
-    return 2;
-  }
+  if (files_only("hora-records count", argc, argv)) return OPT_USAGE;
   uint64_t total = 0;
   for (int i = 1; i < argc; i++) {
     uint64_t c;
@@ -172,10 +180,7 @@ static int each_record(const char *path, int (*fn)(void *, uint64_t, const unsig
 }
 
 static int verify(int argc, char **argv) {
-  if (argc < 2) {
-    usage(stderr);
-    return 2;
-  }
+  if (files_only("hora-records verify", argc, argv)) return OPT_USAGE;
   int bad = 0;
   for (int i = 1; i < argc; i++) {
     uint64_t n;
@@ -209,13 +214,17 @@ static int print_raw(void *arg, uint64_t i, const unsigned char *d, size_t len) 
 }
 
 static int cat(int argc, char **argv) {
-  int raw = argc == 3 && !strcmp(argv[1], "--raw");
-  if (argc != 2 + raw) {
-    usage(stderr);
-    return 2;
+  const char *P = "hora-records cat", *file = NULL;
+  int raw = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--raw")) raw = 1;
+    else if (opt_is_option(argv[i])) return opt_unknown(P, argv[i]);
+    else if (file) return opt_error(P, "takes one FILE (got '%s' and '%s')", file, argv[i]);
+    else file = argv[i];
   }
+  if (!file) return opt_error(P, "needs a FILE");
   uint64_t n;
-  if (!each_record(argv[1 + raw], raw ? print_raw : print_line, NULL, &n)) return fail_msg("cat");
+  if (!each_record(file, raw ? print_raw : print_line, NULL, &n)) return fail_msg("cat");
   return fflush(stdout) == 0 ? 0 : 1;
 }
 
@@ -226,11 +235,15 @@ int main(int argc, char **argv) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
+  /* `hora-records CMD --help` prints the usage (before any file is opened) */
+  if (opt_wants_help(argc - 1, argv + 1)) {
+    usage(stdout);
+    return 0;
+  }
   if (!strcmp(argv[1], "convert-idx")) return convert_idx(argc - 1, argv + 1);
   if (!strcmp(argv[1], "count")) return count(argc - 1, argv + 1);
   if (!strcmp(argv[1], "verify")) return verify(argc - 1, argv + 1);
   if (!strcmp(argv[1], "cat")) return cat(argc - 1, argv + 1);
-  fprintf(stderr, "hora-records: unknown command '%s'\n", argv[1]);
-  usage(stderr);
+  fprintf(stderr, "hora-records: unknown command '%s' (see hora-records --help)\n", argv[1]);
   return 2;
 }
