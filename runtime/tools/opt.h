@@ -134,14 +134,14 @@ static inline int opt_u64(const char *prog, int argc, char **argv, int *i, uint6
 }
 
 static inline int opt_int(const char *prog, int argc, char **argv, int *i, int lo, int hi, int *out) {
-  uint64_t v;
+  uint64_t v = 0;
   int rc = opt_u64(prog, argc, argv, i, lo < 0 ? 0 : (uint64_t)lo, hi < 0 ? 0 : (uint64_t)hi, &v);
   if (rc == 0) *out = (int)v;
   return rc;
 }
 
 static inline int opt_long(const char *prog, int argc, char **argv, int *i, long lo, long hi, long *out) {
-  uint64_t v;
+  uint64_t v = 0;
   int rc = opt_u64(prog, argc, argv, i, lo < 0 ? 0 : (uint64_t)lo, hi < 0 ? 0 : (uint64_t)hi, &v);
   if (rc == 0) *out = (long)v;
   return rc;

@@ -59,7 +59,7 @@ static double sync_write(const char *path, void **bufs, const size_t *bytes, int
 int hora_bench_ckpt(int argc, char **argv) {
   long mib = 256, k = 8, reps = 3;
   const char *dir = NULL, *pdir = NULL, *json = NULL;
-  const char *P = "hora-bench ckpt";
+  const char *PROG = "hora-bench ckpt";
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int rc = 0;
@@ -71,17 +71,17 @@ int hora_bench_ckpt(int argc, char **argv) {
              "  Rank 0 checkpoints (hora_ckpt_save is rank 0's); under mpirun the other ranks wait.\n");
       return 0;
     }
-    if (!strcmp(a, "--state-mib")) rc = opt_long(P, argc, argv, &i, 1, 65536, &mib);
-    else if (!strcmp(a, "--tensors")) rc = opt_long(P, argc, argv, &i, 1, 100000, &k);
-    else if (!strcmp(a, "--reps")) rc = opt_long(P, argc, argv, &i, 1, 1000, &reps);
-    else if (!strcmp(a, "--dir")) rc = (dir = opt_value(P, argc, argv, &i)) ? 0 : OPT_USAGE;
-    else if (!strcmp(a, "--persist-dir")) rc = (pdir = opt_value(P, argc, argv, &i)) ? 0 : OPT_USAGE;
-    else if (!strcmp(a, "--json")) rc = (json = opt_value(P, argc, argv, &i)) ? 0 : OPT_USAGE;
-    else rc = opt_unknown(P, a);
+    if (!strcmp(a, "--state-mib")) rc = opt_long(PROG, argc, argv, &i, 1, 65536, &mib);
+    else if (!strcmp(a, "--tensors")) rc = opt_long(PROG, argc, argv, &i, 1, 100000, &k);
+    else if (!strcmp(a, "--reps")) rc = opt_long(PROG, argc, argv, &i, 1, 1000, &reps);
+    else if (!strcmp(a, "--dir")) rc = (dir = opt_value(PROG, argc, argv, &i)) ? 0 : OPT_USAGE;
+    else if (!strcmp(a, "--persist-dir")) rc = (pdir = opt_value(PROG, argc, argv, &i)) ? 0 : OPT_USAGE;
+    else if (!strcmp(a, "--json")) rc = (json = opt_value(PROG, argc, argv, &i)) ? 0 : OPT_USAGE;
+    else rc = opt_unknown(PROG, a);
     if (rc) return rc;
   }
   if ((uint64_t)k > ((uint64_t)mib << 20))
-    return opt_error(P, "--tensors %ld is more than the bytes of --state-mib %ld", k, mib);
+    return opt_error(PROG, "--tensors %ld is more than the bytes of --state-mib %ld", k, mib);
   char base[4096], L[4200], P[4200], syncf[4300];
   const char *tmp = getenv("TMPDIR");
   snprintf(base, sizeof base, "%s/hora-bench-ckpt-%ld", tmp && *tmp ? tmp : "/tmp", (long)getpid());

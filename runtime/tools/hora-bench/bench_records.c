@@ -283,7 +283,7 @@ int hora_bench_records(int argc, char **argv) {
     else if (!strcmp(o, "--small-files")) rc = opt_long(P, argc, argv, &i, 0, 1000000, &a.small);
     else if (!strcmp(o, "--repeat")) rc = opt_long(P, argc, argv, &i, 1, 32, &a.repeat);
     else if (!strcmp(o, "--shuffle")) {
-      uint64_t v;
+      uint64_t v = 0;
       rc = opt_u64(P, argc, argv, &i, 0, 100000000, &v);
       a.shuffle = (size_t)v;
     } else if (!strcmp(o, "--json")) a.json = 1;

@@ -30,7 +30,6 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], #n) == 0 && hora_bench_##n) return hora_bench_##n(argc - 1, argv + 1);
   SUBCOMMANDS(X)
 #undef X
-  fprintf(stderr, "hora-bench: unknown benchmark '%s'\n", argv[1]);
-  usage(stderr);
+  fprintf(stderr, "hora-bench: unknown benchmark '%s' (see hora-bench --help)\n", argv[1]);
   return 2;
 }
