@@ -99,7 +99,7 @@ static void usage(FILE *f) {
 /* Numbers are checked in full by the tools' shared parser (runtime/tools/opt.h): digits only, no
  * overflow, inside the option's range; it prints one line naming the option on rank 0. */
 static int parse_int(const char *opt, const char *s, long lo, long hi, long *out) {
-  uint64_t v;
+  uint64_t v = 0;
   if (opt_parse_u64("mnist", opt, s, (uint64_t)lo, (uint64_t)hi, &v)) return 0;
   *out = (long)v;
   return 1;
