@@ -13,7 +13,9 @@ Where libhora is looked for, first match wins:
   4. The build tree `build/` next to this python/ folder (an in-tree `cmake -B build`).
 The extension gets an rpath to the library's folder, so no LD_LIBRARY_PATH is needed.
 
-Used by setup.py (`pip install ./python`, through ffibuilder_for_setup) and by tests/python/CMakeLists.txt, which runs
+Used by python/CMakeLists.txt (`pip install ./python`, through scikit-build-core), which runs
+`python hora_build.py --emit-c FILE --header hora.h` and compiles FILE as the extension module
+itself, and by tests/python/CMakeLists.txt, which runs
 `python3 hora_build.py --build-dir BUILD --out DIR` to put an importable package under DIR.
 """
 import argparse
@@ -137,11 +139,12 @@ def extract_cdef(header_text):
     return "\n".join(lines)
 
 
-def make_ffibuilder(include_dirs=None, library_dirs=None):
+def make_ffibuilder(include_dirs=None, library_dirs=None, header=None):
     if include_dirs is None:
         include_dirs, library_dirs = find_hora()
-    header = next((os.path.join(d, "hora.h") for d in include_dirs
-                   if os.path.exists(os.path.join(d, "hora.h"))), None)
+    if header is None:
+        header = next((os.path.join(d, "hora.h") for d in include_dirs
+                       if os.path.exists(os.path.join(d, "hora.h"))), None)
     if header is None:
         raise HoraNotFound(f"hora.h not found in {include_dirs}")
     with open(header) as f:
@@ -161,16 +164,21 @@ def make_ffibuilder(include_dirs=None, library_dirs=None):
     return ffibuilder
 
 
-def ffibuilder_for_setup():
-    """setup.py's cffi_modules entry ("hora_build.py:ffibuilder_for_setup"): cffi calls it."""
-    return make_ffibuilder()
-
-
 def main():
     p = argparse.ArgumentParser(description="Build hora's cffi extension into an importable tree.")
     p.add_argument("--build-dir", help="hora CMake build tree (default: as find_hora())")
-    p.add_argument("--out", required=True, help="folder that receives hora/ with the extension")
+    p.add_argument("--out", help="folder that receives hora/ with the extension")
+    p.add_argument("--emit-c", metavar="FILE",
+                   help="only write the extension's C source to FILE (CMake compiles it)")
+    p.add_argument("--header", help="with --emit-c: the hora.h whose cdef region is used")
     a = p.parse_args()
+    if a.emit_c:
+        if not a.header or not os.path.exists(a.header):
+            p.error(f"--emit-c needs --header pointing at hora.h (got {a.header!r})")
+        make_ffibuilder([os.path.dirname(a.header)], [], header=a.header).emit_c_code(a.emit_c)
+        return
+    if not a.out:
+        p.error("--out DIR is required (or --emit-c FILE)")
     if a.build_dir:
         incs, libs = _from_build_dir(a.build_dir)
     else:
