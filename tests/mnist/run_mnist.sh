@@ -1,12 +1,14 @@
 #!/bin/bash
-# CI checks of examples/mnist on 2 ranks with the 10k real MNIST digits (8000 train / 2000 test),
-# located beside the source tree as ../shared/data/mnist-digits-10k (exit 77 when absent).
+# CI checks of examples/mnist on 2 ranks with 10k real images (8000 train / 2000 test): the MNIST
+# digits beside the source tree (../shared/data/mnist-digits-10k) or, where they are absent, the
+# first 10k images of Debian's Fashion-MNIST (tests/common/real_data.sh).
 # train, resume and signal check the CPU path (--device cpu, also on a GPU machine: there --device
 # auto would train on the GPU, and its GPU monitor adds scalars to the TensorBoard file that the
 # train mode counts); nogpu and cuda check the device choice and the GPU path.
 #   run_mnist.sh train  MNIST MPIEXEC [MPIEXEC_FLAGS...]
-#       one epoch: the loss of the last progress line is below that of the first, and the test
-#       accuracy is at least 0.88 (measured 0.926 with these settings).
+#       one epoch: the loss of the last progress line is below half that of the first, and the
+#       test accuracy is at least 0.88 on the digits (measured 0.926 with these settings), 0.72 on
+#       Fashion-MNIST (measured 0.7635; loss 2.63 -> 0.63).
 #   run_mnist.sh resume MNIST MPIEXEC [MPIEXEC_FLAGS...]
 #       90 steps uninterrupted vs 40 steps + --resume to 90: the final weights are bitwise equal.
 #   run_mnist.sh signal MNIST MPIEXEC [MPIEXEC_FLAGS...]
@@ -17,19 +19,20 @@
 #       status 1 and a message naming --device cuda, and --device auto trains on the CPU.
 #   run_mnist.sh cuda   MNIST MPIEXEC [MPIEXEC_FLAGS...]
 #       on a GPU machine (exit 77 without one, or when the build has no CUDA layer kernels): one
-#       epoch with --device cuda (loss falls, test accuracy >= 0.88), then 90 steps uninterrupted
+#       epoch with --device cuda (loss falls, test accuracy >= 0.88 / 0.72), then 90 steps uninterrupted
 #       vs 40 + --resume on the GPU: the final weights are bitwise equal.
 set -u
 mode=$1 mnist=$2
 shift 2
 mpi=("$@")
-data="${HORA_SOURCE_DIR:-.}/../shared/data/mnist-digits-10k"
-if [ ! -e "$data/train-images-idx3-ubyte.gz" ] && [ ! -e "$data/train-images-idx3-ubyte" ]; then
-  echo "SKIP: no MNIST digits at $data"
-  exit 77
-fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/hora-mnist-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
+src=$(cd "$(dirname "$0")/../.." && pwd)
+found=$(HORA_SOURCE_DIR=${HORA_SOURCE_DIR:-$src} bash "$src/tests/common/real_data.sh" "$work") || exit $?
+data=${found% *} dataset=${found##* }
+min_acc=0.88
+[ "$dataset" = fashion ] && min_acc=0.72
+echo "data: $dataset ($data), test accuracy wanted >= $min_acc"
 fail() { echo "FAIL: $*"; exit 1; }
 run() { # np log args...
   local np=$1 log=$2
@@ -39,14 +42,14 @@ run() { # np log args...
 }
 
 # A one-epoch run learned: the loss halved from the first progress line to the last, and the final
-# line reports a test accuracy of at least 0.88 (sets first, last and acc for the PASS line).
+# line reports a test accuracy of at least $min_acc (sets first, last and acc for the PASS line).
 check_learned() {
   first=$(grep -m1 -o 'loss [0-9.]*' "$1" | awk '{print $2}')
   last=$(grep -o ' loss [0-9.]*' "$1" | tail -1 | awk '{print $2}')
   acc=$(sed -n 's/^.*test_accuracy=\([0-9.]*\) images_per_s=\([0-9]*\) ranks=2$/\1/p' "$1")
   [ -n "$first" ] && [ -n "$last" ] && [ -n "$acc" ] || fail "missing progress or final line"
   awk -v a="$first" -v b="$last" 'BEGIN{exit !(b < 0.5 * a)}' || fail "loss did not fall: $first -> $last"
-  awk -v a="$acc" 'BEGIN{exit !(a >= 0.88)}' || fail "test accuracy $acc < 0.88"
+  awk -v a="$acc" -v m="$min_acc" 'BEGIN{exit !(a >= m)}' || fail "test accuracy $acc < $min_acc on $dataset"
 }
 
 case "$mode" in

@@ -2,6 +2,11 @@
 rank runs every test in the same order, so each test must make the same hora calls on every rank
 (assertions come after the collectives, never between them)."""
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import numpy as np
 import pytest
 
@@ -13,15 +18,33 @@ except ImportError:  # bf16 tests are skipped without it
     ml_dtypes = None
 
 
+def _private_tmp():
+    """Every temporary folder of this process (tempfile.mkdtemp, TMPDIR of children, hora's
+    checkpoint folders the tests make) goes into one folder that is removed when the session
+    ends, also when a test fails, and at exit. Rank 0's folders are shared with the other ranks
+    (test_records.shared_dir): it is removed after hora.shutdown, when every rank is done."""
+    d = tempfile.mkdtemp(prefix="hora-pytest-")
+    tempfile.tempdir = d
+    os.environ["TMPDIR"] = d
+    atexit.register(shutil.rmtree, d, True)
+    return d
+
+
 @pytest.fixture(scope="session", autouse=True)
 def hora_session(request):
-    # *_check.py files run alone (one ctest each) and manage init/shutdown themselves.
-    if any(item.path.name.endswith("_check.py") for item in request.session.items):
-        yield
-        return
-    hora.init()
-    yield
-    hora.shutdown()
+    tmp = _private_tmp()
+    try:
+        # *_check.py files run alone (one ctest each) and manage init/shutdown themselves.
+        if any(item.path.name.endswith("_check.py") for item in request.session.items):
+            yield
+            return
+        hora.init()
+        try:
+            yield
+        finally:
+            hora.shutdown()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def rank_size():
