@@ -5,8 +5,10 @@ Slurm's --signal does before the time limit); the program checkpoints and exits 
 requeues the job, and the rerun resumes from the checkpoint and ends with the result line.
 
 Environment (set by ctest): SLURM_CONF, CLUSTER_SH, HORA_BIN (launch, mnist, hora-records),
-JOB_SBATCH, WORK_DIR, HORA_SOURCE_DIR. Exits 77 when the cluster is not running or the digits
-(../shared/data/mnist-digits-10k beside the source tree) are missing."""
+JOB_SBATCH, WORK_DIR, HORA_SOURCE_DIR. Data: the 10k digits of ../shared/data/mnist-digits-10k
+beside the source tree, else the first 10k images of Debian's Fashion-MNIST (tests/common/
+real_data.sh). After 3 epochs the test accuracy must reach 0.9 on the digits, 0.77 on Fashion-MNIST
+(measured 0.8105 uninterrupted with these settings). Exits 77 when the cluster is not running."""
 import os
 import re
 import subprocess
@@ -33,14 +35,17 @@ def main():
                       capture_output=True).returncode != 0:
         print("SKIP: the test Slurm cluster is not running")
         return 77
-    digits = os.path.join(os.environ.get("HORA_SOURCE_DIR", "."), "..", "shared", "data",
-                          "mnist-digits-10k")
-    if not os.path.isdir(digits):
-        print(f"SKIP: no digits at {digits}")
-        return 77
     binDir = os.path.abspath(os.environ["HORA_BIN"])
     os.makedirs(os.environ["WORK_DIR"], exist_ok=True)
     work = tempfile.mkdtemp(dir=os.environ["WORK_DIR"])
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    found = subprocess.run(["bash", os.path.join(src, "tests", "common", "real_data.sh"), work],
+                           capture_output=True, text=True)
+    if found.returncode != 0:
+        print(found.stderr)
+        return found.returncode
+    digits, dataset = found.stdout.split()
+    min_acc = 0.9 if dataset == "digits" else 0.77
     data = os.path.join(work, "data")
     for split, shards in (("train", "4"), ("test", "1")):
         subprocess.run([os.path.join(binDir, "hora-records"), "convert-idx", digits, "--split",
@@ -109,8 +114,8 @@ def main():
     m = re.search(r"test_accuracy=([0-9.]+) images_per_s=\d+ ranks=4\s*$", text)
     if not m:
         fail("no result line with ranks=4 at the end")
-    if float(m.group(1)) < 0.9:
-        fail(f"test accuracy {m.group(1)} < 0.9 after 3 epochs")
+    if float(m.group(1)) < min_acc:
+        fail(f"test accuracy {m.group(1)} < {min_acc} after 3 epochs on {dataset}")
     if not os.path.exists(os.path.join(work, "results", "mnist-requeue")):
         fail("no persistent results directory")
     print(f"PASS: stopped at step {stopped}, requeued, resumed, accuracy {m.group(1)}")
