@@ -5,9 +5,13 @@
 # missing, empty or garbage input file gets one error line that names it. Absurd sizes must be
 # refused at once (each call has a 60 s limit; a refused one takes milliseconds), and a refused
 # convert-idx writes nothing.
-#   bad_invocations.sh BIN_DIR        (build/bin: hora-bench, hora-records, hora-info, mnist)
+# With MPIEXEC, `hora-bench ckpt` also runs on 2 ranks (rank 0 checkpoints, the others follow)
+# and must print its result and leave no folder behind.
+#   bad_invocations.sh BIN_DIR [MPIEXEC FLAGS...]   (BIN_DIR: hora-bench, hora-records, hora-info, mnist)
 set -u
 bin=$1
+shift
+mpi=("$@")
 work=$(mktemp -d "${TMPDIR:-/tmp}/hora-tools-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export HORA_LOG=NONE
@@ -120,6 +124,12 @@ if [ -x "$M" ]; then
   check 1 "$work/emptydir" "$M" --data "$work/emptydir" --epochs 1
   check 1 "$work/missing" "$M" --data "$work/missing" --epochs 1
   check 1 "$work/badidx/train-images-idx3-ubyte" "$M" --data "$work/badidx" --epochs 1
+fi
+
+if [ ${#mpi[@]} -gt 0 ]; then
+  check 0 "copier \(copier_gbs\) +[0-9.]+ GB/s" "${mpi[@]}" -np 2 "$B" ckpt --state-mib 2 --tensors 2 --reps 1
+  left=$(ls "$work/tmp" | grep hora-bench-ckpt)
+  [ -z "$left" ] || { echo "FAIL: hora-bench ckpt left $left in TMPDIR"; fails=$((fails + 1)); }
 fi
 
 echo "$n invocations, $fails failed"
