@@ -1,6 +1,8 @@
 #!/bin/sh
-# `pip install ./python` against a build tree, into a fresh virtual environment, then a 2-rank
-# allreduce through the installed package (not the copy in <build>/python).
+# `HORA_BUILD_DIR=BUILD pip install ./python` (the developers' way: only the cffi extension is
+# compiled, linked to the build tree's libhora), into a fresh virtual environment, then a 2-rank
+# allreduce through the installed package (not the copy in <build>/python). pip fetches the build
+# backend (scikit-build-core) and numpy/cffi from PyPI or its wheel cache.
 # Usage: pip_install_check.sh BUILD_DIR SOURCE_DIR PYTHON MPIEXEC [MPIEXEC_FLAGS...]
 set -eu
 build=$1 src=$2 py=$3
@@ -10,10 +12,11 @@ rm -rf "$work"
 mkdir -p "$work"
 cp -r "$src/python" "$work/src"   # pip builds in the source folder: keep the checkout clean
 rm -rf "$work/src/build" "$work/src/hora.egg-info"
-"$py" -m venv --system-site-packages "$work/venv"
-# --no-build-isolation: setuptools and cffi come from the environment, so no download is needed.
-HORA_BUILD_DIR=$build "$work/venv/bin/python" -m pip install -q --no-build-isolation --no-deps \
-  "$work/src"
+trap 'rm -rf "$work"' EXIT
+"$py" -m venv "$work/venv"
+HORA_BUILD_DIR=$build "$work/venv/bin/python" -m pip install -q "$work/src"
+ldd "$work"/venv/lib/python*/site-packages/hora/_hora_cffi*.so | grep -q "$build/lib/libhora.so" || {
+  echo "FAIL: the extension does not link $build/lib/libhora.so"; exit 1; }
 cd "$work"
 PYTHONPATH= "$@" -np 2 "$work/venv/bin/python" -c '
 import sys
