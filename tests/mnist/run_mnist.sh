@@ -96,12 +96,12 @@ signal)
   ;;
 nogpu)
   if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then echo "SKIP: this machine has a GPU"; exit 77; fi
-  run 1 "$work/c" --epochs 1 --max-steps 2 --device cuda
+  run 1 "$work/c" --epochs 1 --max-steps 2 --device cuda --ckpt-dir "$work/ckc"
   rc=$?
   cat "$work/c"
   [ $rc = 1 ] || fail "--device cuda without a GPU: exit status $rc, want 1"
   grep -q 'mnist: rank 0: --device cuda: .*use --device cpu' "$work/c" || fail "no clear --device cuda message"
-  run 2 "$work/a" --epochs 1 --max-steps 30 --log-every 10 --device auto || { cat "$work/a"; fail "--device auto run"; }
+  run 2 "$work/a" --epochs 1 --max-steps 30 --log-every 10 --device auto --ckpt-dir "$work/cka" || { cat "$work/a"; fail "--device auto run"; }
   cat "$work/a"
   grep -q ', device cpu, ' "$work/a" || fail "--device auto did not pick the CPU"
   grep -q '^\(\[0\] \)\?test_accuracy=' "$work/a" || fail "--device auto: no result line"
