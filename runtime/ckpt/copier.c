@@ -21,6 +21,7 @@
 
 #include "ckpt/ckpt.h"
 #include "core/crc32c.h"
+#include "core/fault.h"
 
 /* Read-back verification, pipelined with the copy: a helper thread reads dst back chunk by
  * chunk (from the page cache, right after each chunk was copied) and extends the CRC32C, while
@@ -181,6 +182,7 @@ static hora_result_t manifest_for(const char *stepdir, const char *file, char **
 static hora_result_t copy_step(hora_ckpt_t *ck, int64_t step) {
   char src_sd[4096], dst_sd[4096], src[4600], tmp[4600], fin[4600];
   ck_manifest_t m, old;
+  HORA_CHECK(hora__fault_hit("copy", ck->rank));
   hora__ck_step_dir(ck->local_dir, step, src_sd, sizeof src_sd);
   HORA_CHECK(hora__ck_manifest_read(src_sd, &m));
   struct stat st;

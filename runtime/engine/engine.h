@@ -178,6 +178,10 @@ typedef struct hora_engine {
   char dead_msg[256];
   hora_result_t fail_rc; /* REMOTE, or MPI/INTERNAL if the engine itself failed */
   eng_hb_t *hb;
+  /* hora__engine_mpi_wait gave up on a request after the failure: MPI may still read or write
+   * its buffers (a nonblocking collective cannot be cancelled, and a peer declared dead may be
+   * alive and send). Engine thread only; whoever owns such buffers leaks them instead of freeing. */
+  int abandoned;
 
   /* Engine-thread-only state. */
   eng_table_t pending;  /* this rank's requests by name */
