@@ -18,11 +18,12 @@
 
 static const char *const stages[] = {"init", "restore", "reader", "step", "save", "copy", "finalize"};
 enum { NSTAGES = sizeof stages / sizeof *stages };
-static const char *const kinds[] = {"exit", "kill", "segv", "mute", "fail"};
-enum { K_EXIT, K_KILL, K_SEGV, K_MUTE, K_FAIL, NKINDS };
+static const char *const kinds[] = {"exit", "kill", "segv", "mute", "fail", "late"};
+enum { K_EXIT, K_KILL, K_SEGV, K_MUTE, K_FAIL, K_LATE, NKINDS };
 
 static atomic_long hits[NSTAGES];
 static atomic_int muted;
+static _Atomic double late_until; /* "late": silent until this hora__now_s() */
 
 static int lookup(const char *const *names, int n, const char *s, size_t len) {
   for (int i = 0; i < n; i++)
@@ -51,7 +52,7 @@ static hora_result_t parse(const char *spec, int *stage, int *kind, long *rank, 
 bad:
   return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
                   "HORA_TEST_FAULT=%s: want STAGE:KIND:RANK[:NTH], STAGE one of init|restore|reader|"
-                  "step|save|copy|finalize, KIND one of exit|kill|segv|mute|fail, RANK >= 0, NTH >= 1",
+                  "step|save|copy|finalize, KIND one of exit|kill|segv|mute|fail|late, RANK >= 0, NTH >= 1",
                   spec);
 }
 
@@ -69,10 +70,13 @@ hora_result_t hora__fault_hit(const char *stage_name, int rank) {
     case K_KILL: kill(getpid(), SIGKILL); break;
     case K_SEGV: raise(SIGSEGV); break;
     case K_MUTE: atomic_store(&muted, 1); return HORA_SUCCESS;
+    case K_LATE: atomic_store(&late_until, hora__now_s() + 2 * hora__params()->peer_timeout_s); return HORA_SUCCESS;
     default: break;
   }
   return HORA_ERR(HORA_ERR_INTERNAL, "HORA_TEST_FAULT=%s: injected failure at %s on rank %d", spec,
                   stage_name, rank);
 }
 
-int hora__fault_muted(void) { return atomic_load(&muted); }
+int hora__fault_muted(void) {
+  return atomic_load(&muted) || (atomic_load(&late_until) > 0 && hora__now_s() < atomic_load(&late_until));
+}

@@ -334,8 +334,8 @@ hora_result_t hora__engine_on_init(hora_ctx_t *ctx) {
   double w = eng->prm.stall_warning_s, s = eng->prm.stall_shutdown_s;
   double m = w > 0 && s > 0 ? (w < s ? w : s) : (w > 0 ? w : s);
   eng->stall_fallback_s = m > 0 ? m / 2 : 0;
+  HORA_CHECK_GOTO(hora__fault_hit("init", eng->rank), rc, fail); /* before any heartbeat */
   HORA_CHECK_GOTO(hora__hb_start(eng, &eng->hb), rc, fail);
-  HORA_CHECK_GOTO(hora__fault_hit("init", eng->rank), rc, fail);
   if (pthread_create(&eng->thread, NULL, engine_main, eng) != 0) {
     rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: cannot create the async engine thread");
     goto fail;

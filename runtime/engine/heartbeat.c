@@ -74,6 +74,8 @@ typedef struct {
   MPI_Request *sreq;
   int nbye, npeers, declared;
   double t0;      /* start of the thread: HORA_INIT_TIMEOUT_S counts from here */
+  double max_gap, first_max; /* longest silence of a heard peer; latest first contact */
+  int max_gap_rank, first_max_rank;
 } hb_state_t;
 
 static void nap(double s) {
@@ -126,6 +128,13 @@ static void on_message(eng_hb_t *hb, hb_state_t *s, const MPI_Status *st, double
   hora_engine_t *eng = hb->eng;
   int from = st->MPI_SOURCE, n = eng->size;
   if (from < 0 || from >= n) return;
+  if (s->heard[from] && now - s->last[from] > s->max_gap) {
+    s->max_gap = now - s->last[from];
+    s->max_gap_rank = from;
+  } else if (!s->heard[from] && now - s->t0 > s->first_max) {
+    s->first_max = now - s->t0;
+    s->first_max_rank = from;
+  }
   s->last[from] = now;
   s->heard[from] = 1;
   if (st->MPI_TAG == TAG_BYE && !s->bye[from]) {
@@ -234,6 +243,10 @@ static void *hb_main(void *arg) {
     nap(hb->period_s / 4 < 0.05 ? hb->period_s / 4 : 0.05);
   }
 out:
+  /* The margins: how close this run came to a false death (docs/design.md, the load test). */
+  HORA_INFO(ENGINE, "heartbeat: longest silence %.3f s (rank %d; HORA_PEER_TIMEOUT_S=%g), latest first "
+            "heartbeat %.3f s after start (rank %d; HORA_INIT_TIMEOUT_S=%g)", s.max_gap, s.max_gap_rank,
+            hb->timeout_s, s.first_max, s.first_max_rank, hb->init_timeout_s);
   /* A receive still posted is cancelled (if that fails, rbuf may still be written: hb_stop leaks
    * hb); unfinished sends are released (they read hb->sbuf, which stays while they may). */
   if (rreq != MPI_REQUEST_NULL) {

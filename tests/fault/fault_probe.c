@@ -48,8 +48,11 @@ static int fail_at(const char *stage, hora_result_t rc, const char *msg) {
   double t0 = now_s();
   hora_result_t frc = hora_finalize(g_ctx);
   fprintf(stderr, "FAULT_PROBE rank %d finalize %s in %.1f s\n", g_rank, hora_result_name(frc), now_s() - t0);
-  /* mpirun ends the job when the first rank exits: give the others time to report theirs. */
-  struct timespec ts = {3, 0};
+  /* mpirun ends the job when the first rank exits: give the others time to report theirs (the
+   * last to learn of the failure does so up to two peer timeouts later). */
+  const char *pt = getenv("HORA_PEER_TIMEOUT_S");
+  double hold = (pt ? 2 * atof(pt) : 0) + 3;
+  struct timespec ts = {(time_t)hold, 0};
   nanosleep(&ts, NULL);
   return 1;
 }
