@@ -8,7 +8,7 @@
  *   cache.c      the response cache (identical on every rank)
  *   fusion.c     grouping of ready responses, pack/unpack, running the collectives
  *   stall.c      rank 0's stall inspector (warnings and HORA_STALL_SHUTDOWN_S)
- *   heartbeat.c  peer death detection (HORA_PEER_TIMEOUT_S)
+ *   heartbeat.c  peer death detection (HORA_PEER_TIMEOUT_S, HORA_INIT_TIMEOUT_S)
  *   timeline.c   the Chrome-trace timeline (HORA_TIMELINE)
  *
  * Ownership: the user's threads own a request until it is on the queue; from then on only the
