@@ -7,7 +7,8 @@
  * "Open MPI will *not* replace signals if handlers are already installed by the time MPI_INIT is
  * invoked"). So hora_init installs this module's handler for SIGSEGV, SIGBUS, SIGFPE, SIGILL and
  * SIGABRT before it calls MPI_Init; when the program initialized MPI itself, Open MPI's handlers
- * are already there and are replaced (not chained: they are what must not run).
+ * are already there and are replaced (not chained: they are what must not run). A handler is
+ * Open MPI's when its code lies in libopen-pal or libmpi (dladdr).
  *
  * The handler uses only async-signal-safe calls: it write(2)s ONE line prepared at install time
  * plus the signal number, thread id and fault address formatted by hand (no printf, no malloc, no
@@ -22,6 +23,7 @@
  * was there before it, which is this handler when the reader opens after hora_init). The rank in
  * the line comes from the launcher's environment (HORA_RANK, OMPI_COMM_WORLD_RANK, PMIX_RANK,
  * SLURM_PROCID), since MPI has not started yet; "?" when none is set. */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -88,6 +90,15 @@ static void on_fatal(int sig, siginfo_t *si, void *uc) {
   raise(sig);
 }
 
+/* The handler in `sa` belongs to Open MPI (libopen-pal or libmpi, where opal_signal's handler
+ * lives): found by the shared object that holds its code. */
+static int is_open_mpi(const struct sigaction *sa) {
+  void *fn = (sa->sa_flags & SA_SIGINFO) ? (void *)sa->sa_sigaction : (void *)sa->sa_handler;
+  Dl_info info;
+  if (!fn || !dladdr(fn, &info) || !info.dli_fname) return 0;
+  return strstr(info.dli_fname, "libopen-pal") || strstr(info.dli_fname, "libmpi");
+}
+
 static const char *first_env(const char *const *vars) {
   for (; *vars; vars++) {
     const char *v = getenv(*vars);
@@ -107,14 +118,12 @@ static void install(void) {
                      rank ? rank : "?", node ? "node " : "", node ? node : "", node ? ", " : "", host,
                      (long)getpid());
   g_prefix_len = len < 0 ? 0 : (size_t)len < sizeof g_prefix ? (size_t)len : sizeof g_prefix - 1;
-  int mpi_up = 0;
-  MPI_Initialized(&mpi_up);
   for (int i = 0; i < NSIGS; i++) {
     struct sigaction old, sa;
     if (sigaction(sigs[i], NULL, &old) != 0) continue;
     int has = (old.sa_flags & SA_SIGINFO) ? old.sa_sigaction != NULL
                                           : (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);
-    if (has && !mpi_up) continue; /* the program's own (or a sanitizer's): it stays */
+    if (has && !is_open_mpi(&old)) continue; /* the program's own (or a sanitizer's): it stays */
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_fatal;
     sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
