@@ -152,7 +152,7 @@ hora_result_t hora__timeline_close(eng_timeline_t *t);
 /* ---- heartbeat (heartbeat.c) ---- */
 typedef struct eng_hb eng_hb_t;
 hora_result_t hora__hb_start(struct hora_engine *eng, eng_hb_t **out);
-void hora__hb_stop(eng_hb_t *hb); /* joins the thread, frees the communicator's requests */
+void hora__hb_stop(eng_hb_t *hb); /* sends BYE unless failed, joins the thread, closes the socket */
 void hora__hb_mute(eng_hb_t *hb); /* stop sending heartbeats, keep listening */
 
 /* ---- the engine ---- */
