@@ -3,12 +3,13 @@
  * hora-first: hora_init starts MPI (hora's handler goes in before MPI_Init, Open MPI installs
  * none); mpi-first: the program calls MPI_Init_thread itself, so Open MPI's handler is there and
  * hora_init must replace it. Then every rank allreduces once (the world works) and the last rank
- * crashes: a NULL write for segv, abort(), or the signal raised. fatal_test.py checks the output. */
+ * crashes: a write to a PROT_NONE page for segv, abort(), or the signal raised. fatal_test.py checks the output. */
 #include <mpi.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "hora.h"
 
@@ -38,8 +39,9 @@ int main(int argc, char **argv) {
     fflush(NULL);
     const char *k = argv[2];
     if (!strcmp(k, "segv")) {
-      volatile int *p = NULL;
-      *p = 1;
+      /* A real fault on a valid pointer (a NULL store would be caught by UBSan first). */
+      volatile char *p = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p != MAP_FAILED) *p = 1;
     } else if (!strcmp(k, "abort")) {
       abort();
     } else {
