@@ -122,7 +122,8 @@ size_t hora__ring_segment_elems(size_t es) {
 static hora_result_t state_finalize(hora_ctx_t *ctx, void *arg) {
   hora_algo_state_t *st = arg;
   hora_result_t rc = HORA_SUCCESS;
-  if (st->shm) rc = hora__shm_free(ctx, st->shm);
+  /* Freeing the window waits for every local rank: after a failure (ctx->failed) leak it. */
+  if (st->shm && !__atomic_load_n(&ctx->failed, __ATOMIC_ACQUIRE)) rc = hora__shm_free(ctx, st->shm);
   free(st->scratch);
   pthread_mutex_lock(&ctx->lock);
   if (ctx->algo == st) ctx->algo = NULL;

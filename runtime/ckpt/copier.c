@@ -22,6 +22,7 @@
 
 #include "ckpt/ckpt.h"
 #include "core/crc32c.h"
+#include "core/fault.h"
 
 /* Read-back verification, pipelined with the copy: a helper thread reads dst back chunk by
  * chunk (from the page cache, right after each chunk was copied) and extends the CRC32C, while
@@ -222,6 +223,7 @@ static hora_result_t copy_step(hora_ckpt_t *ck, int64_t step) {
   char name[64], src_sd[4400], dst_sd[4400];
   ck_manifest_t m, old;
   copy_fds_t f = {-1, -1, -1, -1};
+  HORA_CHECK(hora__fault_hit("copy", ck->rank));
   hora__ck_step_name(step, name, sizeof name);
   snprintf(src_sd, sizeof src_sd, "%s/%s", ck->local_dir, name);
   snprintf(dst_sd, sizeof dst_sd, "%s/%s", ck->persist_dir, name);

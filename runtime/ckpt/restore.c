@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "ckpt/ckpt.h"
+#include "core/fault.h"
 
 typedef struct {
   int rc;
@@ -91,6 +92,7 @@ HORA_EXPORT hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora
   ck_snap_t snap = {0};
   hora_result_t rc = (!off || !src) ? HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory") : HORA_SUCCESS;
   if (rc == HORA_SUCCESS) rc = check_args(step, tensors, n, off, &total);
+  if (rc == HORA_SUCCESS) rc = hora__fault_hit("restore", ck->rank);
   if (ck->rank == 0) {
     /* A save still being written is part of what restore should see. */
     pthread_mutex_lock(&ck->mu);

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt.h"
+#include "core/fault.h"
 
 /* The name of the data file for a step directory whose committed manifest names `old` (or
  * none): a name different from the committed one, so the old file stays intact until the new
@@ -383,22 +384,55 @@ done:
 }
 
 /* Every rank learns rank 0's result (and its message). */
+/* Wait for a request, giving up when the context has failed (a peer declared dead, the engine
+ * failed: ctx->failed): then the request is left to MPI and 0 is returned, and its buffer must be
+ * leaked. 1 when it completed. The sleep grows from 1 us to 1 ms (calls here are rare). */
+static int wait_unless_failed(hora_ckpt_t *ck, MPI_Request *req, int *mrc) {
+  double nap = 1e-6;
+  for (;;) {
+    int done = 0;
+    *mrc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (*mrc != MPI_SUCCESS || done) return 1;
+    if (__atomic_load_n(&ck->ctx->failed, __ATOMIC_ACQUIRE)) return 0;
+    struct timespec ts = {0, (long)(nap * 1e9)};
+    nanosleep(&ts, NULL);
+    if (nap < 1e-3) nap *= 2;
+  }
+}
+
 hora_result_t hora__ck_bcast_result(hora_ckpt_t *ck, hora_result_t rc, const char *fn) {
-  struct {
+  struct ck_result {
     int rc;
     char msg[CK_MSG_MAX];
-  } r = {(int)rc, ""};
-  if (ck->rank == 0 && rc != HORA_SUCCESS) hora__ck_keep_msg(r.msg);
-  int mrc = MPI_Bcast(&r, (int)sizeof r, MPI_BYTE, 0, ck->comm);
-  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Bcast (checkpoint result)", __FILE__, __LINE__);
-  if (ck->rank == 0 || r.rc == HORA_SUCCESS) return (hora_result_t)r.rc;
-  return HORA_ERR((hora_result_t)r.rc, "%s failed on rank 0: %s", fn, r.msg);
+  } *r = calloc(1, sizeof *r);
+  if (!r) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory", fn);
+  r->rc = (int)rc;
+  if (ck->rank == 0 && rc != HORA_SUCCESS) hora__ck_keep_msg(r->msg);
+  /* Non-blocking and death-aware: a rank that died (or that is stuck elsewhere after a failure)
+   * must not keep the others here forever. */
+  MPI_Request req;
+  int mrc = MPI_Ibcast(r, (int)sizeof *r, MPI_BYTE, 0, ck->comm, &req);
+  if (mrc == MPI_SUCCESS && !wait_unless_failed(ck, &req, &mrc)) {
+    /* r stays allocated: the abandoned broadcast may still write it. */
+    if (rc != HORA_SUCCESS) return rc;
+    return HORA_ERR(HORA_ERR_REMOTE, "%s: not waiting for the other ranks: the job already failed "
+                    "(a rank was declared dead or the async engine failed; see the log)", fn);
+  }
+  if (mrc != MPI_SUCCESS) {
+    free(r);
+    return hora__mpi_error(mrc, "MPI_Ibcast (checkpoint result)", __FILE__, __LINE__);
+  }
+  hora_result_t out = (hora_result_t)r->rc;
+  if (ck->rank != 0 && out != HORA_SUCCESS) out = HORA_ERR(out, "%s failed on rank 0: %s", fn, r->msg);
+  free(r);
+  return out;
 }
 
 HORA_EXPORT hora_result_t hora_ckpt_save(hora_ckpt_t *ck, int64_t step, const hora_tensor_t *tensors,
                                          size_t ntensors, const hora_kv_t *meta, size_t nmeta) {
   if (!ck) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: ck is NULL");
-  hora_result_t rc = HORA_SUCCESS;
-  if (ck->rank == 0) rc = save_root(ck, step, tensors, ntensors, meta, nmeta);
-  return hora__ck_bcast_result(ck, rc, "hora_ckpt_save");
+  hora_result_t frc = hora__fault_hit("save", ck->rank), rc = frc;
+  if (ck->rank == 0 && rc == HORA_SUCCESS) rc = save_root(ck, step, tensors, ntensors, meta, nmeta);
+  rc = hora__ck_bcast_result(ck, rc, "hora_ckpt_save");
+  return ck->rank != 0 && frc != HORA_SUCCESS ? frc : rc;
 }

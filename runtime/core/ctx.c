@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/ctx.h"
+#include "core/fatal.h"
 #include "engine/engine_init.h"
 #include "trace/trace.h"
 
@@ -233,13 +234,14 @@ HORA_EXPORT hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t 
   HORA_CHECK(hora__params_reload());
   const hora_params_t *p = hora__params();
 
+  hora__fatal_on_init(); /* before MPI_Init: then Open MPI installs no fatal-signal handler */
   int inited = 0, finalized = 0;
   MPI_Initialized(&inited);
   MPI_Finalized(&finalized);
   if (finalized)
     return HORA_ERR(HORA_ERR_MPI, "hora_init: MPI is already finalized in this process");
   int mpirun_started = getenv("OMPI_COMM_WORLD_SIZE") != NULL;
-  int mpi_owned = 0;
+  int mpi_owned = 0, peers_go_on = 0;
   if (!inited) {
     int provided = 0;
     int mrc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
@@ -283,6 +285,9 @@ HORA_EXPORT hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t 
   if (!(opts && opts->mpi_comm)) HORA_CHECK_GOTO(check_world(c, p, mpirun_started), rc, fail_ctx);
   HORA_CHECK_GOTO(build_layout(c, p), rc, fail_ctx);
   if (p->device >= 0) c->device = (int)p->device;
+  /* From here a failure can be this rank's alone (GPU, engine): the other ranks go on, and
+   * MPI_Finalize would wait for them. The process then ends with MPI initialized. */
+  peers_go_on = 1;
   /* The GPU of this rank (runtime/comm; a no-op without CUDA), before the engine starts. Weak:
    * comm/gpu.c is linked into every program that links a collective (it defines hora__gpu_hooks,
    * which algo/coll.c uses), and programs built from core alone (the record fuzzer) need none. */
@@ -314,7 +319,7 @@ fail_ctx:
   pthread_mutex_destroy(&c->lock);
   free(c);
 fail_mpi:
-  if (mpi_owned) MPI_Finalize();
+  if (mpi_owned && !peers_go_on) MPI_Finalize();
   return rc;
 }
 
@@ -326,7 +331,7 @@ HORA_EXPORT hora_result_t hora_finalize(hora_ctx_t *ctx) {
   /* Run module finalizers, newest first, while the context is still live for them. */
   hora_result_t first = run_finalizers(ctx);
   live_remove(ctx);
-  int owned = ctx->mpi_owned;
+  int owned = ctx->mpi_owned && !__atomic_load_n(&ctx->failed, __ATOMIC_ACQUIRE); /* else MPI_Finalize waits for the dead */
   ctx_free_comms(ctx);
   pthread_mutex_destroy(&ctx->lock);
   free(ctx);

@@ -29,6 +29,8 @@ struct hora_ctx {
   int overlaps_compute;       /* collectives run beside the caller's compute (the engine's shadow) */
   int device;                 /* CUDA ordinal, or -1 */
   int mpi_owned;              /* hora called MPI_Init and must call MPI_Finalize */
+  int failed;                 /* a peer was declared dead or the engine failed (__atomic_*): what
+                               * would wait for every rank (MPI_Finalize, window frees) is skipped */
   pthread_mutex_t lock;       /* guards the finalizer list and module slots */
   struct hora_finalizer *finalizers;
 

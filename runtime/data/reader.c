@@ -48,6 +48,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/fault.h"
 #include "data/records.h"
 
 #define BLOCK_BYTES (1u << 20)
@@ -812,6 +813,7 @@ HORA_EXPORT hora_result_t hora_records_reader_open(const hora_records_reader_opt
     HORA_CHECK(hora_rank(o->ctx, &rank));
     HORA_CHECK(hora_size(o->ctx, &world));
   }
+  HORA_CHECK(hora__fault_hit("reader", rank));
   uint64_t epochs = o->epochs ? o->epochs : 1;
   if (o->start_epoch >= epochs)
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_reader_open: start_epoch=%llu but epochs=%llu",

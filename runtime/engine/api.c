@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "algo/coll.h"
+#include "core/fault.h"
 #include "engine/engine.h"
 
 static hora_result_t check_name(const char *fn, const char *name) {
@@ -86,6 +87,7 @@ HORA_EXPORT hora_result_t hora_allreduce_async(hora_ctx_t *ctx, const char *name
   HORA_CHECK(hora__check_allreduce(ctx, fn, sendbuf, recvbuf, count, dtype, op, prescale, postscale, device));
   HORA_CHECK(check_name(fn, name));
   HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
+  HORA_CHECK(hora__fault_hit("step", eng->rank));
   eng_params_t p = {.kind = ENG_ALLREDUCE, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
                     .root = -1, .count = count, .prescale = prescale, .postscale = postscale};
   return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);

@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "algo/algo.h"
+#include "core/fault.h"
 #include "engine/engine.h"
 #include "engine/engine_init.h"
 
@@ -79,7 +80,12 @@ hora_result_t hora__engine_mpi_wait(hora_engine_t *eng, MPI_Request *req, const 
     int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return hora__mpi_error(rc, what, __FILE__, __LINE__);
     if (flag) return HORA_SUCCESS;
-    if (atomic_load(&eng->dead)) return HORA_ERR(eng->fail_rc, "%s: %s", what, eng->dead_msg);
+    if (atomic_load(&eng->dead)) {
+      /* Leave the request: it cannot be cancelled (collective) or freed while MPI may still use
+       * its buffers, which the caller must therefore leak (eng->abandoned). */
+      eng->abandoned = 1;
+      return HORA_ERR(eng->fail_rc, "%s: %s", what, eng->dead_msg);
+    }
     if (i < 20) continue;
     sleep_s(nap);
     if (nap < 200e-6) nap *= 2;
@@ -247,6 +253,8 @@ static void engine_free(hora_engine_t *eng, int collective) {
 
 static hora_result_t engine_finalize(hora_ctx_t *ctx, void *arg) {
   hora_engine_t *eng = arg;
+  hora_result_t frc = hora__fault_hit("finalize", eng->rank);
+  if (frc != HORA_SUCCESS) hora__engine_fail(eng, frc, "hora_finalize: %s", hora_last_error());
   pthread_mutex_lock(&ctx->lock);
   ctx->engine = NULL; /* later async calls get HORA_ERR_SHUTDOWN */
   pthread_mutex_unlock(&ctx->lock);
@@ -326,6 +334,7 @@ hora_result_t hora__engine_on_init(hora_ctx_t *ctx) {
   double w = eng->prm.stall_warning_s, s = eng->prm.stall_shutdown_s;
   double m = w > 0 && s > 0 ? (w < s ? w : s) : (w > 0 ? w : s);
   eng->stall_fallback_s = m > 0 ? m / 2 : 0;
+  HORA_CHECK_GOTO(hora__fault_hit("init", eng->rank), rc, fail); /* before any heartbeat */
   HORA_CHECK_GOTO(hora__hb_start(eng, &eng->hb), rc, fail);
   if (pthread_create(&eng->thread, NULL, engine_main, eng) != 0) {
     rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: cannot create the async engine thread");
@@ -347,6 +356,7 @@ fail_thread:
   pthread_detach(eng->thread);
   return rc;
 fail:
+  hora__hb_mute(eng->hb); /* no BYE: the peers must see this rank go, not leave cleanly */
   hora__hb_stop(eng->hb);
   if (eng->tl) hora__timeline_close(eng->tl);
   eng->tl = NULL;

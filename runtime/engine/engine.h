@@ -8,7 +8,7 @@
  *   cache.c      the response cache (identical on every rank)
  *   fusion.c     grouping of ready responses, pack/unpack, running the collectives
  *   stall.c      rank 0's stall inspector (warnings and HORA_STALL_SHUTDOWN_S)
- *   heartbeat.c  peer death detection (HORA_PEER_TIMEOUT_S)
+ *   heartbeat.c  peer death detection (HORA_PEER_TIMEOUT_S, HORA_INIT_TIMEOUT_S)
  *   timeline.c   the Chrome-trace timeline (HORA_TIMELINE)
  *
  * Ownership: the user's threads own a request until it is on the queue; from then on only the
@@ -152,7 +152,7 @@ hora_result_t hora__timeline_close(eng_timeline_t *t);
 /* ---- heartbeat (heartbeat.c) ---- */
 typedef struct eng_hb eng_hb_t;
 hora_result_t hora__hb_start(struct hora_engine *eng, eng_hb_t **out);
-void hora__hb_stop(eng_hb_t *hb); /* joins the thread, frees the communicator's requests */
+void hora__hb_stop(eng_hb_t *hb); /* sends BYE unless failed, joins the thread, closes the socket */
 void hora__hb_mute(eng_hb_t *hb); /* stop sending heartbeats, keep listening */
 
 /* ---- the engine ---- */
@@ -178,6 +178,10 @@ typedef struct hora_engine {
   char dead_msg[256];
   hora_result_t fail_rc; /* REMOTE, or MPI/INTERNAL if the engine itself failed */
   eng_hb_t *hb;
+  /* hora__engine_mpi_wait gave up on a request after the failure: MPI may still read or write
+   * its buffers (a nonblocking collective cannot be cancelled, and a peer declared dead may be
+   * alive and send). Engine thread only; whoever owns such buffers leaks them instead of freeing. */
+  int abandoned;
 
   /* Engine-thread-only state. */
   eng_table_t pending;  /* this rank's requests by name */

@@ -1,7 +1,7 @@
-/* Peer death detection (HORA_PEER_TIMEOUT_S): a rank that dies must not leave the others hanging
- * (Horovod #642). Open MPI 4.1 has no fault tolerance: a collective with a dead peer never
- * returns. So a separate thread, on its own duplicated communicator, exchanges tiny heartbeat
- * messages in a star around rank 0:
+/* Peer death detection (HORA_PEER_TIMEOUT_S, HORA_INIT_TIMEOUT_S): a rank that dies must not
+ * leave the others hanging (Horovod #642). Open MPI 4.1 has no fault tolerance: a collective with
+ * a dead peer never returns. So a separate thread exchanges tiny UDP datagrams in a star around
+ * rank 0:
  *
  *     rank 1 ──hb──▶ rank 0 ──hb──▶ rank 1        every period = timeout / 6 (10 ms .. 1 s)
  *     rank 2 ──hb──▶   │    ──hb──▶ rank 2
@@ -9,166 +9,366 @@
  *
  * Rank 0 watches every rank, the others watch rank 0. When a rank is declared dead, every live
  * rank completes all its pending handles with HORA_ERR_REMOTE naming that rank, and later async
- * calls fail the same way (hora__engine_fail); the program then exits and mpirun/srun end the
- * job. The thread only makes non-blocking MPI calls, so it cannot hang on the dead peer. A rank
- * that is stopped (SIGSTOP) or stuck in a loop with its threads starved looks the same as a dead
- * one: that is intended.
+ * calls fail the same way (hora__engine_fail); the program then exits and launch (or mpirun/srun)
+ * ends the job. A rank that is stopped (SIGSTOP) or stuck in a loop with its threads starved
+ * looks the same as a dead one: that is intended.
  *
- * A rank whose engine fails by itself (an MPI error) mutes its heartbeats, so that the other ranks,
- * which may wait for it in a collective it will never finish, fail too instead of hanging.
+ * Why UDP and not MPI: the heartbeat must not depend on the MPI progress of a busy rank, nor on
+ * MPI's connections. The first version sent MPI messages on a communicator of its own, and it gave
+ * false deaths: rank 0's heartbeat sends to two ranks stopped completing for 30 s in the middle of
+ * a 4-ranks-on-2-cores training run (a small send completes only when the transport moves it:
+ * behind the engine's own traffic to the same peer, in the same shared-memory queue or TCP
+ * connection), and at start-up Open MPI opens its TCP connections lazily, on the first message,
+ * which with many ranks or a loaded node takes longer than the timeout (issue 20). A datagram
+ * needs neither: the kernel delivers it into the peer's socket buffer whatever the peer's threads
+ * do, and the peer's heartbeat thread, which sleeps in poll() on that socket alone, reads it. At
+ * init each rank binds a UDP socket on every interface (port chosen by the kernel) and the ranks
+ * exchange their IPv4 addresses and ports with one MPI_Allgather; a rank then sends each datagram
+ * to every address of the peer that is not also one of its own (a bridge address every node has
+ * says nothing), and to 127.0.0.1 when both ranks run on the same host. Every datagram carries
+ * the job's cookie (rank 0's random nonce) and the sender's rank; anything else is ignored. A
+ * lost datagram costs nothing: six go out per timeout, and DEAD and BYE are sent three times.
  *
- * Shutdown: each rank sends BYE after its last heartbeat; messages between two ranks arrive in
- * order, so once a rank has BYE from every peer it watches, nothing more is in flight on the
- * communicator and it can be freed. */
+ * Start-up is not steady state: a peer is never declared dead before its first datagram has
+ * arrived. Until then the limit is HORA_INIT_TIMEOUT_S (default 300 s), counted from the start of
+ * this thread, and the message says start-up and names every rank not heard from yet (they did
+ * not start, or UDP from them cannot reach this rank: a firewall between the nodes). Only after
+ * the first heartbeat from a peer does HORA_PEER_TIMEOUT_S apply to it.
+ *
+ * A rank whose engine fails by itself (an MPI error), and every rank that learns of a failure
+ * (it declared a peer dead, or rank 0 told it), stops sending heartbeats, so that the ranks that
+ * may wait for it in a collective it will never finish fail too instead of hanging: the rank
+ * declared dead may only have been slow, and it learns of the failure from everyone's silence.
+ *
+ * Shutdown: at hora_finalize each rank sends BYE (unless it failed: its peers must notice its
+ * silence instead), and a peer that said BYE is no longer watched. Nothing MPI is in flight, so
+ * nothing needs to be kept after a failure: the socket is closed and the state freed. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "core/fault.h"
 #include "engine/engine.h"
 
-enum { TAG_HB = 1, TAG_DEAD = 2, TAG_BYE = 3 };
+enum { KIND_HB = 1, KIND_DEAD = 2, KIND_BYE = 3, KIND_DEAD_INIT = 4, REPEAT = 3, MAX_ADDRS = 8 };
+
+/* One datagram (host byte order: a job's ranks share an architecture). */
+typedef struct {
+  uint64_t cookie;
+  int32_t from, kind, a, b; /* DEAD / DEAD_INIT: a = rank, b = count */
+} hb_msg_t;
+
+/* What each rank tells the others at start: where to send it datagrams. */
+typedef struct {
+  uint64_t nonce;
+  uint32_t addr[MAX_ADDRS]; /* IPv4, network byte order, loopback excluded */
+  int32_t naddr;
+  uint16_t port;            /* network byte order */
+  char host[64];
+} hb_card_t;
+
+typedef struct {
+  struct sockaddr_in to[MAX_ADDRS + 1];
+  int n;
+} hb_dest_t;
 
 struct eng_hb {
   hora_engine_t *eng;
-  MPI_Comm comm;
+  int sock;
+  uint64_t cookie;
+  hb_dest_t *dest; /* per rank */
   pthread_t thread;
   int started;
   atomic_int stop;
   atomic_int mute; /* stop sending heartbeats (this rank's engine failed): peers will notice */
-  double timeout_s, period_s;
+  double timeout_s, init_timeout_s, period_s;
 };
 
-static void nap(double s) {
-  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-  nanosleep(&ts, NULL);
+/* Per-thread state of the watcher. */
+typedef struct {
+  double *last;   /* last message from each rank */
+  uint8_t *heard; /* at least one message from the rank */
+  uint8_t *bye;
+  int declared;
+  double t0;      /* start of the thread: HORA_INIT_TIMEOUT_S counts from here */
+  double max_gap, first_max; /* longest silence of a heard peer; latest first contact */
+  int max_gap_rank, first_max_rank;
+} hb_state_t;
+
+static int watches(int me, int r) { return r != me && (me == 0 || r == 0); }
+
+static void send_to(eng_hb_t *hb, int r, int kind, int a, int b) {
+  hb_msg_t m = {hb->cookie, hb->eng->rank, kind, a, b};
+  for (int i = 0; i < hb->dest[r].n; i++)
+    (void)sendto(hb->sock, &m, sizeof m, MSG_DONTWAIT, (const struct sockaddr *)&hb->dest[r].to[i],
+                 sizeof hb->dest[r].to[i]);
+}
+
+/* Rank 0: tell every other rank which rank died (KIND_DEAD or KIND_DEAD_INIT, {rank, count}). */
+static void tell_others(eng_hb_t *hb, int kind, int r, int count) {
+  for (int k = 0; k < REPEAT; k++)
+    for (int q = 1; q < hb->eng->size; q++)
+      if (q != r) send_to(hb, q, kind, r, count);
+}
+/* Start-up limit passed with some watched ranks never heard from: one message naming them. */
+static void declare_init(eng_hb_t *hb, hb_state_t *s) {
+  hora_engine_t *eng = hb->eng;
+  char list[160] = "";
+  size_t len = 0;
+  int count = 0, first = -1;
+  for (int r = 0; r < eng->size; r++) {
+    if (!watches(eng->rank, r) || s->heard[r] || s->bye[r]) continue;
+    if (first < 0) first = r;
+    count++;
+    if (len < sizeof list - 24)
+      len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", count > 1 ? ", " : "", r);
+    else if (len < sizeof list - 1)
+      len += (size_t)snprintf(list + len, sizeof list - len, ", ...");
+  }
+  if (first < 0) return;
+  s->declared = 1;
+  if (eng->rank == 0) tell_others(hb, KIND_DEAD_INIT, first, count);
+  hora__engine_fail(eng, HORA_ERR_REMOTE,
+                    "start-up: no heartbeat from rank%s %s within HORA_INIT_TIMEOUT_S=%g s of "
+                    "hora_init (%d of %d ranks): %s did not start, crashed, or cannot send UDP to rank "
+                    "%d (a firewall between the nodes?); every pending and later async operation fails",
+                    count > 1 ? "s" : "", list, hb->init_timeout_s, count, eng->size,
+                    count > 1 ? "they" : "it", eng->rank);
+}
+
+/* A datagram from `from` arrived: note it; DEAD from rank 0 fails this rank's engine. */
+static void on_message(eng_hb_t *hb, hb_state_t *s, const hb_msg_t *m, double now) {
+  hora_engine_t *eng = hb->eng;
+  int from = m->from;
+  if (s->heard[from] && now - s->last[from] > s->max_gap) {
+    s->max_gap = now - s->last[from];
+    s->max_gap_rank = from;
+  } else if (!s->heard[from] && now - s->t0 > s->first_max) {
+    s->first_max = now - s->t0;
+    s->first_max_rank = from;
+  }
+  s->last[from] = now;
+  s->heard[from] = 1;
+  if (m->kind == KIND_BYE) {
+    s->bye[from] = 1;
+  } else if ((m->kind == KIND_DEAD || m->kind == KIND_DEAD_INIT) && from == 0 && !s->declared) {
+    s->declared = 1;
+    if (m->kind == KIND_DEAD)
+      hora__engine_fail(eng, HORA_ERR_REMOTE,
+                        "rank %d sent no heartbeat to rank 0 for %g s (HORA_PEER_TIMEOUT_S): it died "
+                        "or hangs; every pending and later async operation fails", (int)m->a, hb->timeout_s);
+    else
+      hora__engine_fail(eng, HORA_ERR_REMOTE,
+                        "start-up: rank 0 heard nothing from rank %d%s within HORA_INIT_TIMEOUT_S=%g s of "
+                        "hora_init (%d rank%s silent; rank 0's log names them): every pending and "
+                        "later async operation fails", (int)m->a, m->b > 1 ? " and others" : "",
+                        hb->init_timeout_s, (int)m->b, m->b > 1 ? "s" : "");
+  }
+}
+
+/* Steady-state and start-up limits; declares at most once. */
+static void check_peers(eng_hb_t *hb, hb_state_t *s, double now) {
+  hora_engine_t *eng = hb->eng;
+  if (s->declared || atomic_load(&eng->dead)) return;
+  int unheard = 0;
+  for (int r = 0; r < eng->size; r++) {
+    if (!watches(eng->rank, r) || s->bye[r]) continue;
+    if (!s->heard[r]) {
+      unheard = 1;
+      continue;
+    }
+    if (now - s->last[r] <= hb->timeout_s) continue;
+    s->declared = 1;
+    if (eng->rank == 0) tell_others(hb, KIND_DEAD, r, 1);
+    hora__engine_fail(eng, HORA_ERR_REMOTE,
+                      "rank %d sent no heartbeat for %g s (HORA_PEER_TIMEOUT_S): it died or hangs; "
+                      "every pending and later async operation fails", r, hb->timeout_s);
+    return;
+  }
+  if (unheard && hb->init_timeout_s > 0 && now - s->t0 > hb->init_timeout_s) declare_init(hb, s);
+}
+
+/* Read every datagram waiting on the socket. */
+static void drain(eng_hb_t *hb, hb_state_t *s, double now) {
+  for (;;) {
+    hb_msg_t m;
+    ssize_t got = recv(hb->sock, &m, sizeof m, MSG_DONTWAIT);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return; /* EAGAIN: nothing more (errors from earlier sends also land here) */
+    if (got != (ssize_t)sizeof m || m.cookie != hb->cookie || m.from < 0 || m.from >= hb->eng->size ||
+        m.from == hb->eng->rank)
+      continue; /* not ours */
+    on_message(hb, s, &m, now);
+  }
 }
 
 static void *hb_main(void *arg) {
   eng_hb_t *hb = arg;
   hora_engine_t *eng = hb->eng;
   int me = eng->rank, n = eng->size;
-  int npeers = me == 0 ? n - 1 : 1;
-  double *last = calloc((size_t)n, sizeof *last);
-  uint8_t *bye = calloc((size_t)n, 1);
-  MPI_Request *sreq = calloc((size_t)n, sizeof *sreq);
-  MPI_Request rreq = MPI_REQUEST_NULL;
-  int rbuf = 0, sbuf = 0, nbye = 0, declared = 0;
-  if (!last || !bye || !sreq) goto out;
-  double now = hora__now_s(), next_send = now, stop_deadline = 0;
-  for (int r = 0; r < n; r++) {
-    last[r] = now;
-    sreq[r] = MPI_REQUEST_NULL;
-  }
-  int src = me == 0 ? MPI_ANY_SOURCE : 0;
-  if (MPI_Irecv(&rbuf, 1, MPI_INT, src, MPI_ANY_TAG, hb->comm, &rreq) != MPI_SUCCESS) goto out;
-  int stopping = 0;
+  hb_state_t s = {0};
+  s.last = calloc((size_t)n, sizeof *s.last);
+  s.heard = calloc((size_t)n, 1);
+  s.bye = calloc((size_t)n, 1);
+  if (!s.last || !s.heard || !s.bye) goto out;
+  double now = hora__now_s(), next_send = now;
+  s.t0 = now;
+  const int poll_ms = (int)(1000 * (hb->period_s / 4 < 0.05 ? hb->period_s / 4 : 0.05)) + 1;
   for (;;) {
     now = hora__now_s();
-    /* Receive everything that has arrived. */
-    for (;;) {
-      int flag = 0;
-      MPI_Status st;
-      if (MPI_Test(&rreq, &flag, &st) != MPI_SUCCESS || !flag) break;
-      int from = st.MPI_SOURCE;
-      if (from >= 0 && from < n) last[from] = now;
-      if (st.MPI_TAG == TAG_BYE && from >= 0 && from < n && !bye[from]) {
-        bye[from] = 1;
-        nbye++;
-      } else if (st.MPI_TAG == TAG_DEAD && !declared && !stopping) {
-        declared = 1;
-        hora__engine_fail(eng, HORA_ERR_REMOTE,
-                          "rank %d sent no heartbeat to rank 0 for %g s (HORA_PEER_TIMEOUT_S): it died "
-                          "or hangs; every pending and later async operation fails", rbuf, hb->timeout_s);
-      }
-      if (nbye >= npeers) break;
-      if (MPI_Irecv(&rbuf, 1, MPI_INT, src, MPI_ANY_TAG, hb->comm, &rreq) != MPI_SUCCESS) goto out;
+    drain(hb, &s, now);
+    int failed = atomic_load(&hb->mute) || hora__fault_muted() || atomic_load(&eng->dead);
+    if (atomic_load(&hb->stop)) {
+      /* BYE to each watched peer, unless this rank failed: then its silence must be noticed. */
+      for (int k = 0; k < REPEAT && !failed; k++)
+        for (int r = 0; r < n; r++)
+          if (watches(me, r)) send_to(hb, r, KIND_BYE, 0, 0);
+      break;
     }
-    if (stopping) {
-      if (nbye >= npeers || now > stop_deadline) break;
-    } else if (atomic_load(&hb->stop)) {
-      /* Last message to each watched peer: BYE (ordered after every heartbeat). */
-      stopping = 1;
-      stop_deadline = now + 5.0;
-      for (int r = 0; r < n; r++) {
-        if (r == me || (me != 0 && r != 0)) continue;
-        if (sreq[r] != MPI_REQUEST_NULL) MPI_Wait(&sreq[r], MPI_STATUS_IGNORE);
-        MPI_Isend(&sbuf, 1, MPI_INT, r, TAG_BYE, hb->comm, &sreq[r]);
-      }
-      if (nbye >= npeers) break;
-      continue;
-    } else {
-      if (now >= next_send && !atomic_load(&hb->mute)) {
-        for (int r = 0; r < n; r++) {
-          if (r == me || (me != 0 && r != 0)) continue;
-          int done = 1;
-          if (sreq[r] != MPI_REQUEST_NULL) MPI_Test(&sreq[r], &done, MPI_STATUS_IGNORE);
-          if (done) MPI_Isend(&sbuf, 1, MPI_INT, r, TAG_HB, hb->comm, &sreq[r]);
-        }
-        next_send = now + hb->period_s;
-      }
-      if (!declared && !atomic_load(&eng->dead)) {
-        for (int r = 0; r < n; r++) {
-          if (r == me || (me != 0 && r != 0) || bye[r]) continue;
-          if (now - last[r] <= hb->timeout_s) continue;
-          declared = 1;
-          if (me == 0) { /* tell everyone else which rank died */
-            int *dead = malloc(sizeof *dead);
-            for (int q = 1; q < n && dead; q++) {
-              if (q == r) continue;
-              *dead = r;
-              MPI_Request x;
-              if (MPI_Isend(dead, 1, MPI_INT, q, TAG_DEAD, hb->comm, &x) == MPI_SUCCESS) MPI_Request_free(&x);
-            }
-            /* `dead` stays allocated: freed requests may still read it. */
-          }
-          hora__engine_fail(eng, HORA_ERR_REMOTE,
-                            "rank %d sent no heartbeat for %g s (HORA_PEER_TIMEOUT_S): it died or hangs; "
-                            "every pending and later async operation fails", r, hb->timeout_s);
-          break;
-        }
-      }
+    /* Silent after any failure: a rank that knows the job failed must make the ranks that do not
+     * know yet (the one declared dead may be alive, waiting for us) fail too. */
+    if (now >= next_send && !failed) {
+      for (int r = 0; r < n; r++)
+        if (watches(me, r)) send_to(hb, r, KIND_HB, 0, 0);
+      next_send = now + hb->period_s;
     }
-    nap(hb->period_s / 4 < 0.05 ? hb->period_s / 4 : 0.05);
+    check_peers(hb, &s, now);
+    struct pollfd pfd = {hb->sock, POLLIN, 0};
+    (void)poll(&pfd, 1, poll_ms);
   }
 out:
-  /* Leftover requests: a receive still posted is cancelled; unfinished sends are released. */
-  if (rreq != MPI_REQUEST_NULL) {
-    MPI_Cancel(&rreq);
-    MPI_Request_free(&rreq);
-  }
-  for (int r = 0; sreq && r < n; r++)
-    if (sreq[r] != MPI_REQUEST_NULL) MPI_Request_free(&sreq[r]);
-  free(last);
-  free(bye);
-  free(sreq);
+  /* The margins: how close this run came to a false death (docs/design.md, the load test). */
+  HORA_INFO(ENGINE, "heartbeat: longest silence %.3f s (rank %d; HORA_PEER_TIMEOUT_S=%g), latest first "
+            "heartbeat %.3f s after start (rank %d; HORA_INIT_TIMEOUT_S=%g)", s.max_gap, s.max_gap_rank,
+            hb->timeout_s, s.first_max, s.first_max_rank, hb->init_timeout_s);
+  free(s.last);
+  free(s.heard);
+  free(s.bye);
   return NULL;
 }
 
+/* This rank's card: a UDP socket bound on every interface, its port, its IPv4 addresses. */
+static hora_result_t open_socket(eng_hb_t *hb, hb_card_t *card) {
+  memset(card, 0, sizeof *card);
+  hb->sock = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (hb->sock < 0) return HORA_ERR(HORA_ERR_IO, "hora_init: heartbeat socket: %s", strerror(errno));
+  struct sockaddr_in a = {0};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof a;
+  if (bind(hb->sock, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(hb->sock, (struct sockaddr *)&a, &len) != 0)
+    return HORA_ERR(HORA_ERR_IO, "hora_init: heartbeat socket: bind: %s", strerror(errno));
+  card->port = a.sin_port;
+  struct ifaddrs *ifs = NULL;
+  if (getifaddrs(&ifs) == 0) {
+    for (struct ifaddrs *i = ifs; i && card->naddr < MAX_ADDRS; i = i->ifa_next) {
+      if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+          (i->ifa_flags & IFF_LOOPBACK))
+        continue;
+      card->addr[card->naddr++] = ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr;
+    }
+    freeifaddrs(ifs);
+  }
+  if (gethostname(card->host, sizeof card->host - 1) != 0) snprintf(card->host, sizeof card->host, "?");
+  uint64_t nonce = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull ^ (uint64_t)(hora__now_s() * 1e9);
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    if (read(fd, &nonce, sizeof nonce) != (ssize_t)sizeof nonce) nonce ^= (uint64_t)fd;
+    close(fd);
+  }
+  card->nonce = nonce;
+  return HORA_SUCCESS;
+}
+
+/* Where to send rank r's datagrams: its addresses that are not also ours, and loopback when it
+ * runs on this host (or has no other address). */
+static void plan_dest(hb_dest_t *d, const hb_card_t *me, const hb_card_t *peer) {
+  d->n = 0;
+  for (int i = 0; i < peer->naddr && i < MAX_ADDRS; i++) {
+    int mine = 0;
+    for (int j = 0; j < me->naddr; j++) mine |= me->addr[j] == peer->addr[i];
+    if (mine && strcmp(me->host, peer->host) != 0) continue;
+    d->to[d->n].sin_family = AF_INET;
+    d->to[d->n].sin_port = peer->port;
+    d->to[d->n].sin_addr.s_addr = peer->addr[i];
+    d->n++;
+  }
+  if (d->n == 0 || strcmp(me->host, peer->host) == 0) {
+    d->to[d->n].sin_family = AF_INET;
+    d->to[d->n].sin_port = peer->port;
+    d->to[d->n].sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    d->n++;
+  }
+}
+
+static void hb_free(eng_hb_t *hb) {
+  if (hb->sock >= 0) close(hb->sock);
+  free(hb->dest);
+  free(hb);
+}
+
+/* Collective over the world (inside hora_init): every rank's card to every rank. */
 hora_result_t hora__hb_start(hora_engine_t *eng, eng_hb_t **out) {
   *out = NULL;
   if (eng->size == 1) return HORA_SUCCESS;
   eng_hb_t *hb = calloc(1, sizeof *hb);
-  if (!hb) return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: out of memory");
+  hb_card_t *cards = calloc((size_t)eng->size, sizeof *cards);
+  hora_result_t rc = HORA_SUCCESS;
+  if (hb) hb->sock = -1;
+  if (hb) hb->dest = calloc((size_t)eng->size, sizeof *hb->dest);
+  if (!hb || !cards || !hb->dest) {
+    rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: out of memory");
+    goto fail;
+  }
   hb->eng = eng;
   hb->timeout_s = eng->prm.peer_timeout_s;
+  hb->init_timeout_s = eng->prm.init_timeout_s;
   double p = hb->timeout_s / 6;
   hb->period_s = p < 0.01 ? 0.01 : p > 1.0 ? 1.0 : p;
-  int rc = MPI_Comm_dup(eng->ctx->world, &hb->comm);
-  if (rc != MPI_SUCCESS) {
-    free(hb);
-    return hora__mpi_error(rc, "MPI_Comm_dup(heartbeat)", __FILE__, __LINE__);
+  hb_card_t me;
+  hora_result_t orc = open_socket(hb, &me);
+  /* Every rank takes part in the exchange, also one whose socket failed (naddr -1): the others
+   * must not wait for it, and all fail together. */
+  if (orc != HORA_SUCCESS) me.naddr = -1;
+  int mrc = MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, cards, (int)sizeof me, MPI_BYTE, eng->ctx->world);
+  if (mrc != MPI_SUCCESS) {
+    rc = hora__mpi_error(mrc, "MPI_Allgather(heartbeat addresses)", __FILE__, __LINE__);
+    goto fail;
   }
-  MPI_Comm_set_errhandler(hb->comm, MPI_ERRORS_RETURN);
-  if (hb->timeout_s > 0) {
-    if (pthread_create(&hb->thread, NULL, hb_main, hb) != 0) {
-      MPI_Comm_free(&hb->comm);
-      free(hb);
-      return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: cannot create the heartbeat thread");
+  for (int r = 0; r < eng->size; r++)
+    if (cards[r].naddr < 0) {
+      rc = orc != HORA_SUCCESS ? orc
+                               : HORA_ERR(HORA_ERR_IO, "hora_init: rank %d could not open its heartbeat socket", r);
+      goto fail;
     }
-    hb->started = 1;
+  hb->cookie = cards[0].nonce;
+  for (int r = 0; r < eng->size; r++)
+    if (r != eng->rank) plan_dest(&hb->dest[r], &me, &cards[r]);
+  free(cards);
+  cards = NULL;
+  /* HORA_PEER_TIMEOUT_S=0: no heartbeats (the exchange above still ran: a collective every rank
+   * makes, whatever its own setting). */
+  if (hb->timeout_s > 0 && pthread_create(&hb->thread, NULL, hb_main, hb) != 0) {
+    rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: cannot create the heartbeat thread");
+    goto fail;
   }
+  hb->started = hb->timeout_s > 0;
   *out = hb;
   return HORA_SUCCESS;
+fail:
+  free(cards);
+  if (hb) hb_free(hb);
+  return rc;
 }
 
 void hora__hb_mute(eng_hb_t *hb) {
@@ -179,7 +379,5 @@ void hora__hb_stop(eng_hb_t *hb) {
   if (!hb) return;
   atomic_store(&hb->stop, 1);
   if (hb->started) pthread_join(hb->thread, NULL);
-  /* After a failure messages may still be in flight: keep the communicator (a few bytes). */
-  if (!atomic_load(&hb->eng->dead)) MPI_Comm_free(&hb->comm);
-  free(hb);
+  hb_free(hb);
 }

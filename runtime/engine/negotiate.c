@@ -26,7 +26,12 @@
  *                           +-- responses --> every rank: run, cache insert
  *
  * All MPI calls here are non-blocking and waited for with hora__engine_mpi_wait, so a dead peer
- * (heartbeat.c) ends the wait instead of hanging the thread. */
+ * (heartbeat.c) ends the wait instead of hanging the thread. The request given up on stays live
+ * inside MPI (a nonblocking collective cannot be cancelled), and the "dead" peer may only have
+ * been slow: its data can still land in our buffers whenever any thread next enters MPI. So after
+ * such a wait the cycle's wire buffers are leaked, never freed (freeing them let a late bit vector
+ * overwrite malloc's chunk headers: `malloc(): mismatching next->prev_size` in the next thread to
+ * allocate). */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -455,8 +460,13 @@ done:
     for (size_t i = 0; i < nlist; i++) free(list[i].name);
     free(list);
   }
-  free(bits);
   free(reqs);
+  if (eng->abandoned) {
+    /* An abandoned MPI request may still write into these (a slow peer's bit vector arriving
+     * after a false death, progressed by any thread's next MPI call): leak them, once. */
+    return rc;
+  }
+  free(bits);
   free(out.p);
   free(resp.p);
   free(gathered);

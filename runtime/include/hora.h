@@ -129,7 +129,14 @@ typedef struct {
  *   HORA_DEVICE at or beyond the number of visible GPUs), HORA_ERR_CUDA (cudaSetDevice failed),
  *   HORA_ERR_LAYOUT (world size differs from SLURM_NTASKS or HORA_SIZE; the message says how to
  *   start the job), HORA_ERR_MPI (MPI could not start or lacks MPI_THREAD_MULTIPLE),
- *   HORA_ERR_NO_MEMORY. On error *ctx is left unchanged and nothing stays allocated. */
+ *   HORA_ERR_NO_MEMORY, HORA_ERR_INTERNAL (HORA_TEST_FAULT injected a failure). On error *ctx is
+ *   left unchanged and nothing stays allocated; MPI, when hora_init started it, is finalized only
+ *   if the failure came before the GPU and engine start-up (later ones may be this rank's alone,
+ *   and MPI_Finalize would wait for the ranks that went on).
+ * Also installs, once per process and before MPI_Init, hora's handler for SIGSEGV, SIGBUS,
+ * SIGFPE, SIGILL and SIGABRT (one async-signal-safe line naming rank, node, host, pid, thread and
+ * signal, then the default action), unless the program installed its own first; Open MPI then
+ * installs none (docs/design.md, "When a job fails"). */
 hora_result_t hora_init(hora_ctx_t **ctx);
 /* hora_init_ex: hora_init with options (opts may be NULL for defaults). Same errors, and
  * HORA_ERR_INVALID_ARGUMENT if opts->size is smaller than the first field's end. */
@@ -138,7 +145,13 @@ hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t **ctx);
 /* hora_finalize: flush and stop everything hora started for this context (engine thread,
  * checkpoint writer and copier, communicators), free it, and finalize MPI if hora_init started it.
  * Collective. ctx NULL is a no-op. After it returns `ctx` must not be used. Returns the first error
- * met while flushing (for example HORA_ERR_IO from a checkpoint copy), but always frees. */
+ * met while flushing (for example HORA_ERR_IO from a checkpoint copy), but always frees.
+ * After a failure (a peer was declared dead: HORA_ERR_REMOTE, or the engine failed) it still
+ * returns within seconds, with that error: it skips what would wait for the dead rank (the
+ * checkpoint result broadcast, shared-memory window frees, MPI_Finalize: the process then ends
+ * with MPI initialized, which mpirun/srun report) and leaks the buffers MPI may still write.
+ * Buffers of async requests that failed with HORA_ERR_REMOTE may likewise still be written by MPI
+ * if the peer was only slow: a program should end after HORA_ERR_REMOTE, not reuse them. */
 hora_result_t hora_finalize(hora_ctx_t *ctx);
 
 /* Layout queries. Local; valid between hora_init and hora_finalize. Errors:

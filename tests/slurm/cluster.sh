@@ -20,9 +20,15 @@
 #   HORA_SLURM_CPUS     CPUs declared per node (default 8; more than the machine is fine)
 #   HORA_SLURM_GPUS     fake GPUs per node (default 4; 0 = no gres)
 #   HORA_SLURM_INSTALL  1 (default) = apt-get install missing packages; 0 = never
+#   HORA_SLURM_SPLIT    1 (default) = each node's slurmd (and so every task it starts) runs on its
+#                       own share of this machine's CPUs, as on real nodes; 0 = all share all
 #
 # What jobs see (see docs/launch.md, "Testing with the local cluster"): node names n1..nN that
-# all share this machine's hostname; SLURMD_NODENAME tells them apart. A TaskProlog gives every
+# all share this machine's hostname; SLURMD_NODENAME tells them apart. Each slurmd starts under
+# `taskset` with a disjoint slice of the CPUs this script may use (2 CPUs, 2 nodes: n1 gets CPU 0,
+# n2 CPU 1), and its tasks inherit it (TaskPlugin=task/none leaves affinity alone), so launch's
+# default binding splits a node's own CPUs among its ranks as on a real node. With fewer CPUs
+# than nodes every node gets all of them (the nodes then compete, as the log says). A TaskProlog gives every
 # task of node nK its own TMPDIR (DIR/tmp/nK) and Open MPI shared-memory directory, and keeps
 # Open MPI's TCP on the loopback interface. Requeued jobs are held ~120 s unless released with
 # `scontrol update JobId=N StartTime=now`.
@@ -34,6 +40,7 @@ NODES=${HORA_SLURM_NODES:-2}
 CPUS=${HORA_SLURM_CPUS:-8}
 GPUS=${HORA_SLURM_GPUS:-4}
 INSTALL=${HORA_SLURM_INSTALL:-1}
+SPLIT=${HORA_SLURM_SPLIT:-1}
 CONF=$DIR/etc/slurm.conf
 SOCK=$DIR/munge/run/munge.socket
 export SLURM_CONF=$CONF
@@ -61,6 +68,28 @@ stop_pid_file() {
   rm -f "$f"
 }
 node_names() { if [ "$NODES" = 1 ]; then echo n1; else echo "n[1-$NODES]"; fi; }
+
+# The CPUs this script may run on, one per line (Cpus_allowed_list, e.g. "0-3,8").
+allowed_cpus() {
+  local list r
+  list=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
+  for r in ${list//,/ }; do
+    case "$r" in *-*) seq "${r%-*}" "${r#*-}" ;; *) echo "$r" ;; esac
+  done
+}
+# CPU list of node i (1-based): a disjoint slice of the allowed CPUs, or all of them when there
+# are fewer CPUs than nodes or HORA_SLURM_SPLIT=0.
+node_cpus() {
+  local i=$1 cpus n lo hi
+  mapfile -t cpus < <(allowed_cpus)
+  n=${#cpus[@]}
+  if [ "$SPLIT" != 1 ] || [ "$n" -lt "$NODES" ]; then
+    echo "${cpus[*]}" | tr ' ' ','
+    return
+  fi
+  lo=$(( (i - 1) * n / NODES )); hi=$(( i * n / NODES ))
+  echo "${cpus[@]:lo:hi-lo}" | tr ' ' ','
+}
 
 install_packages() {
   local need=0 b
@@ -111,8 +140,11 @@ write_config() {
     done
   fi
   new=$(mktemp)
+  local cpumap=""
+  for i in $(seq "$NODES"); do cpumap="$cpumap n$i=$(node_cpus "$i")"; done
   cat > "$new" <<CONF
 # hora test cluster: $NODES fake node(s) on 127.0.0.1 (written by tests/slurm/cluster.sh)
+# slurmd CPU sets (taskset):$cpumap
 ClusterName=hora
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort=$PORT
@@ -202,8 +234,13 @@ start_slurm() {
   local i states=""
   alive "$(pid_of "$DIR/run/slurmctld.pid" || true)" || slurmctld -f "$CONF"
   for i in $(seq 50); do scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.1; done
+  local n cpus
+  n=$(allowed_cpus | wc -l)
+  [ "$SPLIT" = 1 ] && [ "$n" -lt "$NODES" ] &&
+    say "only $n CPU(s) for $NODES nodes: every node gets all of them (their tasks compete)"
   for i in $(seq "$NODES"); do
-    alive "$(pid_of "$DIR/run/slurmd.n$i.pid" || true)" || slurmd -f "$CONF" -N "n$i"
+    cpus=$(node_cpus "$i")
+    alive "$(pid_of "$DIR/run/slurmd.n$i.pid" || true)" || taskset -c "$cpus" slurmd -f "$CONF" -N "n$i"
   done
   for i in $(seq 150); do
     states=$(sinfo -h -N -o %T 2>/dev/null | sort -u | tr '\n' ' ')
@@ -224,7 +261,7 @@ case "${1:-}" in
     write_config
     if [ "$CHANGED" = 1 ]; then stop_slurm; fi
     start_slurm
-    say "up: $(sinfo -h -o '%D nodes %N %T') ($CPUS CPUs, $GPUS GPUs each; SLURM_CONF=$CONF)"
+    say "up: $(sinfo -h -o '%D nodes %N %T') ($CPUS CPUs, $GPUS GPUs each; SLURM_CONF=$CONF;$(sed -n 's/^# slurmd CPU sets (taskset)://p' "$CONF"))"
     echo "export SLURM_CONF=$CONF"
     ;;
   stop)

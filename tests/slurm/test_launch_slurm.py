@@ -81,11 +81,21 @@ def cpus_of(s):
     return out
 
 
+def node_cpus(name):
+    """The CPUs fake node `name` may use: its slurmd's affinity (cluster.sh starts each slurmd on
+    its own slice, and the tasks inherit it); this process's when that cannot be read."""
+    try:
+        with open(os.path.join(os.environ["HORA_SLURM_DIR"], "run", f"slurmd.{name}.pid")) as f:
+            return os.sched_getaffinity(int(f.read().strip()))
+    except (KeyError, OSError, ValueError):
+        return os.sched_getaffinity(0)
+
+
 def check_layout(ps, nodes=2, per_node=2, gpus="0,1,2,3", narrowed=False):
     size = nodes * per_node
     check(sorted(ps) == list(range(size)), f"ranks {sorted(ps)}, want 0..{size - 1}")
-    allowed = os.sched_getaffinity(0)
     for node in range(nodes):
+        allowed = node_cpus(f"n{node + 1}")
         sets = []
         for lr in range(per_node):
             r = node * per_node + lr

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""fatal_probe under mpirun (2 ranks): the crashing rank (1) must print exactly one line
+`hora: rank 1 (... pid P, tid T): fatal signal N (NAME)...; the process ends now`, die by that
+signal (mpirun reports it), with none of Open MPI's backtrace handler ("Process received
+signal"), and the job must end within a bound.
+usage: fatal_test.py MPIEXEC PROBE hora-first|mpi-first segv|abort|fpe|bus|ill [mpiexec flags]"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+mpiexec, probe, order, kind = sys.argv[1:5]
+flags = sys.argv[5:]
+names = {"segv": (11, "SIGSEGV"), "abort": (6, "SIGABRT"), "fpe": (8, "SIGFPE"), "bus": (7, "SIGBUS"),
+         "ill": (4, "SIGILL")}
+num, name = names[kind]
+env = dict(os.environ)
+# Sanitizer builds install their own SIGSEGV/SIGBUS/SIGFPE handlers, which hora keeps: let hora's run.
+env["ASAN_OPTIONS"] = (env.get("ASAN_OPTIONS", "") + ":handle_segv=0:handle_sigbus=0:handle_sigfpe=0:handle_abort=0").lstrip(":")
+bound = 40.0
+t0 = time.monotonic()
+p = subprocess.Popen([mpiexec, *flags, "-np", "2", probe, order, kind], env=env, stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT, start_new_session=True)
+try:
+    out, _ = p.communicate(timeout=bound + 20)
+    hung = False
+except subprocess.TimeoutExpired:
+    os.killpg(p.pid, signal.SIGKILL)
+    out, _ = p.communicate()
+    hung = True
+wall = time.monotonic() - t0
+out = out.decode(errors="replace")
+print(out)
+errors = []
+if hung or wall > bound:
+    errors.append(f"the job took {wall:.0f} s (bound {bound:.0f} s){' and hung' if hung else ''}")
+lines = re.findall(rf"hora: rank 1 \(.*pid \d+, tid \d+\): fatal signal {num} \({name}\).*; the process ends now", out)
+if len(lines) != 1:
+    errors.append(f"want exactly one hora fatal-signal line for rank 1 and {name}, got {len(lines)}")
+if "Process received signal" in out:
+    errors.append("Open MPI's backtrace handler ran")
+if not re.search(rf"signal {num}\b", out.replace(lines[0] if lines else "", "")):
+    errors.append(f"mpirun does not report rank 1 ended by signal {num}")
+if "still alive" in out:
+    errors.append("the rank survived its crash")
+print(f"fatal_test {order} {kind}: wall {wall:.1f} s, exit {p.returncode}")
+for e in errors:
+    print("FAIL:", e)
+sys.exit(1 if errors else 0)
