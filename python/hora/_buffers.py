@@ -222,7 +222,8 @@ def empty_like(x, shape=None):
     x's dtype and device, and `shape` (default x's shape)."""
     if isinstance(x, np.ndarray):
         return np.empty(x.shape if shape is None else shape, dtype=x.dtype)
-    if _torch[0] is not None and isinstance(x, _torch[0]):
+    tcls = _torch[0] or _torch_tensor_class()  # torch may not have been seen by as_buf yet
+    if tcls is not None and isinstance(x, tcls):
         torch = sys.modules["torch"]
         if shape is None:
             return torch.empty_like(x, memory_format=torch.contiguous_format)

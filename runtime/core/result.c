@@ -1,4 +1,6 @@
 /* Result names and messages, generated from result.def. */
+#include <string.h>
+
 #include "core/internal.h"
 
 #define X(name, value, msg) _Static_assert((int)name == (value), #name " differs from result.def");
@@ -25,6 +27,22 @@ HORA_EXPORT const char *hora_strerror(hora_result_t result) {
 #undef X
   }
   return "unknown result code";
+}
+
+HORA_EXPORT hora_result_t hora_built(const char *feature, int *built) {
+  static const struct { const char *name; int built; } features[] = {
+      {"mpi", 1},   {"cuda", HORA_HAVE_CUDA}, {"nccl", HORA_HAVE_NCCL}, {"hwloc", HORA_HAVE_HWLOC},
+      {"gloo", 0},  {"ddl", 0},               {"ccl", 0},               {"rocm", 0},
+  };
+  if (!feature || !built)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_built: %s is NULL", feature ? "built" : "feature");
+  for (size_t i = 0; i < sizeof features / sizeof features[0]; i++)
+    if (strcmp(feature, features[i].name) == 0) {
+      *built = features[i].built;
+      return HORA_SUCCESS;
+    }
+  return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
+                  "hora_built: unknown feature \"%.64s\" (mpi, cuda, nccl, hwloc, gloo, ddl, ccl, rocm)", feature);
 }
 
 HORA_EXPORT hora_result_t hora_dtype_size(hora_dtype_t dtype, size_t *size_bytes) {

@@ -98,6 +98,13 @@ typedef enum {
  * unknown dtype or a NULL output. Local. */
 hora_result_t hora_dtype_size(hora_dtype_t dtype, size_t *size_bytes);
 
+/* hora_built: whether this build of libhora contains `feature`, through *built (1 or 0).
+ * Features: "mpi" (always 1), "cuda" (device buffers), "nccl" (the NCCL GPU path), "hwloc" (CPU
+ * binding), "gloo", "ddl", "ccl", "rocm" (never: hora has none of them; for Horovod's
+ * *_built() queries). Local; callable before hora_init. Errors: HORA_ERR_INVALID_ARGUMENT
+ * (feature or built NULL, or a feature name not in this list: the message names it). */
+hora_result_t hora_built(const char *feature, int *built);
+
 /* ---------------------------------------------------------------------------------------------
  * Context: init, layout, finalize.
  * ------------------------------------------------------------------------------------------- */

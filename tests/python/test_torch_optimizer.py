@@ -102,10 +102,10 @@ def test_backward_passes_per_step_and_errors():
     opt2 = ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters())
     torch.nn.functional.cross_entropy(model(x[:4]), y[:4]).backward()
-    with pytest.raises(RuntimeError, match="zero_grad"):
+    with pytest.raises(AssertionError, match="zero_grad"):
         opt2.zero_grad()
     opt2.step()
-    with pytest.raises(hora.InvalidArgumentError, match="named_parameters"):
+    with pytest.raises(ValueError, match="not named"):
         ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                 named_parameters=[("a", model.fc1.weight)])
 
