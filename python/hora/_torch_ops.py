@@ -269,6 +269,9 @@ def _int_scaling(t, op, pre, post):
     integers the scaling happens here around a Sum (or the op). Returns (c_op, post or None)."""
     if t.dtype not in _INT_DTYPES or (op != Average and pre == 1.0 and post == 1.0):
         return op, None
+    if t.dtype == torch.bool:
+        raise invalid("Average and scale factors are not defined for bool tensors; use op=Sum "
+                      "or Max (logical OR), Min or Product (logical AND)")
     if op == Average:
         op, post = Sum, post / _size()
     if pre != 1.0:

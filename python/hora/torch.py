@@ -48,6 +48,7 @@ from ._torch_gather import (  # noqa: E402,F401
     grouped_reducescatter, grouped_reducescatter_async, join, reducescatter,
     reducescatter_async,
 )
+from ._torch_syncbn import SyncBatchNorm  # noqa: E402,F401
 from ._torch_optim import (  # noqa: E402,F401
     DistributedOptimizer, allgather_object, broadcast_object, broadcast_optimizer_state,
     broadcast_parameters,

@@ -56,7 +56,9 @@ HORA_EXPORT hora_result_t hora_dtype_size(hora_dtype_t dtype, size_t *size_bytes
 size_t hora__dtype_size(hora_dtype_t dtype) {
   switch (dtype) {
     case HORA_UINT8:
-    case HORA_INT8: return 1;
+    case HORA_INT8:
+    case HORA_BOOL: return 1;
+    case HORA_INT16:
     case HORA_FLOAT16:
     case HORA_BFLOAT16: return 2;
     case HORA_INT32:
@@ -68,7 +70,7 @@ size_t hora__dtype_size(hora_dtype_t dtype) {
 }
 
 const char *hora__dtype_name(hora_dtype_t dtype) {
-  static const char *const names[] = {"u8", "i8", "i32", "i64", "f16", "bf16", "f32", "f64"};
+  static const char *const names[] = {"u8", "i8", "i32", "i64", "f16", "bf16", "f32", "f64", "i16", "bool"};
   return ((unsigned)dtype < HORA_DTYPE_COUNT) ? names[dtype] : "unknown";
 }
 

@@ -76,9 +76,12 @@ typedef enum {
   HORA_FLOAT16 = 4,  /* IEEE 754 binary16; reduced through float32 arithmetic */
   HORA_BFLOAT16 = 5, /* bfloat16 (upper half of a float32); reduced through float32 arithmetic */
   HORA_FLOAT32 = 6,
-  HORA_FLOAT64 = 7
-} hora_dtype_t;
-#define HORA_DTYPE_COUNT 8
+  HORA_FLOAT64 = 7,
+  HORA_INT16 = 8,
+  HORA_BOOL = 9 /* one byte, 0 or 1: SUM and MAX are logical OR, MIN and PRODUCT logical AND;
+                 * AVERAGE is HORA_ERR_INVALID_ARGUMENT. NCCL reduces it as uint8 max/min. */
+} hora_dtype_t; /* values are only ever appended */
+#define HORA_DTYPE_COUNT 10
 
 typedef enum {
   HORA_SUM = 0,

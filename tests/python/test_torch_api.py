@@ -15,8 +15,8 @@ if not hasattr(hora, "allreduce_async_"):
     pytest.skip("libhora was built without the async engine", allow_module_level=True)
 import hora.torch as hvd  # noqa: E402
 
-DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
-          torch.float32, torch.float64]
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64]
 INTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 G = "global"  # stands for the process_set default in SIGNATURES
 SIGNATURES = {
@@ -99,7 +99,7 @@ def test_names_and_signatures_are_horovods():
                  "broadcast_optimizer_state", "HorovodInternalError", "mpi_enabled",
                  "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built",
                  "ccl_built", "cuda_built", "rocm_built", "mpi_threads_supported",
-                 "start_timeline", "stop_timeline"]:
+                 "start_timeline", "stop_timeline", "SyncBatchNorm", "is_homogeneous"]:
         assert hasattr(hvd, name), name
     assert len({hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product, hvd.Adasum}) == 6
 
@@ -173,6 +173,30 @@ def test_allreduce_forms_and_ops(dtype):
         with pytest.warns(DeprecationWarning):
             close(hvd.allreduce(xs[r], average=True), ref_reduce(xs, hvd.Average), dtype,
                   "average=True")
+
+
+def test_bool_is_or_and_and_moves_exactly():
+    r, n = rank_size()
+    xs = [inp(torch.int64, (64,), p, 15, 0, 1).to(torch.bool) for p in range(n)]
+    s = torch.stack(xs)
+    for op, want in ((hvd.Sum, s.any(0)), (hvd.Max, s.any(0)), (hvd.Min, s.all(0)),
+                     (hvd.Product, s.all(0))):
+        got = hvd.allreduce(xs[r], op=op)
+        assert got.dtype == torch.bool and torch.equal(got, want), op
+        y = xs[r].clone()
+        assert torch.equal(hvd.allreduce_(y, op=op), want)
+    assert torch.equal(hvd.broadcast(xs[r], n - 1), xs[n - 1])
+    assert torch.equal(hvd.alltoall(torch.cat([xs[r]] * n)), torch.cat(xs))
+    with pytest.raises(ValueError, match="bool"):
+        hvd.allreduce(xs[r])  # Average
+    import numpy as np  # the NumPy path of hora: np.bool_ and np.int16 as well
+    got = hora.allreduce(xs[r].numpy(), op=hora.Max)
+    assert got.dtype == np.bool_ and got.tolist() == s.any(0).tolist()
+    i16 = [inp(torch.int16, (9,), p, 16).numpy() for p in range(n)]
+    got = hora.allreduce(i16[r], op=hora.Sum)
+    assert got.dtype == np.int16 and got.tolist() == sum(i16).tolist()
+    with pytest.raises(hora.InvalidArgumentError, match="HORA_BOOL"):
+        hora.allreduce(xs[r].numpy(), op=hora.Average)
 
 
 def test_average_and_op_together_is_a_value_error():
@@ -253,8 +277,8 @@ def test_compression_none_fp16_bf16():
     assert t.dtype == torch.int32  # integers pass unchanged
 
 
-@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.float16, torch.float32],
-                         ids=str)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int64, torch.float16,
+                                   torch.float32, torch.bool], ids=str)
 def test_allgather_uneven_async_grouped(dtype):
     r, n = rank_size()
     xs = [inp(dtype, (p + 1, 2, 3), p, 60) for p in range(n)]
@@ -452,3 +476,39 @@ def test_join_returns_the_last_rank():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert hvd.join(device=-1) in range(n)
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (2, 4, 5, 3)], ids=["1d", "2d"])
+def test_sync_batch_norm_matches_one_process_on_the_whole_batch(shape):
+    r, n = rank_size()
+    g = torch.Generator().manual_seed(77)
+    xs = [torch.randn((shape[0] + p,) + shape[1:], generator=g, dtype=torch.float64) * 3 + 1
+          for p in range(n)]  # uneven local batches
+    cs = [torch.randn((shape[0] + p,) + shape[1:], generator=g, dtype=torch.float64)
+          for p in range(n)]
+    torch.manual_seed(1)
+    ref = torch.nn.BatchNorm1d(4) if len(shape) == 2 else torch.nn.BatchNorm2d(4)
+    ref = ref.double()
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 1.5)
+        ref.bias.uniform_(-1, 1)
+    bn = hvd.SyncBatchNorm(4).double()
+    bn.load_state_dict(ref.state_dict())
+    x = xs[r].clone().requires_grad_(True)
+    y = bn(x)
+    (y * cs[r]).sum().backward()
+    xa = torch.cat(xs).requires_grad_(True)
+    ya = ref(xa)
+    (ya * torch.cat(cs)).sum().backward()
+    start = sum(x.shape[0] for x in xs[:r])
+    rows = slice(start, start + xs[r].shape[0])
+    torch.testing.assert_close(y, ya[rows], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad, xa.grad[rows], rtol=1e-5, atol=1e-5)
+    gw = hvd.allreduce(torch.cat([bn.weight.grad, bn.bias.grad]), op=hvd.Sum)
+    torch.testing.assert_close(gw, torch.cat([ref.weight.grad, ref.bias.grad]), rtol=1e-5,
+                               atol=1e-5)
+    torch.testing.assert_close(bn.running_mean, ref.running_mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bn.running_var, ref.running_var, rtol=1e-5, atol=1e-5)
+    bn.eval()
+    ref.eval()
+    torch.testing.assert_close(bn(xs[r]), ref(xs[r]), rtol=1e-5, atol=1e-5)
