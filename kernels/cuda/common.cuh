@@ -65,8 +65,8 @@ static inline cudaStream_t as_stream(void *s) { return (cudaStream_t)s; }
 
 static inline size_t dtype_bytes(hora_dtype_t d) {
   switch (d) {
-    case HORA_UINT8: case HORA_INT8: return 1;
-    case HORA_FLOAT16: case HORA_BFLOAT16: return 2;
+    case HORA_UINT8: case HORA_INT8: case HORA_BOOL: return 1;
+    case HORA_INT16: case HORA_FLOAT16: case HORA_BFLOAT16: return 2;
     case HORA_INT32: case HORA_FLOAT32: return 4;
     case HORA_INT64: case HORA_FLOAT64: return 8;
   }

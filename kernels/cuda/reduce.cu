@@ -81,6 +81,9 @@ hora_result_t launch(void *dst, const Srcs<MAXS> &s, size_t count, hora_dtype_t 
   switch (dtype) {
     case HORA_UINT8: return launch_t<uint8_t>(dst, s, count, op, st);
     case HORA_INT8: return launch_t<int8_t>(dst, s, count, op, st);
+    case HORA_INT16: return launch_t<int16_t>(dst, s, count, op, st);
+    case HORA_BOOL: /* 0/1 bytes: OR is max, AND is min */
+      return launch_t<uint8_t>(dst, s, count, op == OP_MIN || op == OP_PROD ? OP_MIN : OP_MAX, st);
     case HORA_INT32: return launch_t<int32_t>(dst, s, count, op, st);
     case HORA_INT64: return launch_t<int64_t>(dst, s, count, op, st);
     case HORA_FLOAT16: return launch_t<f16_t>(dst, s, count, op, st);

@@ -61,6 +61,8 @@ extern "C" hora_result_t hora__scale_cuda(void *dst, const void *src, size_t cou
   switch (dtype) {
     case HORA_UINT8: return map((uint8_t *)dst, (const uint8_t *)src, count, ScaleInt<uint8_t>{factor}, st, what);
     case HORA_INT8: return map((int8_t *)dst, (const int8_t *)src, count, ScaleInt<int8_t>{factor}, st, what);
+    case HORA_INT16: return map((int16_t *)dst, (const int16_t *)src, count, ScaleInt<int16_t>{factor}, st, what);
+    case HORA_BOOL: return HORA_ERR_INVALID_ARGUMENT; /* a bool cannot be scaled */
     case HORA_INT32: return map((int32_t *)dst, (const int32_t *)src, count, ScaleInt<int32_t>{factor}, st, what);
     case HORA_INT64: return map((int64_t *)dst, (const int64_t *)src, count, ScaleInt<int64_t>{factor}, st, what);
     case HORA_FLOAT32: return map((float *)dst, (const float *)src, count, ScaleF32{(float)factor}, st, what);

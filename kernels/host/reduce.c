@@ -25,6 +25,7 @@
 
 DEF_REDUCE2_ALL(u8, uint8_t, uint8_t)
 DEF_REDUCE2_ALL(i8, int8_t, uint8_t)
+DEF_REDUCE2_ALL(i16, int16_t, uint16_t)
 DEF_REDUCE2_ALL(i32, int32_t, uint32_t)
 DEF_REDUCE2_ALL(i64, int64_t, uint64_t)
 DEF_REDUCE2_ALL(f32, float, float)
@@ -153,6 +154,11 @@ hora_result_t hora__reduce_host(void *dst, const void *a, const void *b, size_t 
   switch (dtype) {
     case HORA_UINT8: DISPATCH_OP(u8, uint8_t)
     case HORA_INT8: DISPATCH_OP(i8, int8_t)
+    case HORA_INT16: DISPATCH_OP(i16, int16_t)
+    case HORA_BOOL: /* 0/1 bytes: OR is max, AND is min */
+      if (op == HORA_MIN || op == HORA_PRODUCT) min_u8(dst, a, b, count);
+      else max_u8(dst, a, b, count);
+      break;
     case HORA_INT32: DISPATCH_OP(i32, int32_t)
     case HORA_INT64: DISPATCH_OP(i64, int64_t)
     case HORA_FLOAT32: DISPATCH_OP(f32, float)
@@ -181,9 +187,7 @@ hora_result_t hora__reduce_n_host(void *dst, const void *const *srcs, int nsrc, 
     reduce_half_n(dtype, dst, (const uint16_t *const *)srcs, nsrc, 0, count, op);
     return HORA_SUCCESS;
   }
-  size_t es = (dtype == HORA_UINT8 || dtype == HORA_INT8) ? 1
-              : (dtype == HORA_FLOAT16 || dtype == HORA_BFLOAT16) ? 2
-              : (dtype == HORA_INT64 || dtype == HORA_FLOAT64) ? 8 : 4;
+  size_t es = hora__kdtype_size(dtype);
   const size_t blk = 16384 / es; /* 16 KiB of dst per block */
   for (size_t base = 0; base < count; base += blk) {
     size_t m = count - base < blk ? count - base : blk;
@@ -209,6 +213,7 @@ hora_result_t hora__reduce_n_host(void *dst, const void *const *srcs, int nsrc, 
   }
 DEF_SCALE_INT(u8, uint8_t)
 DEF_SCALE_INT(i8, int8_t)
+DEF_SCALE_INT(i16, int16_t)
 DEF_SCALE_INT(i32, int32_t)
 DEF_SCALE_INT(i64, int64_t)
 static void scale_f32(float *dst, const float *src, size_t n, double f) {
@@ -227,9 +232,7 @@ hora_result_t hora__scale_host(void *dst, const void *src, size_t count, hora_dt
   if (!dst || !src) return HORA_ERR_INVALID_ARGUMENT;
   if (factor == 1.0) {
     if (dst != src) {
-      size_t es = (dtype == HORA_UINT8 || dtype == HORA_INT8) ? 1
-                  : (dtype == HORA_FLOAT16 || dtype == HORA_BFLOAT16) ? 2
-                  : (dtype == HORA_INT64 || dtype == HORA_FLOAT64) ? 8 : 4;
+      size_t es = hora__kdtype_size(dtype);
       memmove(dst, src, count * es);
     }
     return HORA_SUCCESS;
@@ -237,6 +240,8 @@ hora_result_t hora__scale_host(void *dst, const void *src, size_t count, hora_dt
   switch (dtype) {
     case HORA_UINT8: scale_u8(dst, src, count, factor); break;
     case HORA_INT8: scale_i8(dst, src, count, factor); break;
+    case HORA_INT16: scale_i16(dst, src, count, factor); break;
+    case HORA_BOOL: return HORA_ERR_INVALID_ARGUMENT; /* a bool cannot be scaled */
     case HORA_INT32: scale_i32(dst, src, count, factor); break;
     case HORA_INT64: scale_i64(dst, src, count, factor); break;
     case HORA_FLOAT32: scale_f32(dst, src, count, factor); break;

@@ -59,6 +59,17 @@ uint16_t hora__f32_to_f16(float f);
 float hora__bf16_to_f32(uint16_t h);
 uint16_t hora__f32_to_bf16(float f);
 
+/* Bytes of one element of `d` (0 for an unknown dtype). */
+static inline size_t hora__kdtype_size(hora_dtype_t d) {
+  switch (d) {
+    case HORA_UINT8: case HORA_INT8: case HORA_BOOL: return 1;
+    case HORA_INT16: case HORA_FLOAT16: case HORA_BFLOAT16: return 2;
+    case HORA_INT32: case HORA_FLOAT32: return 4;
+    case HORA_INT64: case HORA_FLOAT64: return 8;
+  }
+  return 0;
+}
+
 /* Element i of a host buffer of `dtype` as a double, and back (f16/bf16 through float32, rounded
  * to nearest even; integers truncated). For tests and benchmarks that build inputs and check
  * results for every dtype with one code path; not for hot loops. */
@@ -66,6 +77,8 @@ static inline void hora__elem_store(void *buf, hora_dtype_t d, size_t i, double 
   switch (d) {
     case HORA_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
     case HORA_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case HORA_INT16: ((int16_t *)buf)[i] = (int16_t)v; break;
+    case HORA_BOOL: ((uint8_t *)buf)[i] = v != 0.0; break;
     case HORA_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case HORA_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
     case HORA_FLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_f16((float)v); break;
@@ -78,6 +91,8 @@ static inline double hora__elem_load(const void *buf, hora_dtype_t d, size_t i) 
   switch (d) {
     case HORA_UINT8: return ((const uint8_t *)buf)[i];
     case HORA_INT8: return ((const int8_t *)buf)[i];
+    case HORA_INT16: return ((const int16_t *)buf)[i];
+    case HORA_BOOL: return ((const uint8_t *)buf)[i];
     case HORA_INT32: return ((const int32_t *)buf)[i];
     case HORA_INT64: return (double)((const int64_t *)buf)[i];
     case HORA_FLOAT16: return hora__f16_to_f32(((const uint16_t *)buf)[i]);

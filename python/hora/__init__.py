@@ -13,7 +13,8 @@ from ._preload import preload as _preload
 _preload()  # before libhora is loaded: see _preload.py
 
 from ._errors import (  # noqa: E402,F401
-    CorruptError, CUDAError, DataError, HoraError, InternalError, InvalidArgumentError, IOError, LayoutError,
+    CorruptError, CUDAError, DataError, HoraError, HorovodInternalError, InternalError, InvalidArgumentError,
+    IOError, LayoutError,
     MismatchError, MPIError, NCCLError, NoMemoryError, NotFoundError, NotInitializedError,
     NotSupportedError, RemoteError, ShutdownError, TimeoutError,
 )

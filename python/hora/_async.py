@@ -31,7 +31,8 @@ _live_lock = threading.Lock()
 class Handle:
     """An operation in flight. wait() blocks until it is done and returns its result (or raises
     its error); done() says whether wait() would return at once. wait() may be called again and
-    returns the same result. A Handle dropped before completion waits for it in its finalizer."""
+    returns the same result. A Handle dropped before completion does not block: it completes in
+    the background and is freed by a later submission or by shutdown()."""
 
     __slots__ = ("_h", "_keep", "_result", "_error", "_lock", "_done", "__weakref__")
 
@@ -44,6 +45,9 @@ class Handle:
         self._done = ffi.new("int *")
         with _live_lock:
             _live[id(self)] = self
+            reap = bool(_orphans)
+        if reap:
+            _reap_orphans()
 
     def done(self):
         """True when the operation has completed (successfully or not). Local, non-blocking."""
@@ -81,17 +85,46 @@ class Handle:
                 self._result = None
 
     def __del__(self):
-        if getattr(self, "_h", None) is not None:
-            try:
+        # Horovod's fire-and-forget: a handle dropped before completion must not block here.
+        # A pending one is kept alive (resurrected) in _orphans until it completes; later
+        # submissions and shutdown() free it.
+        if getattr(self, "_h", None) is None:
+            return
+        try:
+            if self.done():
                 self._complete()
-            except Exception:  # a finalizer must not raise; the error had no one to go to
-                pass
+            else:
+                with _live_lock:
+                    _orphans.append(self)
+        except Exception:  # a finalizer must not raise; the error had no one to go to
+            pass
+
+
+# Dropped handles still in flight (strong references: the engine still uses their buffers).
+_orphans = []
+
+
+def _reap_orphans():
+    """Free the dropped handles that have completed (non-blocking)."""
+    with _live_lock:
+        if not _orphans:
+            return
+        pending = list(_orphans)
+    done = [h for h in pending if h.done()]
+    for h in done:
+        try:
+            h._complete()
+        except Exception:
+            pass
+    with _live_lock:
+        _orphans[:] = [h for h in _orphans if h._h is not None]
 
 
 def _complete_all():
     """Complete every live handle (shutdown() runs this before hora_finalize)."""
     with _live_lock:
-        hs = list(_live.values())
+        hs = list(_live.values()) + list(_orphans)
+        _orphans.clear()
     for h in hs:
         h._complete()
 

@@ -33,6 +33,8 @@ NP_TO_HORA = {
     np.dtype(np.float16): lib.HORA_FLOAT16,
     np.dtype(np.float32): lib.HORA_FLOAT32,
     np.dtype(np.float64): lib.HORA_FLOAT64,
+    np.dtype(np.int16): lib.HORA_INT16,
+    np.dtype(np.bool_): lib.HORA_BOOL,
 }
 if BFLOAT16 is not None:
     NP_TO_HORA[BFLOAT16] = lib.HORA_BFLOAT16
@@ -40,12 +42,13 @@ HORA_TO_NP = {v: k for k, v in NP_TO_HORA.items()}
 DTYPE_NAMES = {
     lib.HORA_UINT8: "uint8", lib.HORA_INT8: "int8", lib.HORA_INT32: "int32",
     lib.HORA_INT64: "int64", lib.HORA_FLOAT16: "float16", lib.HORA_BFLOAT16: "bfloat16",
-    lib.HORA_FLOAT32: "float32", lib.HORA_FLOAT64: "float64",
+    lib.HORA_FLOAT32: "float32", lib.HORA_FLOAT64: "float64", lib.HORA_INT16: "int16",
+    lib.HORA_BOOL: "bool",
 }
 FLOAT_DTYPES = (lib.HORA_FLOAT16, lib.HORA_BFLOAT16, lib.HORA_FLOAT32, lib.HORA_FLOAT64)
 
 # DLPack type codes (dlpack.h DLDataTypeCode) and device types (DLDeviceType).
-_KDL_INT, _KDL_UINT, _KDL_FLOAT, _KDL_BFLOAT = 0, 1, 2, 4
+_KDL_INT, _KDL_UINT, _KDL_FLOAT, _KDL_BFLOAT, _KDL_BOOL = 0, 1, 2, 4, 6
 _DL_TO_HORA = {
     (_KDL_UINT, 8): lib.HORA_UINT8,
     (_KDL_INT, 8): lib.HORA_INT8,
@@ -55,6 +58,8 @@ _DL_TO_HORA = {
     (_KDL_BFLOAT, 16): lib.HORA_BFLOAT16,
     (_KDL_FLOAT, 32): lib.HORA_FLOAT32,
     (_KDL_FLOAT, 64): lib.HORA_FLOAT64,
+    (_KDL_INT, 16): lib.HORA_INT16,
+    (_KDL_BOOL, 8): lib.HORA_BOOL,
 }
 _KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST, _KDL_CUDA_MANAGED = 1, 2, 3, 13
 _DL_DEVICES = {_KDL_CPU: HOST, _KDL_CUDA_HOST: HOST, _KDL_CUDA: CUDA, _KDL_CUDA_MANAGED: CUDA}
@@ -83,9 +88,9 @@ class Buf:
 
     @property
     def itemsize(self):
-        return 2 if self.dtype in (lib.HORA_FLOAT16, lib.HORA_BFLOAT16) else \
+        return 2 if self.dtype in (lib.HORA_FLOAT16, lib.HORA_BFLOAT16, lib.HORA_INT16) else \
             {lib.HORA_UINT8: 1, lib.HORA_INT8: 1, lib.HORA_INT32: 4, lib.HORA_INT64: 8,
-             lib.HORA_FLOAT32: 4, lib.HORA_FLOAT64: 8}[self.dtype]
+             lib.HORA_FLOAT32: 4, lib.HORA_FLOAT64: 8, lib.HORA_BOOL: 1}[self.dtype]
 
 
 def _typename(x):
@@ -134,8 +139,8 @@ def _dlpack_buf(x, what, writable):
     dt = _DL_TO_HORA.get((t.dtype.code, t.dtype.bits))
     if dt is None:
         raise invalid(f"{what}: DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits) of "
-                      f"{_typename(x)} is not supported by hora (uint8, int8, int32, int64, "
-                      f"float16, bfloat16, float32, float64)")
+                      f"{_typename(x)} is not supported by hora (uint8, int8, int16, int32, int64, "
+                      f"float16, bfloat16, float32, float64, bool)")
     ndim = t.ndim
     shape = tuple(t.shape[i] for i in range(ndim))
     count = 1
@@ -168,7 +173,7 @@ def _torch_tensor_class():
     _torch[1] = {t.uint8: lib.HORA_UINT8, t.int8: lib.HORA_INT8, t.int32: lib.HORA_INT32,
                  t.int64: lib.HORA_INT64, t.float16: lib.HORA_FLOAT16,
                  t.bfloat16: lib.HORA_BFLOAT16, t.float32: lib.HORA_FLOAT32,
-                 t.float64: lib.HORA_FLOAT64}
+                 t.float64: lib.HORA_FLOAT64, t.int16: lib.HORA_INT16, t.bool: lib.HORA_BOOL}
     _torch[2] = t.strided
     _torch[0] = t.Tensor
     return t.Tensor
@@ -180,7 +185,7 @@ def _torch_buf(x, what, writable):
     dt = _torch[1].get(x.dtype)
     if dt is None:
         raise invalid(f"{what}: torch dtype {x.dtype} is not supported by hora (uint8, int8, "
-                      f"int32, int64, float16, bfloat16, float32, float64)")
+                      f"int16, int32, int64, float16, bfloat16, float32, float64, bool)")
     if x.layout is not _torch[2]:
         raise invalid(f"{what}: {x.layout} tensors are not supported (dense tensors only)")
     if not x.is_contiguous():
@@ -222,7 +227,8 @@ def empty_like(x, shape=None):
     x's dtype and device, and `shape` (default x's shape)."""
     if isinstance(x, np.ndarray):
         return np.empty(x.shape if shape is None else shape, dtype=x.dtype)
-    if _torch[0] is not None and isinstance(x, _torch[0]):
+    tcls = _torch[0] or _torch_tensor_class()  # torch may not have been seen by as_buf yet
+    if tcls is not None and isinstance(x, tcls):
         torch = sys.modules["torch"]
         if shape is None:
             return torch.empty_like(x, memory_format=torch.contiguous_format)

@@ -93,7 +93,7 @@ def shutdown():
         c = _state.ctx
         if c is None:
             return
-        fins, _state.finalizers = _state.finalizers, []
+        fins = list(_state.finalizers)  # registered once at import: run at every shutdown
         first = None
         for f in fins:
             try:

@@ -24,6 +24,12 @@ class HoraError(RuntimeError):
         super().__init__(f"{message} [{self.name}]")
 
 
+class HorovodInternalError(HoraError):
+    """Horovod's name for an operation that failed across ranks (RuntimeError subclass): a lost
+    peer, a shutdown, ranks that disagree on a tensor, a failed transport. `except
+    HorovodInternalError` (as hvd.elastic does) catches all of them."""
+
+
 class InvalidArgumentError(HoraError, ValueError):
     """A bad argument: wrong type or dtype, non-contiguous array, out-of-range value."""
 
@@ -32,7 +38,7 @@ class NotInitializedError(HoraError):
     """hora.init() was not called, or hora.shutdown() already ran."""
 
 
-class NotSupportedError(HoraError):
+class NotSupportedError(HoraError, NotImplementedError):
     """The feature was built OFF or the hardware is missing."""
 
 
@@ -40,7 +46,7 @@ class NoMemoryError(HoraError, MemoryError):
     """An allocation in the C library failed."""
 
 
-class MPIError(HoraError):
+class MPIError(HorovodInternalError):
     """An MPI call failed."""
 
 
@@ -48,19 +54,19 @@ class CUDAError(HoraError):
     """A CUDA runtime call or kernel launch failed."""
 
 
-class NCCLError(HoraError):
+class NCCLError(HorovodInternalError):
     """An NCCL call failed."""
 
 
-class MismatchError(HoraError):
+class MismatchError(HorovodInternalError):
     """Ranks disagree on a tensor's count, dtype, shape, op, root or device."""
 
 
-class TimeoutError(HoraError, builtins.TimeoutError):  # noqa: A001 (hora.TimeoutError on purpose)
+class TimeoutError(HorovodInternalError, builtins.TimeoutError):  # noqa: A001 (hora.TimeoutError on purpose)
     """A stall or peer timeout expired."""
 
 
-class RemoteError(HoraError):
+class RemoteError(HorovodInternalError):
     """Another rank died or failed; the message names it."""
 
 
@@ -88,7 +94,7 @@ class InternalError(HoraError):
     """A bug in hora: please report it."""
 
 
-class ShutdownError(HoraError):
+class ShutdownError(HorovodInternalError):
     """The operation was cancelled because hora is shutting down."""
 
 

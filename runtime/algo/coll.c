@@ -72,6 +72,7 @@ hora_result_t hora__scale_and_average(hora_ctx_t *ctx, void *buf, size_t count,
   break;
       case HORA_UINT8: DIV(uint8_t)
       case HORA_INT8: DIV(int8_t)
+      case HORA_INT16: DIV(int16_t)
       case HORA_INT32: DIV(int32_t)
       case HORA_INT64: DIV(int64_t)
       default: break;
@@ -98,6 +99,9 @@ hora_result_t hora__check_allreduce(hora_ctx_t *ctx, const char *fn, const void 
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sendbuf and recvbuf overlap partially", fn);
   int is_float = dtype == HORA_FLOAT16 || dtype == HORA_BFLOAT16 || dtype == HORA_FLOAT32 ||
                  dtype == HORA_FLOAT64;
+  if (dtype == HORA_BOOL && op == HORA_AVERAGE)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
+                    "%s: HORA_AVERAGE is not defined for HORA_BOOL (SUM/MAX are OR, MIN/PRODUCT AND)", fn);
   if (!is_float && (prescale != 1.0 || postscale != 1.0))
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
                     "%s: prescale (%g) and postscale (%g) must be 1.0 for integer dtype %s", fn,

@@ -22,7 +22,8 @@
 
 static const char *const st_names[HORA_DTYPE_COUNT] = {
     [HORA_UINT8] = "U8",    [HORA_INT8] = "I8",     [HORA_INT32] = "I32", [HORA_INT64] = "I64",
-    [HORA_FLOAT16] = "F16", [HORA_BFLOAT16] = "BF16", [HORA_FLOAT32] = "F32", [HORA_FLOAT64] = "F64"};
+    [HORA_FLOAT16] = "F16", [HORA_BFLOAT16] = "BF16", [HORA_FLOAT32] = "F32", [HORA_FLOAT64] = "F64",
+    [HORA_INT16] = "I16",   [HORA_BOOL] = "BOOL"};
 
 const char *hora__ck_dtype_st(hora_dtype_t dtype) {
   return ((unsigned)dtype < HORA_DTYPE_COUNT) ? st_names[dtype] : NULL;

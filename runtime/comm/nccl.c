@@ -129,8 +129,19 @@ static ncclDataType_t nccl_type(hora_dtype_t d) {
     case HORA_BFLOAT16: return ncclBfloat16;
     case HORA_FLOAT32: return ncclFloat32;
     case HORA_FLOAT64: return ncclFloat64;
+    case HORA_BOOL: return ncclUint8;
+    case HORA_INT16: return ncclFloat16; /* moved bit for bit; never reduced (see red_check) */
   }
   return ncclFloat32;
+}
+
+/* NCCL has no int16 reduction; bool reduces as uint8 max (OR) and min (AND). */
+static hora_result_t red_check(hora_dtype_t dtype, hora_op_t *op, const char *fn) {
+  if (dtype == HORA_INT16)
+    return HORA_ERR(HORA_ERR_NOT_SUPPORTED,
+                    "%s: NCCL cannot reduce int16 tensors; HORA_GPU_PATH=mpi reduces them on the GPU", fn);
+  if (dtype == HORA_BOOL) *op = (*op == HORA_MIN || *op == HORA_PRODUCT) ? HORA_MIN : HORA_MAX;
+  return HORA_SUCCESS;
 }
 
 /* AVERAGE arrives as SUM (the caller divides exactly as the host path does). */
@@ -146,6 +157,7 @@ static ncclRedOp_t nccl_op(hora_op_t op) {
 
 hora_result_t hora__nccl_allreduce(hora_ctx_t *ctx, hora_gpu_t *g, const void *src, void *dst,
                                    size_t count, hora_dtype_t dtype, hora_op_t op) {
+  HORA_CHECK(red_check(dtype, &op, "hora_allreduce"));
   HORA_CHECK(ensure_comm(ctx, g));
   return NCCL_SETTLE(g, ncclAllReduce(src, dst, count, nccl_type(dtype), nccl_op(op), g->nccl, g->stream));
 }
@@ -190,6 +202,7 @@ hora_result_t hora__nccl_allgatherv(hora_ctx_t *ctx, hora_gpu_t *g, const void *
 
 hora_result_t hora__nccl_reducescatter(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf, void *recvbuf,
                                        size_t recvcount, hora_dtype_t dtype, hora_op_t op) {
+  HORA_CHECK(red_check(dtype, &op, "hora_reducescatter"));
   HORA_CHECK(ensure_comm(ctx, g));
   return NCCL_SETTLE(g, ncclReduceScatter(sendbuf, recvbuf, recvcount, nccl_type(dtype), nccl_op(op), g->nccl, g->stream));
 }

@@ -77,9 +77,12 @@ typedef enum {
   HORA_FLOAT16 = 4,  /* IEEE 754 binary16; reduced through float32 arithmetic */
   HORA_BFLOAT16 = 5, /* bfloat16 (upper half of a float32); reduced through float32 arithmetic */
   HORA_FLOAT32 = 6,
-  HORA_FLOAT64 = 7
-} hora_dtype_t;
-#define HORA_DTYPE_COUNT 8
+  HORA_FLOAT64 = 7,
+  HORA_INT16 = 8,
+  HORA_BOOL = 9 /* one byte, 0 or 1: SUM and MAX are logical OR, MIN and PRODUCT logical AND;
+                 * AVERAGE is HORA_ERR_INVALID_ARGUMENT. NCCL reduces it as uint8 max/min. */
+} hora_dtype_t; /* values are only ever appended */
+#define HORA_DTYPE_COUNT 10
 
 typedef enum {
   HORA_SUM = 0,
@@ -98,6 +101,13 @@ typedef enum {
 /* Size of one element of `dtype` in bytes through *size_bytes. HORA_ERR_INVALID_ARGUMENT for an
  * unknown dtype or a NULL output. Local. */
 hora_result_t hora_dtype_size(hora_dtype_t dtype, size_t *size_bytes);
+
+/* hora_built: whether this build of libhora contains `feature`, through *built (1 or 0).
+ * Features: "mpi" (always 1), "cuda" (device buffers), "nccl" (the NCCL GPU path), "hwloc" (CPU
+ * binding), "gloo", "ddl", "ccl", "rocm" (never: hora has none of them; for Horovod's
+ * *_built() queries). Local; callable before hora_init. Errors: HORA_ERR_INVALID_ARGUMENT
+ * (feature or built NULL, or a feature name not in this list: the message names it). */
+hora_result_t hora_built(const char *feature, int *built);
 
 /* ---------------------------------------------------------------------------------------------
  * Context: init, layout, finalize.

@@ -32,6 +32,8 @@ static void fill(void *buf, hora_dtype_t d, size_t n) {
     switch (d) {
       case HORA_UINT8: ((uint8_t *)buf)[i] = (uint8_t)r; break;
       case HORA_INT8: ((int8_t *)buf)[i] = (int8_t)r; break;
+      case HORA_INT16: ((int16_t *)buf)[i] = (int16_t)r; break;
+      case HORA_BOOL: ((uint8_t *)buf)[i] = (uint8_t)(r >> 63); break;
       case HORA_INT32: ((int32_t *)buf)[i] = (int32_t)r; break;
       case HORA_INT64: ((int64_t *)buf)[i] = (int64_t)r; break;
       case HORA_FLOAT16: ((uint16_t *)buf)[i] = hora__f32_to_f16(f); break;

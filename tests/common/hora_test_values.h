@@ -16,7 +16,7 @@ static size_t esize(hora_dtype_t d) {
   hora_dtype_size(d, &s);
   return s;
 }
-static int is_float(hora_dtype_t d) { return d >= HORA_FLOAT16; }
+static int is_float(hora_dtype_t d) { return d >= HORA_FLOAT16 && d <= HORA_FLOAT64; }
 static int is_signed(hora_dtype_t d) { return d != HORA_UINT8; }
 
 /* The input of rank r at element i for op: small integers whose reduction fits every dtype. */

@@ -34,6 +34,7 @@ static double get(const void *p, size_t i, hora_dtype_t d) {
   switch (d) {
     case HORA_UINT8: return ((const uint8_t *)p)[i];
     case HORA_INT8: return ((const int8_t *)p)[i];
+    case HORA_INT16: return ((const int16_t *)p)[i];
     case HORA_INT32: return ((const int32_t *)p)[i];
     case HORA_INT64: return (double)((const int64_t *)p)[i];
     case HORA_FLOAT16: return hora__f16_to_f32(((const uint16_t *)p)[i]);
@@ -47,6 +48,7 @@ static void set(void *p, size_t i, hora_dtype_t d, double v) {
   switch (d) {
     case HORA_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
     case HORA_INT8: ((int8_t *)p)[i] = (int8_t)v; break;
+    case HORA_INT16: ((int16_t *)p)[i] = (int16_t)v; break;
     case HORA_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
     case HORA_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
     case HORA_FLOAT16: ((uint16_t *)p)[i] = hora__f32_to_f16((float)v); break;
@@ -77,11 +79,12 @@ int main(int argc, char **argv) {
   for (int k = 0; k < ntensors; k++) {
     tensor_t *x = &t[k];
     snprintf(x->name, sizeof x->name, "grad/%d", k);
-    x->dtype = (hora_dtype_t)(rng(&seed) % HORA_DTYPE_COUNT);
+    /* Every dtype but bool (OR/AND, not arithmetic: tested in test_coll). */
+    x->dtype = (hora_dtype_t)(rng(&seed) % (HORA_DTYPE_COUNT - 1));
     /* log-uniform sizes 1 .. max_count, some empty */
     double u = (double)(rng(&seed) % 10000) / 10000.0;
     x->count = k % 97 == 0 ? 0 : (size_t)exp(u * log((double)max_count));
-    int is_float = x->dtype >= HORA_FLOAT16;
+    int is_float = x->dtype >= HORA_FLOAT16 && x->dtype <= HORA_FLOAT64;
     uint64_t o = rng(&seed) % 4;
     x->op = o == 0 ? HORA_MAX : o == 1 ? HORA_MIN : (o == 2 && is_float) ? HORA_AVERAGE : HORA_SUM;
     x->postscale = (is_float && rng(&seed) % 3 == 0) ? 0.5 : 1.0;

@@ -61,6 +61,8 @@ static void test_allreduce(void) {
         for (int inplace = 0; inplace < 2; inplace++) {
           size_t n = counts[ci], es = esize((hora_dtype_t)d);
           if (n > max_count) continue;
+          /* bool is OR/AND (tested on the host); NCCL has no int16 reduction. */
+          if (d == HORA_BOOL || d == HORA_INT16) continue;
           double pre = 1, post = 1;
           if (is_float((hora_dtype_t)d) && ci == 4) pre = 2.0, post = 0.5;
           for (size_t i = 0; i < n; i++) hora__elem_store(h_a, (hora_dtype_t)d, i, input((hora_dtype_t)d, (hora_op_t)op, rank, i));
@@ -84,6 +86,7 @@ static void test_reducescatter(void) {
       for (int ci = 0; ci < 5; ci++) {
         size_t n = counts[ci], es = esize((hora_dtype_t)d), total = n * (size_t)size;
         hora_op_t op = ops[oi];
+        if (d == HORA_BOOL || d == HORA_INT16) continue; /* as in test_allreduce */
         for (size_t i = 0; i < total; i++) hora__elem_store(h_a, (hora_dtype_t)d, i, input((hora_dtype_t)d, op, rank, i));
         to_dev(d_a, h_a, total * es);
         poison(d_b, n * es);

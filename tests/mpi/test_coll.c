@@ -20,9 +20,9 @@
 static hora_ctx_t *ctx;
 static int rank, size;
 
-static const hora_dtype_t dtypes[] = {HORA_UINT8, HORA_INT8, HORA_INT32, HORA_INT64,
-                                      HORA_FLOAT16, HORA_BFLOAT16, HORA_FLOAT32, HORA_FLOAT64};
-static const char *const dnames[] = {"u8", "i8", "i32", "i64", "f16", "bf16", "f32", "f64"};
+static const hora_dtype_t dtypes[] = {HORA_UINT8, HORA_INT8, HORA_INT32, HORA_INT64, HORA_FLOAT16,
+                                      HORA_BFLOAT16, HORA_FLOAT32, HORA_FLOAT64, HORA_INT16};
+static const char *const dnames[] = {"u8", "i8", "i32", "i64", "f16", "bf16", "f32", "f64", "i16"};
 static const char *const onames[] = {"sum", "avg", "min", "max", "prod"};
 
 #include "hora_test_values.h"
@@ -69,7 +69,7 @@ static void set_algo(const char *algo) {
 
 static void test_allreduce(const char *algo) {
   set_algo(algo);
-  for (int di = 0; di < 8; di++)
+  for (int di = 0; di < (int)(sizeof dtypes / sizeof dtypes[0]); di++)
     for (int op = 0; op < HORA_OP_COUNT; op++)
       for (int ci = 0; ci < 6; ci++)
         for (int inplace = 0; inplace < 2; inplace++)
@@ -103,7 +103,7 @@ static void test_allreduce(const char *algo) {
 }
 
 static void test_reducescatter(void) {
-  for (int di = 0; di < 8; di++)
+  for (int di = 0; di < (int)(sizeof dtypes / sizeof dtypes[0]); di++)
     for (int op = 0; op < HORA_OP_COUNT; op++)
       for (int ci = 0; ci < 6; ci++)
         for (int inplace = 0; inplace < 2; inplace++) {
@@ -142,7 +142,7 @@ static long diff(const char *got, size_t es, int r, size_t i0, size_t n) {
 }
 
 static void test_movers(void) {
-  for (int di = 0; di < 8; di++)
+  for (int di = 0; di < (int)(sizeof dtypes / sizeof dtypes[0]); di++)
     for (int ci = 0; ci < 6; ci++) {
       hora_dtype_t d = dtypes[di];
       size_t n = counts[ci], es = esize(d), S = (size_t)size;

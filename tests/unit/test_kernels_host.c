@@ -54,6 +54,16 @@ static void scalar_reduce(void *dst, const void *const *srcs, int nsrc, size_t n
     switch (d) {
       case HORA_UINT8: SCALAR_INT(uint8_t, uint8_t)
       case HORA_INT8: SCALAR_INT(int8_t, uint8_t)
+      case HORA_INT16: SCALAR_INT(int16_t, uint16_t)
+      case HORA_BOOL: { /* SUM/AVERAGE/MAX: logical OR; MIN/PRODUCT: logical AND */
+        int and_ = op == HORA_MIN || op == HORA_PRODUCT, acc = ((const uint8_t *)srcs[0])[i];
+        for (int s = 1; s < nsrc; s++) {
+          int v = ((const uint8_t *)srcs[s])[i];
+          acc = and_ ? (acc && v) : (acc || v);
+        }
+        ((uint8_t *)dst)[i] = (uint8_t)acc;
+        break;
+      }
       case HORA_INT32: SCALAR_INT(int32_t, uint32_t)
       case HORA_INT64: SCALAR_INT(int64_t, uint64_t)
       case HORA_FLOAT32: SCALAR_FLT(float)
@@ -147,8 +157,15 @@ static void test_scale(void) {
           fill(src, (hora_dtype_t)d, MAXN);
           const char *s = src + off * es;
           /* Integer factors that would overflow the type (undefined conversion) become 0.5. */
-          int is_int = d == HORA_UINT8 || d == HORA_INT8 || d == HORA_INT32 || d == HORA_INT64;
+          int is_int = d == HORA_UINT8 || d == HORA_INT8 || d == HORA_INT32 || d == HORA_INT64 ||
+                       d == HORA_INT16;
           double used = is_int && (f < -1 || f > 1) ? 0.5 : f;
+          if (d == HORA_BOOL) { /* only the exact copy of factor 1.0 is defined */
+            if (f != 1.0) {
+              EXPECT_RC(hora__scale_host(out, src, 1, HORA_BOOL, f, NULL), HORA_ERR_INVALID_ARGUMENT);
+              continue;
+            }
+          }
           if (d == HORA_UINT8 && used < 0) continue; /* negative scale of unsigned: out of range */
           for (size_t i = 0; i < n; i++) {
             if (used == 1.0) { /* factor 1.0 is defined as an exact copy */
@@ -158,6 +175,7 @@ static void test_scale(void) {
             switch (d) {
               case HORA_UINT8: ((uint8_t *)want)[i] = (uint8_t)(((const uint8_t *)s)[i] * used); break;
               case HORA_INT8: ((int8_t *)want)[i] = (int8_t)(((const int8_t *)s)[i] * used); break;
+              case HORA_INT16: ((int16_t *)want)[i] = (int16_t)(((const int16_t *)s)[i] * used); break;
               case HORA_INT32: ((int32_t *)want)[i] = (int32_t)(((const int32_t *)s)[i] * used); break;
               case HORA_INT64: ((int64_t *)want)[i] = (int64_t)((double)((const int64_t *)s)[i] * used); break;
               case HORA_FLOAT32: ((float *)want)[i] = ((const float *)s)[i] * (float)used; break;

@@ -19,6 +19,20 @@ int main(void) {
   EXPECT_RC(hora_dtype_size((hora_dtype_t)42, &s), HORA_ERR_INVALID_ARGUMENT);
   EXPECT(strstr(hora_last_error(), "unknown dtype 42") != NULL, "message: %s", hora_last_error());
 
+  int built = -1;
+  EXPECT_OK(hora_built("mpi", &built));
+  EXPECT(built == 1, "mpi built %d", built);
+  EXPECT_OK(hora_built("cuda", &built));
+  EXPECT(built == HORA_HAVE_CUDA, "cuda built %d, config.h says %d", built, HORA_HAVE_CUDA);
+  EXPECT_OK(hora_built("nccl", &built));
+  EXPECT(built == HORA_HAVE_NCCL, "nccl built %d, config.h says %d", built, HORA_HAVE_NCCL);
+  EXPECT_OK(hora_built("gloo", &built));
+  EXPECT(built == 0, "gloo built %d", built);
+  EXPECT_RC(hora_built("tpu", &built), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(hora_last_error(), "\"tpu\"") != NULL, "message: %s", hora_last_error());
+  EXPECT_RC(hora_built(NULL, &built), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT_RC(hora_built("mpi", NULL), HORA_ERR_INVALID_ARGUMENT);
+
   uint64_t b = 0;
   EXPECT_OK(hora__parse_bytes("128M", &b));
   EXPECT(b == 128ull << 20, "128M -> %llu", (unsigned long long)b);

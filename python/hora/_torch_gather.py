@@ -1,0 +1,414 @@
+"""hora.torch's allgather, broadcast, alltoall, reducescatter, barrier and join, with
+horovod.torch's (0.28) signatures (see _torch_ops.py for the handle and naming rules)."""
+import numpy as np
+import torch
+
+from . import _async
+from . import _buffers as B
+from ._core import Average, _root, _shape_key
+from ._core import rank as _rank
+from ._core import size as _size
+from ._errors import MismatchError, check, invalid
+from ._hora_cffi import ffi, lib
+from ._torch_ops import (TorchHandle, _Chain, _apply_post, _check_op, _check_set, _check_tensor,
+                         _compressor, _int_scaling, _INT_DTYPES, allreduce, global_process_set)
+
+
+def _engine_allgather(name, send, out):
+    """hora_allgather_async of a NumPy or torch buffer into `out` (size * count elements)."""
+    b = B.as_buf(send, "allgather")
+    o = B.as_buf(out, "allgather output", writable=True)
+    hp = ffi.new("hora_handle_t **")
+    check(lib.hora_allgather_async(_async._ctx(), name.encode(), b.ptr, o.ptr, b.count, b.dtype,
+                                   b.device, hp), "hora.torch.allgather")
+    return _async.Handle(hp[0], (b, o), out)
+
+
+def _meta(name, values):
+    """Start the allgather of a few int64 per rank under `<name>.meta`: result [size, k]."""
+    send = np.asarray(values, dtype=np.int64)
+    return _engine_allgather(f"{name}.meta", send, np.empty((_size(), send.size), np.int64))
+
+
+def _describe(t):
+    return [t.dim(), int(B.as_buf(t.detach(), "tensor").dtype), _shape_key(t.shape[1:]),
+            0 if t.device.type == "cpu" else 1]
+
+
+def _check_agree(meta, k, what, name):
+    """meta[:, :k] must be the same on every rank (ndim, dtype, trailing shape, device)."""
+    bad = [r for r in range(meta.shape[0]) if not (meta[r, :k] == meta[0, :k]).all()]
+    if bad:
+        rows = "; ".join(f"rank {r}: ndim {meta[r, 0]}, dtype "
+                         f"{B.DTYPE_NAMES.get(int(meta[r, 1]), meta[r, 1])}"
+                         for r in range(meta.shape[0]))
+        raise MismatchError(f"{what} {name!r}: ranks disagree on dtype, rank or trailing shape "
+                            f"({rows})", lib.HORA_ERR_MISMATCH)
+
+
+def _row(t):
+    row = 1
+    for s in t.shape[1:]:
+        row *= s
+    return row
+
+
+# ---- allgather ------------------------------------------------------------------------------
+def _allgather_part(h, tensor, name, kind):
+    _check_tensor(tensor, f"{kind}(tensor)")
+    if tensor.dim() == 0:
+        raise invalid(f"{kind}(tensor): a 0-d tensor has no first dimension to concatenate; "
+                      "pass tensor.reshape(1)")
+    nm = h._claim(name, "allgather")
+    src = tensor.detach()
+    row = _row(tensor)
+
+    def then(meta):
+        _check_agree(meta, 4, "allgather", nm)
+        firsts = [int(v) for v in meta[:, 4]]
+        out = torch.empty((sum(firsts),) + tuple(tensor.shape[1:]), dtype=tensor.dtype,
+                          device=tensor.device)
+        if all(f == firsts[0] for f in firsts):
+            return _engine_allgather(nm, src, out)
+        b = B.as_buf(src, "allgather")
+        o = B.as_buf(out, "allgather output", writable=True)
+        counts = ffi.new("size_t[]", [f * row for f in firsts])
+        hp = ffi.new("hora_handle_t **")
+        check(lib.hora_allgatherv_async(_async._ctx(), nm.encode(), b.ptr, b.count, o.ptr,
+                                        counts, b.dtype, b.device, hp), "hora.torch.allgather")
+        return _async.Handle(hp[0], (b, o, counts), out)
+
+    return _Chain(_meta(nm, _describe(tensor) + [tensor.shape[0]]), then)
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Start the concatenation along dim 0 of every rank's tensor (dim 0 may differ between
+    ranks; the other dims and the dtype must match, else MismatchError on every rank)."""
+    _check_set(process_set, "allgather_async")
+    h = TorchHandle(lambda outs: outs[0])
+    h._parts.append(_allgather_part(h, tensor, name, "allgather_async"))
+    return h
+
+
+class _AllgatherFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.dim = tensor.shape[0]
+        return allgather_async(tensor, name).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = allreduce(grad.contiguous(), op=Average)
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64))
+        off = int(dims[:_rank()].sum())
+        return g.narrow(0, off, ctx.dim), None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Every rank's tensor concatenated along dim 0 in rank order (differentiable)."""
+    _check_set(process_set, "allgather")
+    _check_tensor(tensor, "allgather(tensor)")
+    if torch.is_grad_enabled() and tensor.requires_grad:
+        return _AllgatherFn.apply(tensor, name)
+    return allgather_async(tensor, name).wait()
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Start the allgather of each tensor of a list (names `<name>.<index>`)."""
+    _check_set(process_set, "grouped_allgather_async")
+    tensors = list(tensors)
+    if not tensors:
+        raise invalid("grouped_allgather_async: the list of tensors is empty")
+    h = TorchHandle(lambda outs: list(outs))
+    base = h._claim(name, "grouped_allgather")
+    for i, t in enumerate(tensors):
+        h._parts.append(_allgather_part(h, t, f"{base}.{i}", "grouped_allgather_async"))
+    return h
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    return grouped_allgather_async(tensors, name, process_set).wait()
+
+
+# ---- broadcast ------------------------------------------------------------------------------
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Start an in-place broadcast of root_rank's tensor; synchronize returns `tensor`."""
+    _check_set(process_set, "broadcast_async_")
+    _check_tensor(tensor, "broadcast_async_(tensor)")
+    h = TorchHandle(lambda outs: tensor)
+    nm = h._claim(name, "broadcast")
+    h._parts.append(_async.broadcast_async_(tensor.detach(), _root(root_rank), name=nm))
+    return h
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Start a broadcast into a new tensor (root_rank's values)."""
+    _check_tensor(tensor, "broadcast_async(tensor)")
+    out = tensor.detach().clone(memory_format=torch.contiguous_format)
+    return broadcast_async_(out, root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    return broadcast_async_(tensor, root_rank, name, process_set).wait()
+
+
+class _BroadcastFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root = root_rank
+        return broadcast_async(tensor, root_rank, name).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = allreduce(grad.contiguous(), op=Average)
+        if _rank() != ctx.root:
+            g = torch.zeros_like(g)
+        return g, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """root_rank's tensor, as a new tensor on every rank (differentiable)."""
+    _check_set(process_set, "broadcast")
+    _check_tensor(tensor, "broadcast(tensor)")
+    if torch.is_grad_enabled() and tensor.requires_grad:
+        return _BroadcastFn.apply(tensor, _root(root_rank), name)
+    return broadcast_async(tensor, root_rank, name).wait()
+
+
+# ---- alltoall -------------------------------------------------------------------------------
+def _splits_of(splits, n, rows, kind):
+    if splits is None:  # Horovod: an even split, the first rows % n ranks get one more
+        return [rows // n + (1 if p < rows % n else 0) for p in range(n)]
+    if isinstance(splits, torch.Tensor):
+        splits = splits.tolist()
+    try:
+        sp = [int(v) for v in np.asarray(splits).reshape(-1)]
+    except (TypeError, ValueError):
+        raise invalid(f"{kind}(splits={splits!r}): expected {n} ints") from None
+    if len(sp) != n or any(v < 0 for v in sp) or sum(sp) != rows:
+        raise invalid(f"{kind}(splits={sp}): need {n} non-negative ints (one per rank) summing "
+                      f"to the first dimension {rows}")
+    return sp
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Start an alltoall: splits[p] rows of dim 0 go to rank p (splits None: an even split).
+    synchronize(handle) returns (output, received_splits), received_splits an int32 tensor."""
+    _check_set(process_set, "alltoall_async")
+    _check_tensor(tensor, "alltoall_async(tensor)")
+    if tensor.dim() == 0:
+        raise invalid("alltoall_async(tensor): a 0-d tensor cannot be split across ranks")
+    n, me = _size(), _rank()
+    sp = _splits_of(splits, n, tensor.shape[0], "alltoall_async")
+    h = TorchHandle(lambda outs: outs[0])
+    nm = h._claim(name, "alltoall")
+    src = tensor.detach()
+    row, trail = _row(tensor), tuple(tensor.shape[1:])
+
+    def then(meta):
+        _check_agree(meta, 4, "alltoall", nm)
+        S = meta[:, 4:]  # S[p][q]: rows rank p sends to rank q
+        recv = [int(S[p, me]) for p in range(n)]
+        m = int(S.max())
+        rsplits = torch.tensor(recv, dtype=torch.int32)
+        if (S == m).all():
+            send = src
+            buf = torch.empty((n * m,) + trail, dtype=src.dtype, device=src.device)
+        else:  # pad every block to m rows: one equal-block alltoall through the engine
+            send = torch.zeros((n * m,) + trail, dtype=src.dtype, device=src.device)
+            off = 0
+            for p in range(n):
+                send[p * m:p * m + sp[p]] = src[off:off + sp[p]]
+                off += sp[p]
+            buf = torch.empty_like(send)
+        b = B.as_buf(send, "alltoall")
+        o = B.as_buf(buf, "alltoall output", writable=True)
+        hp = ffi.new("hora_handle_t **")
+        check(lib.hora_alltoall_async(_async._ctx(), nm.encode(), b.ptr, o.ptr, m * row,
+                                      b.dtype, b.device, hp), "hora.torch.alltoall")
+        if send is src:
+            result = (buf, rsplits)
+        else:
+            result = _Unpad(buf, recv, m)
+        return _async.Handle(hp[0], (b, o, send), result)
+
+    h._parts.append(_Chain(_meta(nm, _describe(tensor) + sp), then))
+    h._finish = lambda outs: outs[0].get() if isinstance(outs[0], _Unpad) else outs[0]
+    return h
+
+
+class _Unpad:
+    def __init__(self, buf, recv, m):
+        self.buf, self.recv, self.m = buf, recv, m
+
+    def get(self):
+        parts = [self.buf[p * self.m:p * self.m + r] for p, r in enumerate(self.recv)]
+        return torch.cat(parts), torch.tensor(self.recv, dtype=torch.int32)
+
+
+class _AlltoallFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        out, rsplits = alltoall_async(tensor, splits, name).wait()
+        ctx.rsplits = rsplits
+        ctx.mark_non_differentiable(rsplits)
+        return out, rsplits
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        g, _ = alltoall(grad.contiguous(), splits=ctx.rsplits)
+        return g, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Scatter blocks of rows to every rank and gather theirs. Returns the output tensor, or with
+    `splits` given, (output, received_splits) as Horovod does (differentiable)."""
+    _check_set(process_set, "alltoall")
+    _check_tensor(tensor, "alltoall(tensor)")
+    if torch.is_grad_enabled() and tensor.requires_grad:
+        out, rsplits = _AlltoallFn.apply(tensor, splits, name)
+    else:
+        out, rsplits = alltoall_async(tensor, splits, name).wait()
+    return out if splits is None else (out, rsplits)
+
+
+# ---- reducescatter --------------------------------------------------------------------------
+def _reducescatter_part(h, tensor, name, op, pre, post, kind):
+    _check_tensor(tensor, f"{kind}(tensor)")
+    if tensor.dim() == 0:
+        raise invalid(f"{kind}(tensor): a 0-d tensor cannot be split across ranks")
+    op = _check_op(op, kind)
+    pre, post = float(pre), float(post)
+    nm = h._claim(name, "reducescatter")
+    n, me = _size(), _rank()
+    rows = tensor.shape[0]
+    sizes = [rows // n + (1 if p < rows % n else 0) for p in range(n)]
+    m = sizes[0]
+    trail = tuple(tensor.shape[1:])
+    with torch.no_grad():
+        if rows % n == 0:
+            send = tensor.detach()
+        else:  # pad every rank's block to m rows; the padding is dropped from the result
+            send = torch.zeros((n * m,) + trail, dtype=tensor.dtype, device=tensor.device)
+            off = 0
+            for p in range(n):
+                send[p * m:p * m + sizes[p]] = tensor[off:off + sizes[p]]
+                off += sizes[p]
+        ipost = None
+        if tensor.dtype in _INT_DTYPES:
+            if op == Average or pre != 1.0 or post != 1.0:
+                if rows % n == 0:
+                    send = send.clone()  # scaled in place below: never the caller's tensor
+                op, ipost = _int_scaling(send, op, pre, post)
+        else:
+            if pre != 1.0:
+                send = send * pre
+            ipost = post if post != 1.0 else None
+    out = torch.empty((m,) + trail, dtype=tensor.dtype, device=tensor.device)
+    b = B.as_buf(send, kind)
+    o = B.as_buf(out, f"{kind} output", writable=True)
+    hp = ffi.new("hora_handle_t **")
+    check(lib.hora_reducescatter_async(_async._ctx(), nm.encode(), b.ptr, o.ptr, m * _row(tensor),
+                                       b.dtype, op, b.device, hp), f"hora.torch.{kind}")
+    is_int = tensor.dtype in _INT_DTYPES
+
+    def finish(res):
+        res = res[:sizes[me]]
+        if ipost is None:
+            return res
+        if is_int:
+            return _apply_post(res, ipost)
+        return res.mul_(ipost)
+    return _async.Handle(hp[0], (b, o, send), out), finish
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Start a reduce-scatter: rank r gets its block of rows of the reduction (the first
+    rows % size ranks get one row more, as in Horovod)."""
+    _check_set(process_set, "reducescatter_async")
+    h = TorchHandle()
+    part, fin = _reducescatter_part(h, tensor, name, op, prescale_factor, postscale_factor,
+                                    "reducescatter_async")
+    h._parts.append(part)
+    h._finish = lambda outs: fin(outs[0])
+    return h
+
+
+class _ReducescatterFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, pre, post):
+        ctx.args = (op, pre * post)
+        return reducescatter_async(tensor, name, op, global_process_set, pre, post).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, scale = ctx.args
+        g = allgather(grad.contiguous())
+        if op == Average:
+            g = g / _size()
+        if scale != 1.0:
+            g = g * scale
+        return g, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=None, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """This rank's block of rows of the reduction over ranks (differentiable)."""
+    _check_set(process_set, "reducescatter")
+    _check_tensor(tensor, "reducescatter(tensor)")
+    comp = _compressor(compression)
+    t, cctx = comp.compress(tensor)
+    t = t.contiguous()
+    if torch.is_grad_enabled() and t.requires_grad:
+        out = _ReducescatterFn.apply(t, name, op, float(prescale_factor),
+                                     float(postscale_factor))
+    else:
+        out = reducescatter_async(t, name, op, process_set, prescale_factor,
+                                  postscale_factor).wait()
+    return comp.decompress(out, cctx)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    """Start the reduce-scatter of each tensor of a list (names `<name>.<index>`)."""
+    _check_set(process_set, "grouped_reducescatter_async")
+    tensors = list(tensors)
+    if not tensors:
+        raise invalid("grouped_reducescatter_async: the list of tensors is empty")
+    h = TorchHandle()
+    base = h._claim(name, "grouped_reducescatter")
+    fins = []
+    for i, t in enumerate(tensors):
+        part, fin = _reducescatter_part(h, t, f"{base}.{i}", op, prescale_factor,
+                                        postscale_factor, "grouped_reducescatter_async")
+        h._parts.append(part)
+        fins.append(fin)
+    h._finish = lambda outs: [f(o) for f, o in zip(fins, outs)]
+    return h
+
+
+def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    comp = _compressor(compression)
+    pairs = [comp.compress(t) for t in tensors]
+    outs = grouped_reducescatter_async([p[0].contiguous() for p in pairs], name, op, process_set,
+                                       prescale_factor, postscale_factor).wait()
+    return [comp.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+# ---- barrier, join --------------------------------------------------------------------------
+def barrier(process_set=global_process_set):
+    """Return once every rank has entered barrier()."""
+    _check_set(process_set, "barrier")
+    check(lib.hora_barrier(_async._ctx()), "hora.torch.barrier")
+
+
+def join(device=-1):
+    """A rank out of data calls join(); the other ranks' allreduces proceed with zeros from it.
+    Returns the rank that joined last, once all have. `device` is accepted as in Horovod (hora
+    makes the zeros itself)."""
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise invalid(f"join(device={device!r}): device must be an int")
+    return _async.join()

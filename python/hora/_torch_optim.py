@@ -1,0 +1,373 @@
+"""hora.torch's DistributedOptimizer, broadcast_parameters, broadcast_optimizer_state,
+broadcast_object and allgather_object, with horovod.torch's (0.28) signatures and behaviour."""
+import contextlib
+import io
+import pickle
+import warnings
+
+import numpy as np
+import torch
+
+from ._compression import Compression
+from ._core import Average, rank, size
+from ._errors import invalid
+from ._torch_gather import allgather, allgather_async, broadcast_, broadcast_async_
+from ._torch_ops import (_check_op, _check_set, allreduce_async_, global_process_set,
+                         grouped_allreduce_async_, synchronize)
+
+
+def _named_items(params, what):
+    if isinstance(params, dict):
+        return sorted(((str(k), v) for k, v in params.items()), key=lambda kv: kv[0])
+    try:
+        items = list(params)
+    except TypeError:
+        raise invalid(f"{what}: invalid params of type {type(params).__name__} (a state_dict, "
+                      "named_parameters() or a list of tensors)") from None
+    # named_parameters() pairs, or plain tensors (named by position, as Horovod does).
+    return [(str(it[0]), it[1]) if isinstance(it, tuple) and len(it) == 2 else (f"param.{i}", it)
+            for i, it in enumerate(items)]
+
+
+def broadcast_parameters(params, root_rank=0):
+    """Copy root_rank's tensors into every rank's, in place: model.state_dict() (matched by
+    sorted name), model.named_parameters(), or a list of tensors (matched by position).
+    Collective."""
+    items = _named_items(params, "broadcast_parameters")
+    handles = []
+    with torch.no_grad():
+        for name, t in items:
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor):
+                raise invalid(f"broadcast_parameters: {name!r} is a {type(t).__name__}, not a "
+                              "tensor")
+            buf = t.detach() if t.is_contiguous() else t.detach().contiguous()
+            handles.append((t, buf, broadcast_async_(buf, root_rank,
+                                                     name=f"broadcast_parameters.{name}")))
+        for t, buf, h in handles:
+            synchronize(h)
+            if buf.data_ptr() != t.data_ptr():
+                t.copy_(buf)
+
+
+def _dumps(obj):
+    f = io.BytesIO()
+    torch.save(obj, f, pickle_protocol=pickle.HIGHEST_PROTOCOL)
+    return torch.from_numpy(np.frombuffer(f.getbuffer(), dtype=np.uint8).copy())
+
+
+def _loads(t):
+    return torch.load(io.BytesIO(t.numpy().tobytes()), weights_only=False)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """root_rank's Python object on every rank (pickled; tensors inside by torch). Collective."""
+    _check_set(process_set, "broadcast_object")
+    # Horovod's default name is type(obj).__name__, which differs between a root passing an
+    # object and ranks passing None (the usual call) and then never matches: one fixed name.
+    name = "broadcast_object" if name is None else name
+    if rank() == root_rank:
+        payload = _dumps(obj)
+        n = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        payload, n = None, torch.zeros(1, dtype=torch.int64)
+    broadcast_(n, root_rank, name=f"{name}.sz")
+    if payload is None:
+        payload = torch.empty(int(n[0]), dtype=torch.uint8)
+    broadcast_(payload, root_rank, name=f"{name}.t")
+    return obj if rank() == root_rank else _loads(payload)
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """The list, in rank order, of every rank's Python object (pickled). Collective."""
+    _check_set(process_set, "allgather_object")
+    name = "allgather_object" if name is None else name
+    payload = _dumps(obj)
+    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=f"{name}.sz")
+    data = allgather(payload, name=f"{name}.t")
+    out, off = [], 0
+    for s in sizes.tolist():
+        out.append(_loads(data[off:off + s]))
+        off += s
+    return out
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0, model=None):
+    """Make every rank's optimizer state (step counts, momentum buffers, learning rates, ...)
+    root_rank's, in place. An optimizer without state yet (never stepped) first gets it as
+    Horovod does: every parameter that requires grad gets a zero .grad and the wrapped
+    optimizer steps once. Collective."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    state_dict = optimizer.state_dict()
+    if len(state_dict["state"]) == 0:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+                    if isinstance(optimizer, torch.optim.SparseAdam):
+                        p.grad = p.grad.to_sparse()
+        if hasattr(optimizer, "_hora_names"):  # a DistributedOptimizer
+            # The wrapped class's step: a distributed step would wait for every rank's grads.
+            super(optimizer.__class__, optimizer).step()
+        else:
+            optimizer.step()
+        state_dict = optimizer.state_dict()
+    # Root's structure decides: a rank whose state differs in shape gets root's state whole.
+    tensors, scalars = [], {}
+    for pid in sorted(state_dict["state"]):
+        for key in sorted(state_dict["state"][pid]):
+            v = state_dict["state"][pid][key]
+            if torch.is_tensor(v):
+                tensors.append((f"{pid}.{key}", v))
+            else:
+                scalars[(pid, key)] = v
+    layout = [(n, tuple(v.shape), str(v.dtype)) for n, v in tensors]
+    same = broadcast_object(layout, root_rank, name="broadcast_optimizer_state.layout")
+    ok = torch.tensor([1 if same == layout else 0], dtype=torch.int32)
+    from ._torch_ops import allreduce
+    from ._core import Min
+    if int(allreduce(ok, op=Min, name="broadcast_optimizer_state.agree")[0]) == 0:
+        state = broadcast_object(optimizer.state_dict() if rank() == root_rank else None,
+                                 root_rank, name="broadcast_optimizer_state.whole")
+        if rank() != root_rank:
+            optimizer.load_state_dict(state)
+        return
+    broadcast_parameters([(f"state.{n}", t) for n, t in tensors], root_rank)
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    groups, scalars = broadcast_object((groups, scalars), root_rank,
+                                       name="broadcast_optimizer_state.scalars")
+    for g, opts in zip(optimizer.param_groups, groups):
+        g.update(opts)
+    if scalars:
+        for (pid, key), v in scalars.items():
+            state_dict["state"][pid][key] = v
+        optimizer.load_state_dict(state_dict)
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """The methods mixed into the user's optimizer class by DistributedOptimizer()."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor, groups, sparse_as_dense, process_set):
+        super(self.__class__, self).__init__(params)
+        all_params = [p for g in self.param_groups for p in g["params"]]
+        names = _param_names(all_params, named_parameters)
+        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+            raise ValueError("DistributedOptimizer: backward_passes_per_step must be an int >= 1")
+        self._hora_op = _check_op(op, "DistributedOptimizer")
+        if gradient_predivide_factor != 1.0 and self._hora_op != Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        _check_set(process_set, "DistributedOptimizer")
+        self._hora_names = {p: "grad." + names[id(p)] for p in all_params}
+        self._hora_compression = compression
+        self._hora_passes = backward_passes_per_step
+        self._hora_pre = 1.0 / gradient_predivide_factor
+        self._hora_post = float(gradient_predivide_factor)
+        self._hora_sparse_as_dense = bool(sparse_as_dense)
+        self._hora_group_of, self._hora_groups = _param_groups(all_params, groups)
+        self._hora_delay = {p: backward_passes_per_step for p in all_params}
+        self._hora_ready = {}  # group index -> parameters whose gradient is ready
+        self._hora_handles = {}  # parameter -> (handle, finish) or group index -> ...
+        self._hora_synced = False
+        self._hora_skip = False
+        self._hora_hooks = [p.register_post_accumulate_grad_hook(self._hora_hook)
+                            for p in all_params if p.requires_grad]
+
+    def _hora_hook(self, p):
+        # Runs inside backward, right after p.grad has been accumulated.
+        if self._hora_delay[p] <= 0:
+            raise AssertionError("Gradients were computed more than backward_passes_per_step "
+                                 "times before call to step(). Increase "
+                                 "backward_passes_per_step to accumulate gradients locally.")
+        self._hora_delay[p] -= 1
+        if self._hora_delay[p] == 0:
+            self._hora_mark_ready(p)
+
+    def _hora_mark_ready(self, p):
+        gi = self._hora_group_of.get(p)
+        if gi is None:
+            self._hora_handles[p] = self._hora_start([p], self._hora_names[p])
+            return
+        ready = self._hora_ready.setdefault(gi, set())
+        ready.add(p)
+        if len(ready) == len(self._hora_groups[gi]):
+            self._hora_handles[gi] = self._hora_start(self._hora_groups[gi], f"grad.group.{gi}")
+
+    def _hora_start(self, params, name):
+        """Submit the allreduce of the gradients of params; returns a function that waits and
+        writes the result into p.grad."""
+        dense, sparse = [], []
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            if p.grad.is_sparse:
+                if self._hora_sparse_as_dense:
+                    p.grad = p.grad.to_dense()
+                else:
+                    sparse.append(p)
+                    continue
+            if not p.grad.is_contiguous():
+                p.grad = p.grad.contiguous()
+            dense.append(p)
+        waits = [self._hora_sparse(p) for p in sparse]
+        if dense:
+            comp = [self._hora_compression.compress(p.grad.detach()) for p in dense]
+            bufs = [c[0].contiguous() for c in comp]
+            kw = dict(op=self._hora_op, prescale_factor=self._hora_pre,
+                      postscale_factor=self._hora_post)
+            if len(dense) == 1:
+                h = allreduce_async_(bufs[0], name=name if len(params) == 1 else f"{name}.d",
+                                     **kw)
+            else:
+                h = grouped_allreduce_async_(bufs, name=name, **kw)
+
+            def finish():
+                synchronize(h)
+                for p, b, (_, ctx) in zip(dense, bufs, comp):
+                    if b.data_ptr() != p.grad.data_ptr():
+                        p.grad.copy_(self._hora_compression.decompress(b, ctx))
+            waits.append(finish)
+        return waits
+
+    def _hora_sparse(self, p):
+        g = p.grad.coalesce()
+        name = self._hora_names[p]
+        hi = allgather_async(g.indices().t().contiguous(), name=f"{name}.indices")
+        hv = allgather_async(g.values().contiguous(), name=f"{name}.values")
+
+        def finish():
+            values, indices = synchronize(hv), synchronize(hi)
+            if self._hora_op == Average:
+                values = values / size()
+            p.grad = torch.sparse_coo_tensor(indices.t(), values, g.shape)
+        return finish
+
+    def synchronize(self):
+        """Wait until every gradient's allreduce is done. Parameters whose gradient was not
+        computed on this rank this step contribute zeros, so that every rank submits the same
+        names (as in Horovod)."""
+        for p in self._hora_names:
+            if p.requires_grad and self._hora_delay[p] > 0 and \
+                    p not in self._hora_handles and \
+                    not (self._hora_group_of.get(p) in self._hora_handles):
+                self._hora_delay[p] = 0
+                self._hora_mark_ready(p)
+        handles, self._hora_handles = self._hora_handles, {}
+        self._hora_ready = {}
+        try:
+            for waits in handles.values():
+                for w in waits:
+                    w()
+        finally:
+            for p in self._hora_delay:
+                self._hora_delay[p] = self._hora_passes
+        self._hora_synced = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside this block does not synchronize (call synchronize() yourself first,
+        for example to clip the averaged gradients)."""
+        self._hora_skip = True
+        try:
+            yield
+        finally:
+            self._hora_skip = False
+
+    def step(self, closure=None):
+        if not self._hora_skip:
+            if self._hora_synced:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.")
+            self.synchronize()
+        self._hora_synced = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        if self._hora_handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(). This is "
+                                 "prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+
+def _param_names(all_params, named_parameters):
+    if named_parameters is None:
+        # Names by position: every rank builds the same model, so positions match.
+        return {id(p): f"allreduce.noname.{i}" for i, p in enumerate(all_params)}
+    named = list(named_parameters)
+    if any(not isinstance(n, str) for n, _ in named):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    names = {id(p): n for n, p in named}
+    if len(set(n for n, _ in named)) != len(named):
+        dups = sorted({n for n, _ in named if [m for m, _ in named].count(n) > 1})
+        raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: "
+                         f"{', '.join(dups)}")
+    missing = [i for i, p in enumerate(all_params) if id(p) not in names]
+    if missing:
+        raise ValueError(f"named_parameters was specified, but one or more model parameters "
+                         f"were not named ({len(missing)} of them). Python object ids: "
+                         f"{', '.join(str(id(all_params[i])) for i in missing)}")
+    return names
+
+
+def _param_groups(all_params, groups):
+    """Horovod's `groups`: an int n >= 0 (n contiguous groups of the parameters, 0: none) or a
+    list of lists of parameters (others stay alone). Returns ({param: group index}, groups)."""
+    if groups is None or groups == 0:
+        return {}, []
+    trainable = [p for p in all_params if p.requires_grad]
+    if isinstance(groups, int) and not isinstance(groups, bool):
+        if groups < 0:
+            raise ValueError("groups should be a non-negative integer or a list of list of "
+                             "torch.Tensor.")
+        parts = [list(a) for a in np.array_split(np.arange(len(trainable)), groups) if len(a)]
+        gl = [[trainable[i] for i in part] for part in parts]
+    elif isinstance(groups, list) and all(isinstance(g, (list, tuple)) and
+                                          all(isinstance(t, torch.Tensor) for t in g)
+                                          for g in groups):
+        gl = [list(g) for g in groups if len(g)]
+    else:
+        raise ValueError("groups should be a non-negative integer or a list of list of "
+                         "torch.Tensor.")
+    group_of = {}
+    for i, g in enumerate(gl):
+        for p in g:
+            if p in group_of:
+                raise ValueError("groups: a parameter appears in more than one group")
+            group_of[p] = i
+    return group_of, gl
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
+    """Wrap a torch.optim optimizer so that gradients are averaged (op) across ranks.
+
+    During backward a hook on each parameter starts the asynchronous allreduce of its gradient
+    once it has been accumulated backward_passes_per_step times (the engine fuses small ones);
+    step() waits for all of them (synchronize()) and applies the wrapped optimizer's update. The
+    returned object is an instance of a subclass of the optimizer's class; the wrapped
+    optimizer's state is not carried over, as in Horovod.
+
+    compression: Compression.none/fp16/bf16. gradient_predivide_factor f: gradients are scaled
+    by 1/f before the sum and by f/size after it (op Average only). num_groups (deprecated) /
+    groups: an int n (n groups, each one grouped allreduce) or a list of lists of parameters.
+    sparse_as_dense: sparse gradients become dense before the allreduce (else they are
+    allgathered). process_set: the global one only.
+    """
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
+                      "in v0.23.0.", DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               op, gradient_predivide_factor, groups, sparse_as_dense, process_set)
