@@ -18,6 +18,18 @@
 
 #include "launch.h"
 
+/* The units [*lo, *hi) of rank j of m ranks sharing n units: [j*n/m, (j+1)*n/m), or unit j%n
+ * when n < m (ranks then share units). */
+static void unit_slice(int j, int n, int m, int *lo, int *hi) {
+  if (n >= m) {
+    *lo = (int)((long)j * n / m);
+    *hi = (int)((long)(j + 1) * n / m);
+  } else {
+    *lo = j % n;
+    *hi = *lo + 1;
+  }
+}
+
 #if HORA_HAVE_HWLOC
 #include <hwloc.h>
 
@@ -264,14 +276,8 @@ int launch_place_cpus(launch_place_t *p, int group, int index, int local_rank, c
       launch_error("no cores in the CPU set of local rank %d", local_rank);
       goto done;
     }
-    int n = g->nunits, m = g->count, lo, hi;
-    if (n >= m) {
-      lo = (int)((long)index * n / m);
-      hi = (int)((long)(index + 1) * n / m);
-    } else {
-      lo = index % n;
-      hi = lo + 1;
-    }
+    int lo, hi;
+    unit_slice(index, g->nunits, g->count, &lo, &hi);
     for (int i = lo; i < hi; i++) hwloc_bitmap_or(res, res, g->units[i]->cpuset);
     hwloc_bitmap_and(res, res, g->set);
   }
@@ -361,15 +367,7 @@ int launch_place_add(launch_place_t *p, int local_rank, const char *bus_id, int 
 int launch_place_cpus(launch_place_t *p, int group, int index, int local_rank, char *out, size_t outlen) {
   (void)group;
   int n = p->n, m = p->count, lo = 0, hi = n;
-  if (p->bind != LAUNCH_BIND_NONE) {
-    if (n >= m) {
-      lo = (int)((long)index * n / m);
-      hi = (int)((long)(index + 1) * n / m);
-    } else {
-      lo = index % n;
-      hi = lo + 1;
-    }
-  }
+  if (p->bind != LAUNCH_BIND_NONE) unit_slice(index, n, m, &lo, &hi);
   size_t len = 0;
   out[0] = 0;
   for (int k = lo; k < hi; k++) {

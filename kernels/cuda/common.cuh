@@ -63,15 +63,6 @@ static inline hora_result_t check_call(cudaError_t e, const char *what, const ch
 
 static inline cudaStream_t as_stream(void *s) { return (cudaStream_t)s; }
 
-static inline size_t dtype_bytes(hora_dtype_t d) {
-  switch (d) {
-    case HORA_UINT8: case HORA_INT8: case HORA_BOOL: return 1;
-    case HORA_INT16: case HORA_FLOAT16: case HORA_BFLOAT16: return 2;
-    case HORA_INT32: case HORA_FLOAT32: return 4;
-    case HORA_INT64: case HORA_FLOAT64: return 8;
-  }
-  return 0;
-}
 
 /* ---- element access: every dtype is loaded into a compute type and stored back ---- */
 /* 16-bit floats are carried as raw bits (uint16_t) in memory and as float in registers. */

@@ -125,7 +125,7 @@ extern "C" hora_result_t hora__reduce_n_cuda(void *dst, const void *const *srcs,
   cudaStream_t st = as_stream(stream);
   if (nsrc == 1) {
     if (dst == srcs[0]) return HORA_SUCCESS;
-    return HORA_CUDA_CALL(cudaMemcpyAsync(dst, srcs[0], count * dtype_bytes(dtype), cudaMemcpyDefault, st));
+    return HORA_CUDA_CALL(cudaMemcpyAsync(dst, srcs[0], count * hora__kdtype_size(dtype), cudaMemcpyDefault, st));
   }
   /* First launch: up to kMaxSrc sources; later launches fold dst with the next kMaxSrc-1. */
   Srcs<kMaxSrc> s;

@@ -56,7 +56,7 @@ extern "C" hora_result_t hora__scale_cuda(void *dst, const void *src, size_t cou
   const char *what = "hora__scale_cuda";
   if (factor == 1.0) {
     if (dst == src) return HORA_SUCCESS;
-    return HORA_CUDA_CALL(cudaMemcpyAsync(dst, src, count * dtype_bytes(dtype), cudaMemcpyDefault, st));
+    return HORA_CUDA_CALL(cudaMemcpyAsync(dst, src, count * hora__kdtype_size(dtype), cudaMemcpyDefault, st));
   }
   switch (dtype) {
     case HORA_UINT8: return map((uint8_t *)dst, (const uint8_t *)src, count, ScaleInt<uint8_t>{factor}, st, what);

@@ -26,6 +26,13 @@
 #include "ckpt/ckpt.h"
 #include "hora.h"
 
+
+/* free() of each pointer of a list (the result arrays of the run, released on every exit). */
+static void free_list(void *const *p, size_t n) {
+  for (size_t i = 0; i < n; i++) free(p[i]);
+}
+#define FREE_ALL(...) free_list((void *const[]){__VA_ARGS__}, sizeof((void *[]){__VA_ARGS__}) / sizeof(void *))
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -199,15 +206,7 @@ int hora_bench_ckpt(int argc, char **argv) {
   if (rank != 0) {
     hora_ckpt_close(ck);
     hora_finalize(ctx);
-    free(bufs);
-    free(bytes);
-    free(t);
-    free(names);
-    free(stall);
-    free(syncw);
-    free(wr);
-    free(cop);
-    free(cp);
+    FREE_ALL(bufs, bytes, t, names, stall, syncw, wr, cop, cp);
     return 0;
   }
   double s_ms = median(stall, (int)reps) * 1e3, w_ms = median(syncw, (int)reps) * 1e3;
@@ -249,14 +248,6 @@ int hora_bench_ckpt(int argc, char **argv) {
     if (system(cmd) != 0) fprintf(stderr, "hora-bench ckpt: could not remove %s\n", base);
   }
   for (long i = 0; i < k; i++) free(bufs[i]);
-  free(bufs);
-  free(bytes);
-  free(t);
-  free(names);
-  free(stall);
-  free(syncw);
-  free(wr);
-  free(cop);
-  free(cp);
+  FREE_ALL(bufs, bytes, t, names, stall, syncw, wr, cop, cp);
   return 0;
 }
