@@ -355,31 +355,9 @@ hora_result_t hora__staged_broadcast(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, 
   return HORA_SUCCESS;
 }
 
-/* The host legs below use MPI directly on ctx's communicators, never the public calls: the async
- * engine runs the hooks on a private context of its own that the public API does not accept.
- * Byte datatypes from hora__mpi_bytes_type carry any size. */
-
-/* Pairwise exchange, step s pairs rank+s and rank-s (as algo/coll.c does for alltoallv). */
-static hora_result_t exchange(hora_ctx_t *ctx, char *const *sp, const size_t *sb, char *const *rp, const size_t *rb) {
-  int n = ctx->size, r = ctx->rank;
-  for (int s = 1; s < n; s++) {
-    int to = (r + s) % n, from = (r - s + n) % n;
-    MPI_Datatype st, rt;
-    int sown = 0, rown = 0;
-    HORA_CHECK(hora__mpi_bytes_type(sb[to], &st, &sown));
-    hora_result_t hr = hora__mpi_bytes_type(rb[from], &rt, &rown);
-    if (hr != HORA_SUCCESS) {
-      if (sown) MPI_Type_free(&st);
-      return hr;
-    }
-    int rc = MPI_Sendrecv(sp[to], sb[to] ? 1 : 0, st, to, 78, rp[from], rb[from] ? 1 : 0, rt, from, 78, ctx->world,
-                          MPI_STATUS_IGNORE);
-    if (sown) MPI_Type_free(&st);
-    if (rown) MPI_Type_free(&rt);
-    if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Sendrecv (staged)", __FILE__, __LINE__);
-  }
-  return HORA_SUCCESS;
-}
+/* The host legs below are the algorithm layer's host bodies (algo/coll.h) on ctx, never the
+ * public calls: the async engine runs the hooks on a private context of its own that the public
+ * API does not accept. */
 
 hora_result_t hora__staged_allgatherv(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf, size_t sendcount,
                                       void *recvbuf, const size_t *recvcounts, hora_dtype_t dtype) {
@@ -391,12 +369,7 @@ hora_result_t hora__staged_allgatherv(hora_ctx_t *ctx, hora_gpu_t *g, const void
   HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, total * es));
   char *h = g->h_whole;
   HORA_CHECK(d2h(ctx, g, h + mine * es, sendbuf, sendcount * es));
-  /* Every rank's block, broadcast from its owner: any count, no int displacements. */
-  size_t off = 0;
-  for (int r = 0; r < ctx->size; r++) {
-    HORA_CHECK(hora__broadcast_host(ctx, h + off * es, recvcounts[r] * es, r));
-    off += recvcounts[r];
-  }
+  HORA_CHECK(hora__allgatherv_host(ctx, h + mine * es, h, recvcounts, es));
   return h2d(ctx, g, recvbuf, h, total * es);
 }
 
@@ -406,14 +379,7 @@ hora_result_t hora__staged_allgather(hora_ctx_t *ctx, hora_gpu_t *g, const void 
   HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, total));
   char *h = g->h_whole, *mine = h + (size_t)ctx->rank * bytes;
   HORA_CHECK(d2h(ctx, g, mine, sendbuf, bytes));
-  if (ctx->size > 1 && bytes) {
-    MPI_Datatype t;
-    int owned;
-    HORA_CHECK(hora__mpi_bytes_type(bytes, &t, &owned));
-    int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, 1, t, ctx->world);
-    if (owned) MPI_Type_free(&t);
-    if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Allgather (staged)", __FILE__, __LINE__);
-  }
+  HORA_CHECK(hora__allgather_host(ctx, mine, h, bytes));
   return h2d(ctx, g, recvbuf, h, total);
 }
 
@@ -438,30 +404,7 @@ hora_result_t hora__staged_alltoallv(hora_ctx_t *ctx, hora_gpu_t *g, const void 
   HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, (stot + rtot) * es));
   char *hs = g->h_whole, *hr = hs + stot * es;
   HORA_CHECK(d2h(ctx, g, hs, sendbuf, stot * es));
-  int n = ctx->size;
-  char **sp = calloc((size_t)n, sizeof *sp), **rp = calloc((size_t)n, sizeof *rp);
-  size_t *sb = calloc((size_t)n, sizeof *sb), *rb = calloc((size_t)n, sizeof *rb);
-  hora_result_t rc = HORA_SUCCESS;
-  if (!sp || !rp || !sb || !rb) {
-    rc = HORA_ERR(HORA_ERR_NO_MEMORY, "staged alltoallv: out of memory");
-  } else {
-    size_t so = 0, ro = 0;
-    for (int i = 0; i < n; i++) {
-      sp[i] = hs + so * es;
-      sb[i] = sendcounts[i] * es;
-      rp[i] = hr + ro * es;
-      rb[i] = recvcounts[i] * es;
-      so += sendcounts[i];
-      ro += recvcounts[i];
-    }
-    if (sb[ctx->rank]) memcpy(rp[ctx->rank], sp[ctx->rank], sb[ctx->rank]);
-    rc = exchange(ctx, sp, sb, rp, rb);
-  }
-  free(sp);
-  free(rp);
-  free(sb);
-  free(rb);
-  HORA_CHECK(rc);
+  HORA_CHECK(hora__alltoallv_host(ctx, hs, sendcounts, hr, recvcounts, es));
   return h2d(ctx, g, recvbuf, hr, rtot * es);
 }
 
