@@ -54,6 +54,90 @@ static double sync_write(const char *path, void **bufs, const size_t *bytes, int
   return dt;
 }
 
+/* Bytes that do not compress, every page touched (xorshift64 from a per-tensor seed). */
+static void fill_random(unsigned char *c, size_t n, uint64_t seed) {
+  uint64_t x = 0x9E3779B97F4A7C15ull + seed;
+  for (size_t j = 0; j < n; j++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    c[j] = (unsigned char)x;
+  }
+}
+
+/* The medians the benchmark reports. */
+typedef struct {
+  double s_ms, w_ms, bg_ms, copier_gbs, cp_gbs, pair_ratio;
+  uint64_t file_bytes;
+} results_t;
+
+/* The table on stdout, and the JSON line when asked for. Non-zero when the JSON file fails. */
+static int report(const results_t *x, size_t total, long mib, long k, long reps, const char *L, const char *P,
+                  const char *json) {
+  char sz[32];
+  printf("hora-bench ckpt: %s of state in %ld tensors, local_dir %s, persist_dir %s, median of %ld\n",
+         bench_fmt_size(total, sz, sizeof sz), k, L, P, reps);
+  printf("  %-44s %10.1f ms\n", "sync write + fsync (baseline)", x->w_ms);
+  printf("  %-44s %10.1f ms   ratio %.3f (target <= 0.1)\n", "hora_ckpt_save stall (async_stall_ms)", x->s_ms,
+         x->s_ms / x->w_ms);
+  printf("  %-44s %10.1f ms\n", "background write + fsync + verify", x->bg_ms);
+  printf("  %-44s %10.3f GB/s\n", "cp + sync (baseline)", x->cp_gbs);
+  printf("  %-44s %10.3f GB/s ratio %.3f (target >= 0.9)\n", "copier (copier_gbs)", x->copier_gbs,
+         x->copier_gbs / x->cp_gbs);
+  printf("  %-44s %10.3f\n", "median of the per-repetition copy ratios", x->pair_ratio);
+  if (!json) return 0;
+  FILE *f = fopen(json, "w");
+  if (!f) {
+    fprintf(stderr, "hora-bench ckpt: cannot write %s: %s\n", json, strerror(errno));
+    return 1;
+  }
+  fprintf(f, "{\"benchmark\":\"ckpt\",\"state_mib\":%ld,\"tensors\":%ld,\"reps\":%ld,\"file_bytes\":%" PRIu64
+          ",\"async_stall_ms\":%.3f,\"sync_write_ms\":%.3f,\"stall_ratio\":%.4f,\"background_write_ms\":%.3f,"
+          "\"copier_gbs\":%.4f,\"cp_gbs\":%.4f,\"copy_ratio\":%.4f,\"copy_ratio_paired\":%.4f}\n", mib, k, reps,
+          x->file_bytes, x->s_ms, x->w_ms, x->s_ms / x->w_ms, x->bg_ms, x->copier_gbs, x->cp_gbs,
+          x->copier_gbs / x->cp_gbs, x->pair_ratio);
+  fclose(f);
+  return 0;
+}
+
+/* One repetition's copy comparison: hora's copier (flush; timed inside the copier) and cp + sync
+ * of the same committed file. Both start from the same state: the local write is committed,
+ * everything dirty is written back (sync) and the disk had a moment to settle. Which goes first
+ * alternates with r, so neither always follows the other's writeback. Non-zero on a failure. */
+static int copy_pair(hora_ckpt_t *ck, long r, const char *L, const char *P, double *wr, double *cop, double *cp,
+                     uint64_t *file_bytes) {
+  int failed = 0;
+  hora__ck_wait_written(ck);
+  char cmd[14000], src[4400], dst[4400];
+  snprintf(src, sizeof src, "%s/step-%ld/%s", L, r + 1, CK_DATA);
+  snprintf(dst, sizeof dst, "%s/cp-baseline.safetensors", P);
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s' && sync '%s'", src, dst, dst);
+  for (int phase = 0; phase < 2; phase++) {
+    sync();
+    usleep(500 * 1000);
+    if ((phase == 0) == (r % 2 == 0)) {
+      if (hora_ckpt_flush(ck) != HORA_SUCCESS) failed = 1;
+      hora__ck_stats(ck, NULL, wr, cop, file_bytes);
+    } else {
+      double t0 = bench_now_s();
+      if (system(cmd) != 0) failed = 1;
+      *cp = bench_now_s() - t0;
+      unlink(dst);
+    }
+  }
+  return failed;
+}
+
+/* cp / copier time of each repetition (the two ran back to back), then the median. */
+static double paired_ratio(const double *cp, const double *cop, long reps) {
+  double *pair = calloc((size_t)reps, sizeof(double));
+  if (!pair) return 0;
+  for (long r = 0; r < reps; r++) pair[r] = cp[r] / cop[r];
+  double m = median(pair, (int)reps);
+  free(pair);
+  return m;
+}
+
 int hora_bench_ckpt(int argc, char **argv) {
   long mib = 256, k = 8, reps = 3;
   const char *dir = NULL, *pdir = NULL, *json = NULL;
@@ -102,14 +186,7 @@ int hora_bench_ckpt(int argc, char **argv) {
       fprintf(stderr, "hora-bench ckpt: out of memory for %ld MiB of state\n", mib);
       return 1;
     }
-    unsigned char *c = bufs[i];
-    uint64_t x = 0x9E3779B97F4A7C15ull + (uint64_t)i;
-    for (size_t j = 0; j < bytes[i]; j++) { /* not compressible, every page touched */
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      c[j] = (unsigned char)x;
-    }
+    fill_random(bufs[i], bytes[i], (uint64_t)i);
     snprintf(names[i], sizeof names[i], "layer%ld/w", i);
     t[i] = (hora_tensor_t){names[i], bufs[i], bytes[i], HORA_UINT8, HORA_DEVICE_HOST, 0, NULL};
   }
@@ -140,28 +217,7 @@ int hora_bench_ckpt(int argc, char **argv) {
     double t0 = bench_now_s();
     if (hora_ckpt_save(ck, r + 1, t, (size_t)k, NULL, 0) != HORA_SUCCESS) failed = 1;
     stall[r] = bench_now_s() - t0;
-    /* Both copies of the committed file start from the same state: the local write is
-     * committed, everything dirty is written back (sync) and the disk had a moment to settle.
-     * Which of the two goes first alternates, so neither always follows the other's writeback. */
-    hora__ck_wait_written(ck);
-    char cmd[14000], src[4400], dst[4400];
-    snprintf(src, sizeof src, "%s/step-%ld/%s", L, r + 1, CK_DATA);
-    snprintf(dst, sizeof dst, "%s/cp-baseline.safetensors", P);
-    snprintf(cmd, sizeof cmd, "cp '%s' '%s' && sync '%s'", src, dst, dst);
-    for (int phase = 0; phase < 2; phase++) {
-      sync();
-      usleep(500 * 1000);
-      if ((phase == 0) == (r % 2 == 0)) {
-        /* flush: the copier runs now (timed inside the copier) */
-        if (hora_ckpt_flush(ck) != HORA_SUCCESS) failed = 1;
-        hora__ck_stats(ck, NULL, &wr[r], &cop[r], &file_bytes);
-      } else {
-        t0 = bench_now_s();
-        if (system(cmd) != 0) failed = 1;
-        cp[r] = bench_now_s() - t0;
-        unlink(dst);
-      }
-    }
+    if (copy_pair(ck, r, L, P, &wr[r], &cop[r], &cp[r], &file_bytes) != 0) failed = 1;
     if (r % 2 == 1) syncw[r] = sync_write(syncf, bufs, bytes, (int)k);
     if (syncw[r] < 0) failed = 1;
     if (!failed && cop[r] > 0 && cp[r] > 0)
@@ -172,37 +228,11 @@ int hora_bench_ckpt(int argc, char **argv) {
     fprintf(stderr, "hora-bench ckpt: a step failed: %s\n", hora_last_error());
     return 1;
   }
-  double s_ms = median(stall, (int)reps) * 1e3, w_ms = median(syncw, (int)reps) * 1e3;
-  double bg_ms = median(wr, (int)reps) * 1e3;
-  double copier_gbs = (double)file_bytes / median(cop, (int)reps) / 1e9;
-  double cp_gbs = (double)file_bytes / median(cp, (int)reps) / 1e9;
-  /* cp / copier time of each repetition (the two ran back to back), then the median */
-  double *pair = calloc((size_t)reps, sizeof(double));
-  for (long r = 0; r < reps; r++) pair[r] = cp[r] / cop[r];
-  double pair_ratio = median(pair, (int)reps);
-  free(pair);
-  char sz[32];
-  printf("hora-bench ckpt: %s of state in %ld tensors, local_dir %s, persist_dir %s, median of %ld\n",
-         bench_fmt_size(total, sz, sizeof sz), k, L, P, reps);
-  printf("  %-44s %10.1f ms\n", "sync write + fsync (baseline)", w_ms);
-  printf("  %-44s %10.1f ms   ratio %.3f (target <= 0.1)\n", "hora_ckpt_save stall (async_stall_ms)", s_ms,
-         s_ms / w_ms);
-  printf("  %-44s %10.1f ms\n", "background write + fsync + verify", bg_ms);
-  printf("  %-44s %10.3f GB/s\n", "cp + sync (baseline)", cp_gbs);
-  printf("  %-44s %10.3f GB/s ratio %.3f (target >= 0.9)\n", "copier (copier_gbs)", copier_gbs, copier_gbs / cp_gbs);
-  printf("  %-44s %10.3f\n", "median of the per-repetition copy ratios", pair_ratio);
-  if (json) {
-    FILE *f = fopen(json, "w");
-    if (!f) {
-      fprintf(stderr, "hora-bench ckpt: cannot write %s: %s\n", json, strerror(errno));
-      return 1;
-    }
-    fprintf(f, "{\"benchmark\":\"ckpt\",\"state_mib\":%ld,\"tensors\":%ld,\"reps\":%ld,\"file_bytes\":%" PRIu64
-            ",\"async_stall_ms\":%.3f,\"sync_write_ms\":%.3f,\"stall_ratio\":%.4f,\"background_write_ms\":%.3f,"
-            "\"copier_gbs\":%.4f,\"cp_gbs\":%.4f,\"copy_ratio\":%.4f,\"copy_ratio_paired\":%.4f}\n", mib, k, reps, file_bytes, s_ms, w_ms,
-            s_ms / w_ms, bg_ms, copier_gbs, cp_gbs, copier_gbs / cp_gbs, pair_ratio);
-    fclose(f);
-  }
+  results_t res = {median(stall, (int)reps) * 1e3, median(syncw, (int)reps) * 1e3, median(wr, (int)reps) * 1e3,
+                   0, 0, paired_ratio(cp, cop, reps), file_bytes};
+  res.copier_gbs = (double)file_bytes / median(cop, (int)reps) / 1e9;
+  res.cp_gbs = (double)file_bytes / median(cp, (int)reps) / 1e9;
+  if (report(&res, total, mib, k, reps, L, P, json) != 0) return 1;
   hora_ckpt_close(ck);
   hora_finalize(ctx);
   if (!dir) {
