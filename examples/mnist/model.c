@@ -1,5 +1,5 @@
 /* The example convnet's forward and backward passes: shapes and buffers around the layer kernels
- * of kernels/host/layers.c, or kernels/cuda/layers.cu on the GPU path (see model.h for the
+ * of examples/mnist/layers/layers.c, or examples/mnist/layers/layers.cu on the GPU path (see model.h for the
  * network). The two paths run the same sequence of calls through a table of kernels: the _cuda
  * entry points take the _host ones' arguments. */
 #include "model.h"

@@ -1,4 +1,4 @@
-/* The Keras MNIST convnet on the hora layer kernels (kernels/include/hora_layers.h):
+/* The Keras MNIST convnet on the hora layer kernels (examples/mnist/layers/hora_layers.h):
  *
  *   x [n][28][28][1]
  *   -> conv1 32 3x3 + ReLU -> [n][26][26][32] -> maxpool 2 -> [n][13][13][32]

@@ -8,7 +8,7 @@
 #ifndef HORA_ALGO_H
 #define HORA_ALGO_H
 
-#include "core/ctx.h"
+#include "algo/state.h"
 
 typedef enum {
   HORA_ALGO_AUTO = 0,
@@ -81,23 +81,7 @@ hora_result_t hora__shm_run_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t 
 hora_result_t hora__hier_allreduce(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
                                    hora_dtype_t dtype, hora_op_t op);
 
-/* ---- per-context state of this module (ctx->algo) ---- */
-struct hora_shm;
-typedef struct hora_algo_state {
-  void *scratch; /* ring receive slots, grown on demand, freed at finalize */
-  size_t scratch_bytes;
-  struct hora_shm *shm; /* shm.c's window, created on first use */
-} hora_algo_state_t;
-
-/* The context's algo state, created (and its finalizer registered) on first use. */
-hora_result_t hora__algo_state(hora_ctx_t *ctx, hora_algo_state_t **out);
-/* A scratch buffer of at least `bytes` bytes owned by the state (valid until the next call). */
-hora_result_t hora__algo_scratch(hora_ctx_t *ctx, size_t bytes, void **out);
 /* shm.c: free the window (collective over ctx->local; called by the state's finalizer). */
 hora_result_t hora__shm_free(hora_ctx_t *ctx, struct hora_shm *shm);
-
-/* Segment/chunk sizes in elements of `es` bytes, from the parameters, at least one element and at
- * most 1 GiB so that one MPI message count fits an int. */
-size_t hora__ring_segment_elems(size_t es);
 
 #endif

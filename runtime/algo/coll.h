@@ -1,9 +1,15 @@
-/* Internal pieces of the collectives shared with the engine and the GPU path. */
+/* The algorithm layer's door: what the rest of hora (the async engine, the GPU path in
+ * runtime/comm) uses of runtime/algo. Argument checks (check.c), the host bodies of every
+ * collective (coll.c), the allreduce entries (dispatch.c) and the device hooks table. */
 #ifndef HORA_ALGO_COLL_H
 #define HORA_ALGO_COLL_H
 
 #include "algo/algo.h"
 
+/* ---- argument checks (check.c) ----
+ * Shared by the blocking calls and the engine's async ones so both follow hora.h's rules (the
+ * in-place forms, "any other overlap is an error"). Local unless said otherwise: nothing is
+ * communicated. *bytes (may be NULL) gets the per-rank block size in bytes. */
 hora_result_t hora__check_buf(const char *fn, const char *what, const void *buf, size_t count,
                               hora_dtype_t dtype, size_t *bytes);
 hora_result_t hora__check_common(hora_ctx_t *ctx, const char *fn, hora_dtype_t dtype,
@@ -11,9 +17,6 @@ hora_result_t hora__check_common(hora_ctx_t *ctx, const char *fn, hora_dtype_t d
 hora_result_t hora__check_allreduce(hora_ctx_t *ctx, const char *fn, const void *sendbuf,
                                     void *recvbuf, size_t count, hora_dtype_t dtype, hora_op_t op,
                                     double prescale, double postscale, hora_device_t device);
-/* Argument checks of the other collectives, shared by the blocking calls and the engine's async
- * ones so both follow hora.h's rules (the in-place forms, "any other overlap is an error").
- * Local: nothing is communicated. *bytes (may be NULL) gets the per-rank block size in bytes. */
 hora_result_t hora__check_broadcast(hora_ctx_t *ctx, const char *fn, void *buf, size_t count,
                                     hora_dtype_t dtype, int root, hora_device_t device, size_t *bytes);
 hora_result_t hora__check_allgather(hora_ctx_t *ctx, const char *fn, const void *sendbuf, void *recvbuf,
@@ -23,18 +26,55 @@ hora_result_t hora__check_reducescatter(hora_ctx_t *ctx, const char *fn, const v
                                         hora_device_t device);
 hora_result_t hora__check_alltoall(hora_ctx_t *ctx, const char *fn, const void *sendbuf, void *recvbuf,
                                    size_t count, hora_dtype_t dtype, hora_device_t device);
-/* prescale copy -> in-place allreduce -> average/postscale, on host buffers. */
+/* allgatherv's local checks (recvcounts not NULL is the caller's): the sum of recvcounts in
+ * *total (may be NULL). */
+hora_result_t hora__check_allgatherv_local(hora_ctx_t *ctx, const char *fn, const void *sendbuf, size_t sendcount,
+                                           const void *recvbuf, const size_t *recvcounts, hora_dtype_t dtype,
+                                           size_t *total);
+/* The blocking v-collectives' checks. Collective over ctx->world: every rank gets the same result
+ * (HORA_ERR_MISMATCH when the ranks' counts disagree). device_ok: the build has the device form. */
+hora_result_t hora__check_allgatherv(hora_ctx_t *ctx, const char *fn, const void *sendbuf, size_t sendcount,
+                                     const void *recvbuf, const size_t *recvcounts, hora_dtype_t dtype,
+                                     hora_device_t device, int device_ok);
+hora_result_t hora__check_alltoallv(hora_ctx_t *ctx, const char *fn, const void *sendbuf, const size_t *sendcounts,
+                                    const void *recvbuf, const size_t *recvcounts, hora_dtype_t dtype,
+                                    hora_device_t device, int device_ok);
+/* HORA_ERR_NOT_SUPPORTED for device buffers in a build without CUDA, naming fn. */
+hora_result_t hora__device_unsupported(const char *fn);
+/* Every rank returns an error if any rank's `mine` is an error (MPI_MAX of the codes). */
+hora_result_t hora__agree(hora_ctx_t *ctx, const char *fn, hora_result_t mine);
+
+/* ---- allreduce (dispatch.c) ---- */
+/* prescale copy -> allreduce -> average/postscale, on host buffers (sendbuf == recvbuf in place). */
 hora_result_t hora__allreduce_host_full(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                         size_t count, hora_dtype_t dtype, hora_op_t op,
                                         double prescale, double postscale, hora_algo_t algo);
 /* Apply HORA_AVERAGE's division and the postscale factor to a reduced buffer (host). */
 hora_result_t hora__scale_and_average(hora_ctx_t *ctx, void *buf, size_t count,
                                       hora_dtype_t dtype, hora_op_t op, double postscale);
+/* Whether an allreduce of `count` elements in all, given as segments, runs on the segments where
+ * they are (hora__allreduce_segs): one node, more than one rank, no prescale, and `algo` resolves
+ * to shared memory for that size. Otherwise the caller packs the segments into one buffer. */
+int hora__allreduce_segs_direct(hora_ctx_t *ctx, size_t count, hora_dtype_t dtype, double prescale,
+                                hora_algo_t algo);
+/* The segmented allreduce (with average and postscale applied before results are published).
+ * Collective over the node; only where hora__allreduce_segs_direct said so. */
+hora_result_t hora__allreduce_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
+                                   hora_op_t op, double postscale);
+
+/* ---- host bodies of the other collectives (coll.c) ----
+ * Checked arguments; collective over ctx->world; blocking. Byte counts are per rank's block. */
 hora_result_t hora__broadcast_host(hora_ctx_t *ctx, void *buf, size_t bytes, int root);
+/* recvbuf holds size blocks of `bytes`; sendbuf may be this rank's block (in place). */
+hora_result_t hora__allgather_host(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t bytes);
+/* recvcounts[i] elements of es bytes from rank i, in rank order; this rank sends recvcounts[rank]. */
+hora_result_t hora__allgatherv_host(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
+                                    const size_t *recvcounts, size_t es);
+hora_result_t hora__alltoall_host(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t bytes);
+hora_result_t hora__alltoallv_host(hora_ctx_t *ctx, const void *sendbuf, const size_t *sendcounts,
+                                   void *recvbuf, const size_t *recvcounts, size_t es);
 hora_result_t hora__reducescatter_host(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                        size_t recvcount, hora_dtype_t dtype, hora_op_t op);
-/* Every rank returns an error if any rank's `mine` is an error (MPI_MAX of the codes). */
-hora_result_t hora__agree(hora_ctx_t *ctx, const char *fn, hora_result_t mine);
 
 /* Device-buffer collectives, defined by runtime/comm/gpu.c (NULL entries in builds without CUDA).
  * The arguments are already validated; they are blocking like the public calls. */

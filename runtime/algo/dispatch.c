@@ -1,4 +1,7 @@
-/* Algorithm choice for the host allreduce, and the module's per-context state.
+/* The host allreduce's one entry for the rest of hora: algorithm choice, the in-place and
+ * out-of-place runs, prescale/average/postscale around them (hora__allreduce_host_full), and the
+ * segmented form that the engine's fused groups use (hora__allreduce_segs: when the group's size
+ * resolves to shared memory on one node, the tensors are reduced where they are).
  *
  * `auto` (docs/design.md, "Host collectives"; figures in docs/benchmarks.md):
  *   one node      : MPI_Allreduce below AUTO_SHM_MIN_BYTES (one MPI call has the lowest latency
@@ -14,6 +17,7 @@
 #include <strings.h>
 
 #include "algo/algo.h"
+#include "hora_kernels.h"
 
 /* Crossovers measured with `hora-bench allreduce` on one node (2 and 4 ranks): below these sizes
  * MPI_Allreduce's latency wins; above, hora's algorithms win. */
@@ -110,70 +114,79 @@ hora_result_t hora__allreduce_host(hora_ctx_t *ctx, void *buf, size_t count, hor
   return hora__allreduce_host_oop(ctx, buf, buf, count, dtype, op, algo);
 }
 
-size_t hora__ring_segment_elems(size_t es) {
-  uint64_t b = hora__params()->ring_segment_bytes;
-  if (b > ((uint64_t)1 << 30)) b = (uint64_t)1 << 30;
-  size_t n = (size_t)b / es;
-  return n ? n : 1;
-}
+/* ---- scaling and averaging, and the full allreduce ---- */
 
-/* ---- state ---- */
-
-static hora_result_t state_finalize(hora_ctx_t *ctx, void *arg) {
-  hora_algo_state_t *st = arg;
-  hora_result_t rc = HORA_SUCCESS;
-  /* Freeing the window waits for every local rank: after a failure (ctx->failed) leak it. */
-  if (st->shm && !__atomic_load_n(&ctx->failed, __ATOMIC_ACQUIRE)) rc = hora__shm_free(ctx, st->shm);
-  free(st->scratch);
-  pthread_mutex_lock(&ctx->lock);
-  if (ctx->algo == st) ctx->algo = NULL;
-  pthread_mutex_unlock(&ctx->lock);
-  free(st);
-  return rc;
-}
-
-hora_result_t hora__algo_state(hora_ctx_t *ctx, hora_algo_state_t **out) {
-  pthread_mutex_lock(&ctx->lock);
-  hora_algo_state_t *st = ctx->algo;
-  pthread_mutex_unlock(&ctx->lock);
-  if (st) {
-    *out = st;
+hora_result_t hora__scale_and_average(hora_ctx_t *ctx, void *buf, size_t count,
+                                      hora_dtype_t dtype, hora_op_t op, double postscale) {
+  int is_float = dtype == HORA_FLOAT16 || dtype == HORA_BFLOAT16 || dtype == HORA_FLOAT32 ||
+                 dtype == HORA_FLOAT64;
+  if (op == HORA_AVERAGE && !is_float) {
+    /* Integers: exact truncating division (a double multiply by 1/n could give 1.999... -> 1). */
+    int64_t n = ctx->size;
+    switch (dtype) {
+#define DIV(T)                                            \
+  {                                                       \
+    T *p = buf;                                           \
+    for (size_t i = 0; i < count; i++) p[i] = (T)(p[i] / n); \
+  }                                                       \
+  break;
+      case HORA_UINT8: DIV(uint8_t)
+      case HORA_INT8: DIV(int8_t)
+      case HORA_INT16: DIV(int16_t)
+      case HORA_INT32: DIV(int32_t)
+      case HORA_INT64: DIV(int64_t)
+      default: break;
+#undef DIV
+    }
     return HORA_SUCCESS;
   }
-  /* First use: create it, then publish it unless another thread was faster. */
-  hora_algo_state_t *mine = calloc(1, sizeof *mine);
-  if (!mine) return HORA_ERR(HORA_ERR_NO_MEMORY, "allreduce: out of memory for the algorithm state");
-  pthread_mutex_lock(&ctx->lock);
-  if (!ctx->algo) ctx->algo = mine;
-  st = ctx->algo;
-  pthread_mutex_unlock(&ctx->lock);
-  if (st != mine) {
-    free(mine);
-  } else {
-    hora_result_t rc = hora__ctx_add_finalizer(ctx, state_finalize, st);
-    if (rc != HORA_SUCCESS) {
-      pthread_mutex_lock(&ctx->lock);
-      ctx->algo = NULL;
-      pthread_mutex_unlock(&ctx->lock);
-      free(mine);
-      return rc;
-    }
-  }
-  *out = st;
+  double f = postscale;
+  if (op == HORA_AVERAGE) f /= (double)ctx->size;
+  if (f != 1.0) HORA_CHECK(hora__scale_host(buf, buf, count, dtype, f, NULL));
   return HORA_SUCCESS;
 }
 
-hora_result_t hora__algo_scratch(hora_ctx_t *ctx, size_t bytes, void **out) {
-  hora_algo_state_t *st = NULL;
-  HORA_CHECK(hora__algo_state(ctx, &st));
-  if (st->scratch_bytes < bytes) {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
-      return HORA_ERR(HORA_ERR_NO_MEMORY, "allreduce: out of memory (%zu bytes of scratch)", bytes);
-    free(st->scratch);
-    st->scratch = p;
-    st->scratch_bytes = bytes;
+
+hora_result_t hora__allreduce_host_full(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
+                                        size_t count, hora_dtype_t dtype, hora_op_t op,
+                                        double prescale, double postscale, hora_algo_t algo) {
+  if (count == 0) return HORA_SUCCESS;
+  if (prescale == 1.0) {
+    /* The algorithms read sendbuf and write recvbuf directly: no extra copy. */
+    HORA_CHECK(hora__allreduce_host_oop(ctx, sendbuf, recvbuf, count, dtype, op, algo));
+  } else {
+    HORA_CHECK(hora__scale_host(recvbuf, sendbuf, count, dtype, prescale, NULL));
+    HORA_CHECK(hora__allreduce_host(ctx, recvbuf, count, dtype, op, algo));
   }
-  *out = st->scratch;
-  return HORA_SUCCESS;
+  return hora__scale_and_average(ctx, recvbuf, count, dtype, op, postscale);
+}
+
+/* ---- segmented allreduce ---- */
+
+int hora__allreduce_segs_direct(hora_ctx_t *ctx, size_t count, hora_dtype_t dtype, double prescale,
+                                hora_algo_t algo) {
+  return ctx->cross_size == 1 && ctx->size > 1 && prescale == 1.0 &&
+         hora__algo_resolve(ctx, count, dtype, algo) == HORA_ALGO_SHM;
+}
+
+/* Average and postscale, applied by the shm algorithm's hook to each run of this rank's slice right
+ * after its reduce and before it is published: one rank scales each element, so every rank gets
+ * the same bits, and no separate pass over the results is needed. */
+typedef struct {
+  hora_ctx_t *ctx;
+  hora_dtype_t dtype;
+  hora_op_t op;
+  double postscale;
+} post_arg_t;
+
+static hora_result_t post_hook(void *arg, void *run, size_t n) {
+  post_arg_t *a = arg;
+  return hora__scale_and_average(a->ctx, run, n, a->dtype, a->op, a->postscale);
+}
+
+hora_result_t hora__allreduce_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
+                                   hora_op_t op, double postscale) {
+  post_arg_t pa = {ctx, dtype, op, postscale};
+  int post = op == HORA_AVERAGE || postscale != 1.0;
+  return hora__shm_run_segs(ctx, seg, nseg, dtype, op == HORA_AVERAGE ? HORA_SUM : op, post ? post_hook : NULL, &pa);
 }

@@ -229,7 +229,10 @@ hora_result_t hora__shm_free(hora_ctx_t *ctx, struct hora_shm *s) {
 static hora_result_t get_shm(hora_ctx_t *ctx, struct hora_shm **out) {
   hora_algo_state_t *st;
   HORA_CHECK(hora__algo_state(ctx, &st));
-  if (!st->shm) HORA_CHECK(shm_create(ctx, &st->shm));
+  if (!st->shm) {
+    HORA_CHECK(shm_create(ctx, &st->shm));
+    st->shm_free = hora__shm_free;
+  }
   *out = st->shm;
   return HORA_SUCCESS;
 }

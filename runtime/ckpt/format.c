@@ -175,6 +175,67 @@ static int by_offset(const void *a, const void *b) {
   return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
+/* One tensor entry of the header (key: its name, v: its JSON object) appended to s->t: dtype,
+ * shape, data offsets checked against each other and the data section. */
+static hora_result_t decode_tensor(json_t *v, const char *key, const char *what, ck_snap_t *s) {
+  ck_tensor_t *t = &s->t[s->ntensors];
+  const char *dt = NULL;
+  json_t *shape = NULL;
+  json_int_t b = -1, e = -1;
+  if (json_unpack(v, "{s:s, s:o, s:[II]}", "dtype", &dt, "shape", &shape, "data_offsets", &b, &e) ||
+      !json_is_array(shape))
+    return HORA_ERR(HORA_ERR_DATA, "%s: tensor '%s' lacks dtype, shape or data_offsets", what, key);
+  int d = hora__ck_dtype_from_st(dt);
+  if (d < 0)
+    return HORA_ERR(HORA_ERR_DATA, "%s: tensor '%s' has dtype '%s', which hora does not know", what, key, dt);
+  t->name = strdup(key);
+  t->dtype = (hora_dtype_t)d;
+  t->ndim = (int)json_array_size(shape);
+  t->shape = malloc(sizeof(int64_t) * (t->ndim ? (size_t)t->ndim : 1));
+  if (!t->name || !t->shape)
+    return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+  s->ntensors++;
+  size_t count = 1;
+  for (int i = 0; i < t->ndim; i++) {
+    json_t *x = json_array_get(shape, (size_t)i);
+    if (!json_is_integer(x) || json_integer_value(x) < 0)
+      return HORA_ERR(HORA_ERR_DATA, "%s: tensor '%s' has a bad shape", what, key);
+    t->shape[i] = json_integer_value(x);
+    if (t->shape[i] && count > SIZE_MAX / (size_t)t->shape[i])
+      return HORA_ERR(HORA_ERR_DATA, "%s: tensor '%s' shape overflows", what, key);
+    count *= (size_t)t->shape[i];
+  }
+  size_t es = hora__dtype_size(t->dtype);
+  t->count = count;
+  if (b < 0 || e < b || count > SIZE_MAX / es || (uint64_t)(e - b) != count * es || (uint64_t)e > s->data_bytes)
+    return HORA_ERR(HORA_ERR_DATA, "%s: tensor '%s' data_offsets [%lld, %lld] do not match its shape "
+                    "and dtype or run past the data section (%zu bytes)", what, key, (long long)b,
+                    (long long)e, s->data_bytes);
+  t->offset = (size_t)b;
+  t->bytes = (size_t)(e - b);
+  return HORA_SUCCESS;
+}
+
+/* Every tensor's CRC32C and the data section's against the header's metadata. */
+static hora_result_t check_crcs(ck_snap_t *s, json_t *meta, const char *dcrc, const char *what) {
+  uint32_t want;
+  for (size_t i = 0; i < s->ntensors; i++) {
+    ck_tensor_t *t = &s->t[i];
+    char k[CK_NAME_MAX + 32];
+    snprintf(k, sizeof k, "hora.crc32c.%s", t->name);
+    json_t *c = json_object_get(meta, k);
+    if (!parse_hex32(json_string_value(c), &want))
+      return HORA_ERR(HORA_ERR_DATA, "%s: no CRC32C for tensor '%s' in __metadata__", what, t->name);
+    t->crc = hora__crc32c(0, s->data + t->offset, t->bytes);
+    if (t->crc != want)
+      return HORA_ERR(HORA_ERR_DATA, "%s: tensor '%s' CRC32C mismatch (data %08" PRIx32 ", header %08" PRIx32 ")",
+                      what, t->name, t->crc, want);
+  }
+  if (!parse_hex32(dcrc, &want) || data_crc_of(s) != want)
+    return HORA_ERR(HORA_ERR_DATA, "%s: data section CRC32C does not match hora.data_crc32c", what);
+  return HORA_SUCCESS;
+}
+
 hora_result_t hora__ck_decode(const unsigned char *buf, size_t len, const char *what,
                               int check_crc, ck_snap_t *s) {
   memset(s, 0, sizeof *s);
@@ -206,53 +267,7 @@ hora_result_t hora__ck_decode(const unsigned char *buf, size_t len, const char *
       meta = v;
       continue;
     }
-    ck_tensor_t *t = &s->t[s->ntensors];
-    const char *dt = NULL;
-    json_t *shape = NULL;
-    json_int_t b = -1, e = -1;
-    if (json_unpack(v, "{s:s, s:o, s:[II]}", "dtype", &dt, "shape", &shape, "data_offsets", &b, &e) ||
-        !json_is_array(shape)) {
-      rc = HORA_ERR(HORA_ERR_DATA, "%s: tensor '%s' lacks dtype, shape or data_offsets", what, key);
-      goto fail;
-    }
-    int d = hora__ck_dtype_from_st(dt);
-    if (d < 0) {
-      rc = HORA_ERR(HORA_ERR_DATA, "%s: tensor '%s' has dtype '%s', which hora does not know", what, key, dt);
-      goto fail;
-    }
-    t->name = strdup(key);
-    t->dtype = (hora_dtype_t)d;
-    t->ndim = (int)json_array_size(shape);
-    t->shape = malloc(sizeof(int64_t) * (t->ndim ? (size_t)t->ndim : 1));
-    if (!t->name || !t->shape) {
-      rc = HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
-      goto fail;
-    }
-    s->ntensors++;
-    size_t count = 1;
-    for (int i = 0; i < t->ndim; i++) {
-      json_t *x = json_array_get(shape, (size_t)i);
-      if (!json_is_integer(x) || json_integer_value(x) < 0) {
-        rc = HORA_ERR(HORA_ERR_DATA, "%s: tensor '%s' has a bad shape", what, key);
-        goto fail;
-      }
-      t->shape[i] = json_integer_value(x);
-      if (t->shape[i] && count > SIZE_MAX / (size_t)t->shape[i]) {
-        rc = HORA_ERR(HORA_ERR_DATA, "%s: tensor '%s' shape overflows", what, key);
-        goto fail;
-      }
-      count *= (size_t)t->shape[i];
-    }
-    size_t es = hora__dtype_size(t->dtype);
-    t->count = count;
-    if (b < 0 || e < b || count > SIZE_MAX / es || (uint64_t)(e - b) != count * es || (uint64_t)e > s->data_bytes) {
-      rc = HORA_ERR(HORA_ERR_DATA, "%s: tensor '%s' data_offsets [%lld, %lld] do not match its shape "
-                    "and dtype or run past the data section (%zu bytes)", what, key, (long long)b,
-                    (long long)e, s->data_bytes);
-      goto fail;
-    }
-    t->offset = (size_t)b;
-    t->bytes = (size_t)(e - b);
+    HORA_CHECK_GOTO(decode_tensor(v, key, what, s), rc, fail);
   }
   qsort(s->t, s->ntensors, sizeof *s->t, by_offset);
   size_t at = 0;
@@ -305,29 +320,7 @@ hora_result_t hora__ck_decode(const unsigned char *buf, size_t len, const char *
     goto fail;
   }
   s->world_size = ws ? atoi(ws) : 0;
-  if (check_crc) {
-    uint32_t want;
-    for (size_t i = 0; i < s->ntensors; i++) {
-      ck_tensor_t *t = &s->t[i];
-      char k[CK_NAME_MAX + 32];
-      snprintf(k, sizeof k, "hora.crc32c.%s", t->name);
-      json_t *c = json_object_get(meta, k);
-      if (!parse_hex32(json_string_value(c), &want)) {
-        rc = HORA_ERR(HORA_ERR_DATA, "%s: no CRC32C for tensor '%s' in __metadata__", what, t->name);
-        goto fail;
-      }
-      t->crc = hora__crc32c(0, s->data + t->offset, t->bytes);
-      if (t->crc != want) {
-        rc = HORA_ERR(HORA_ERR_DATA, "%s: tensor '%s' CRC32C mismatch (data %08" PRIx32 ", header %08" PRIx32 ")",
-                      what, t->name, t->crc, want);
-        goto fail;
-      }
-    }
-    if (!parse_hex32(dcrc, &want) || data_crc_of(s) != want) {
-      rc = HORA_ERR(HORA_ERR_DATA, "%s: data section CRC32C does not match hora.data_crc32c", what);
-      goto fail;
-    }
-  }
+  if (check_crc) HORA_CHECK_GOTO(check_crcs(s, meta, dcrc, what), rc, fail);
   json_decref(root);
   return HORA_SUCCESS;
 fail:

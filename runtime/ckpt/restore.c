@@ -80,6 +80,31 @@ static hora_result_t find_and_match(hora_ckpt_t *ck, const hora_tensor_t *t, siz
   return rc;
 }
 
+/* Keep the restored checkpoint's metadata (nmeta key/value pairs, then the source directory, as
+ * NUL-terminated strings in `blob`) for hora_ckpt_meta_get / restore_source. */
+static void keep_meta(hora_ckpt_t *ck, size_t nmeta, const char *blob) {
+  for (size_t i = 0; i < ck->nmeta; i++) {
+    free(ck->keys[i]);
+    free(ck->vals[i]);
+  }
+  free(ck->keys);
+  free(ck->vals);
+  free(ck->restored_from);
+  ck->nmeta = 0;
+  ck->keys = calloc(nmeta ? nmeta : 1, sizeof *ck->keys);
+  ck->vals = calloc(nmeta ? nmeta : 1, sizeof *ck->vals);
+  ck->restored_from = NULL;
+  const char *p = blob;
+  for (size_t i = 0; ck->keys && ck->vals && i < nmeta; i++) {
+    ck->keys[i] = strdup(p);
+    p += strlen(p) + 1;
+    ck->vals[i] = strdup(p);
+    p += strlen(p) + 1;
+    ck->nmeta++;
+  }
+  ck->restored_from = strdup(p);
+}
+
 HORA_EXPORT hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora_tensor_t *tensors,
                                             size_t ntensors) {
   if (!ck) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_restore: ck is NULL");
@@ -175,27 +200,7 @@ HORA_EXPORT hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora
   } else {
     HORA_CHECK_GOTO(hora__ck_scatter(tensors, n, src, snap.data, ck->ctx->device), rc, done);
   }
-  /* Keep the metadata and the source directory for hora_ckpt_meta_get / restore_source. */
-  for (size_t i = 0; i < ck->nmeta; i++) {
-    free(ck->keys[i]);
-    free(ck->vals[i]);
-  }
-  free(ck->keys);
-  free(ck->vals);
-  free(ck->restored_from);
-  ck->nmeta = 0;
-  ck->keys = calloc(h.nmeta ? h.nmeta : 1, sizeof *ck->keys);
-  ck->vals = calloc(h.nmeta ? h.nmeta : 1, sizeof *ck->vals);
-  ck->restored_from = NULL;
-  const char *p = blob;
-  for (size_t i = 0; ck->keys && ck->vals && i < h.nmeta; i++) {
-    ck->keys[i] = strdup(p);
-    p += strlen(p) + 1;
-    ck->vals[i] = strdup(p);
-    p += strlen(p) + 1;
-    ck->nmeta++;
-  }
-  ck->restored_from = strdup(p);
+  keep_meta(ck, h.nmeta, blob);
   *step = h.step;
 done:
   free(off);

@@ -259,6 +259,34 @@ static int strcmp_ptr(const void *a, const void *b) {
   return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* One tensor of a save, alone: name, dtype, device, data, shape against count. */
+static hora_result_t check_tensor(const hora_tensor_t *t, size_t i) {
+  size_t es = hora__dtype_size(t->dtype);
+  if (!t->name || !*t->name || strlen(t->name) > CK_NAME_MAX || strcmp(t->name, "__metadata__") == 0)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: tensors[%zu].name is %s", i,
+                    !t->name ? "NULL" : !*t->name ? "empty" : strcmp(t->name, "__metadata__") == 0
+                    ? "\"__metadata__\" (reserved by safetensors)" : "longer than 1024 bytes");
+  if (!es)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: tensor '%s' has unknown dtype %d", t->name, (int)t->dtype);
+  if (t->device != HORA_DEVICE_HOST && t->device != HORA_DEVICE_CUDA)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: tensor '%s' has unknown device %d", t->name, (int)t->device);
+  if (t->count && !t->data)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: tensor '%s' has data NULL and count %zu", t->name, t->count);
+  if (t->ndim < 0 || t->ndim > 64 || (t->ndim > 0 && !t->shape))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: tensor '%s' has ndim %d%s", t->name, t->ndim,
+                    t->ndim > 0 ? " but shape is NULL" : " (must be 0..64)");
+  size_t prod = 1;
+  int bad = 0;
+  for (int d = 0; d < t->ndim; d++) {
+    if (t->shape[d] < 0 || (t->shape[d] && prod > SIZE_MAX / (size_t)t->shape[d])) bad = 1;
+    else prod *= (size_t)t->shape[d];
+  }
+  if (t->ndim > 0 && (bad || prod != t->count))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: tensor '%s': the product of its shape is not its count %zu",
+                    t->name, t->count);
+  return HORA_SUCCESS;
+}
+
 /* Rank 0's part of a save. */
 static hora_result_t save_root(hora_ckpt_t *ck, int64_t step, const hora_tensor_t *tensors, size_t n,
                                const hora_kv_t *meta, size_t nmeta) {
@@ -277,40 +305,7 @@ static hora_result_t save_root(hora_ckpt_t *ck, int64_t step, const hora_tensor_
   for (size_t i = 0; i < n; i++) {
     const hora_tensor_t *t = &tensors[i];
     size_t es = hora__dtype_size(t->dtype);
-    if (!t->name || !*t->name || strlen(t->name) > CK_NAME_MAX || strcmp(t->name, "__metadata__") == 0) {
-      rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: tensors[%zu].name is %s", i,
-                    !t->name ? "NULL" : !*t->name ? "empty" : strcmp(t->name, "__metadata__") == 0
-                    ? "\"__metadata__\" (reserved by safetensors)" : "longer than 1024 bytes");
-      goto done;
-    }
-    if (!es) {
-      rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: tensor '%s' has unknown dtype %d", t->name, (int)t->dtype);
-      goto done;
-    }
-    if (t->device != HORA_DEVICE_HOST && t->device != HORA_DEVICE_CUDA) {
-      rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: tensor '%s' has unknown device %d", t->name, (int)t->device);
-      goto done;
-    }
-    if (t->count && !t->data) {
-      rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: tensor '%s' has data NULL and count %zu", t->name, t->count);
-      goto done;
-    }
-    if (t->ndim < 0 || t->ndim > 64 || (t->ndim > 0 && !t->shape)) {
-      rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: tensor '%s' has ndim %d%s", t->name, t->ndim,
-                    t->ndim > 0 ? " but shape is NULL" : " (must be 0..64)");
-      goto done;
-    }
-    size_t prod = 1;
-    int bad = 0;
-    for (int d = 0; d < t->ndim; d++) {
-      if (t->shape[d] < 0 || (t->shape[d] && prod > SIZE_MAX / (size_t)t->shape[d])) bad = 1;
-      else prod *= (size_t)t->shape[d];
-    }
-    if (t->ndim > 0 && (bad || prod != t->count)) {
-      rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: tensor '%s': the product of its shape is not its count %zu",
-                    t->name, t->count);
-      goto done;
-    }
+    HORA_CHECK_GOTO(check_tensor(t, i), rc, done);
     if (t->count > (SIZE_MAX - total) / es) {
       rc = HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: tensor '%s': count * element size overflows", t->name);
       goto done;

@@ -3,7 +3,7 @@
  * Who calls what:
  *   algo/coll.c routes HORA_DEVICE_CUDA buffers through hora__gpu_hooks (algo/coll.h), which
  *     gpu.c defines: linking any collective links this module.
- *   hora_init (core/ctx.c) -> hora__gpu_on_init (a weak reference there): picks this rank's GPU.
+ *   hora_init (init/init.c) -> hora__gpu_on_init: picks this rank's GPU.
  *   first device collective -> gpu_state(): collective creation of the per-context state (ctx->gpu):
  *     a dup of the world for staged traffic, two CUDA streams, events, the path (nccl | staged |
  *     naive) agreed by every rank. The NCCL communicator is made on first NCCL use.

@@ -103,19 +103,33 @@ static void cancel_all(slot_t *sl, size_t from, size_t to) {
   }
 }
 
-hora_result_t hora__staged_allreduce(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, size_t count,
-                                     hora_dtype_t dtype, hora_op_t op) {
+/* One staged allreduce in flight: the ring geometry, the buffers and the item window
+ * [retired, started). */
+typedef struct {
+  ring_t R;
+  hora_gpu_t *g;
+  hora_dtype_t dtype;
+  hora_op_t op;
+  size_t es, slot_bytes;
+  int left, right;
+  char *d, *hs, *hr, *dt, *hw; /* device buffer; pinned send, receive slots; device tmp; h_whole */
+  slot_t sl[HORA_STAGED_SLOTS];
+  size_t retired, started;
+} pipe_t;
+
+/* Geometry of the ring and the pinned/device slot buffers (grown on demand, kept in g). */
+static hora_result_t pipe_setup(pipe_t *P, hora_ctx_t *ctx, hora_gpu_t *g, void *buf, size_t count,
+                                hora_dtype_t dtype, hora_op_t op) {
   const size_t es = hora__dtype_size(dtype);
-  ring_t R = {.count = count, .n = ctx->size, .r = ctx->rank};
-  if (R.n == 1 || count == 0) return HORA_SUCCESS;
+  ring_t *R = &P->R;
   size_t chunk_bytes = hora__params()->staged_chunk_bytes;
   if (chunk_bytes > ((size_t)1 << 30)) chunk_bytes = (size_t)1 << 30; /* one MPI message fits an int */
-  size_t maxblk = (count + (size_t)R.n - 1) / (size_t)R.n;
-  R.ce = chunk_bytes / es ? chunk_bytes / es : 1;
-  if (R.ce > maxblk) R.ce = maxblk;
-  R.nc = (maxblk + R.ce - 1) / R.ce;
-  R.nitems = 2 * (size_t)(R.n - 1) * R.nc;
-  const size_t slot_bytes = R.ce * es;
+  size_t maxblk = (count + (size_t)R->n - 1) / (size_t)R->n;
+  R->ce = chunk_bytes / es ? chunk_bytes / es : 1;
+  if (R->ce > maxblk) R->ce = maxblk;
+  R->nc = (maxblk + R->ce - 1) / R->ce;
+  R->nitems = 2 * (size_t)(R->n - 1) * R->nc;
+  const size_t slot_bytes = R->ce * es;
   size_t cur = g->slot_bytes;
   if (cur < slot_bytes) {
     size_t c1 = cur, c2 = cur, c3 = cur;
@@ -126,155 +140,165 @@ hora_result_t hora__staged_allreduce(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, 
   }
   /* The allgather phase lands every block at its final place in a whole-buffer pinned area. */
   HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, count * es));
+  P->g = g;
+  P->dtype = dtype;
+  P->op = op;
+  P->es = es;
+  P->slot_bytes = slot_bytes;
+  P->left = (R->r - 1 + R->n) % R->n;
+  P->right = (R->r + 1) % R->n;
+  P->d = buf;
+  P->hs = g->h_send, P->hr = g->h_recv, P->dt = g->d_tmp, P->hw = g->h_whole;
+  for (int k = 0; k < HORA_STAGED_SLOTS; k++) {
+    P->sl[k].sreq = P->sl[k].rreq = MPI_REQUEST_NULL;
+    P->sl[k].item = (size_t)-1;
+  }
+  P->retired = P->started = 0;
+  return HORA_SUCCESS;
+}
+
+/* Start the items whose slot is free: post their receive (the D2H waits for its input).
+ * Reduce-scatter receives into the slot, allgather straight into its final place in hw. */
+static hora_result_t pipe_start(pipe_t *P, int *progress) {
+  while (P->started < P->R.nitems && P->started < P->retired + HORA_STAGED_SLOTS) {
+    slot_t *s = &P->sl[P->started % HORA_STAGED_SLOTS];
+    size_t so, sn, ro, rn;
+    int red, step;
+    item_geom(&P->R, P->started, &so, &sn, &ro, &rn, &red, &step);
+    s->item = P->started;
+    s->d2h_posted = s->sent = s->recvd = s->host_ready = 0;
+    char *rp = red ? P->hr + (P->started % HORA_STAGED_SLOTS) * P->slot_bytes : P->hw + ro * P->es;
+    int mrc = MPI_Irecv(rp, (int)(rn * P->es), MPI_BYTE, P->left, STAGED_TAG, P->g->comm, &s->rreq);
+    if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Irecv (staged ring)", __FILE__, __LINE__);
+    P->started++;
+    *progress = 1;
+  }
+  return HORA_SUCCESS;
+}
+
+/* Item i's send side. Send data: reduce-scatter and the first allgather step copy it from the
+ * device (into the slot, or into hw at its final place); later allgather steps forward what item
+ * i-nc received into hw, without touching the device. D2H copies and sends keep the item order:
+ * the order on the wire depends on it. */
+static hora_result_t item_send(pipe_t *P, size_t i, int *progress) {
+  const size_t k = i % HORA_STAGED_SLOTS, nc = P->R.nc, retired = P->retired;
+  slot_t *s = &P->sl[k], *sl = P->sl;
+  hora_gpu_t *g = P->g;
+  size_t so, sn, ro, rn;
+  int red, step;
+  item_geom(&P->R, i, &so, &sn, &ro, &rn, &red, &step);
+  const int forward = !red && step > 0;
+  char *sp = red ? P->hs + k * P->slot_bytes : P->hw + so * P->es;
+  if (!s->d2h_posted && forward) {
+    if ((i - nc < retired || sl[(i - nc) % HORA_STAGED_SLOTS].recvd) &&
+        (i == retired || sl[(i - 1) % HORA_STAGED_SLOTS].d2h_posted)) {
+      s->d2h_posted = s->host_ready = 1;
+      *progress = 1;
+    }
+  }
+  if (!s->d2h_posted) {
+    /* Input: what item i-nc received (already retired, or at least its H2D enqueued). */
+    int ready = 1;
+    if (i >= nc && i - nc >= retired) {
+      slot_t *dep = &sl[(i - nc) % HORA_STAGED_SLOTS];
+      ready = dep->recvd;
+      if (ready) {
+        cudaError_t e = cudaStreamWaitEvent(g->d2h, g->ev_h2d[(i - nc) % HORA_STAGED_SLOTS], 0);
+        if (e != cudaSuccess) return hora__cuda_error(e, "cudaStreamWaitEvent (staged ring)", __FILE__, __LINE__);
+      }
+    }
+    if (ready && (i == retired || sl[(i - 1) % HORA_STAGED_SLOTS].d2h_posted)) {
+      cudaError_t e = cudaMemcpyAsync(sp, P->d + so * P->es, sn * P->es, cudaMemcpyDeviceToHost, g->d2h);
+      if (e == cudaSuccess) e = cudaEventRecord(g->ev_d2h[k], g->d2h);
+      if (e != cudaSuccess) return hora__cuda_error(e, "D2H copy (staged ring)", __FILE__, __LINE__);
+      s->d2h_posted = 1;
+      *progress = 1;
+    }
+  }
+  if (s->d2h_posted && !s->sent && (i == retired || sl[(i - 1) % HORA_STAGED_SLOTS].sent)) {
+    cudaError_t e = s->host_ready ? cudaSuccess : cudaEventQuery(g->ev_d2h[k]);
+    if (e == cudaSuccess) {
+      int mrc = MPI_Isend(sp, (int)(sn * P->es), MPI_BYTE, P->right, STAGED_TAG, g->comm, &s->sreq);
+      if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Isend (staged ring)", __FILE__, __LINE__);
+      s->sent = 1;
+      *progress = 1;
+    } else if (e != cudaErrorNotReady) {
+      return hora__cuda_error(e, "D2H copy (staged ring)", __FILE__, __LINE__);
+    }
+  }
+  return HORA_SUCCESS;
+}
+
+/* Item i's receive side: once the message is in, enqueue its H2D (and the reduce of a
+ * reduce-scatter item) on the main stream and record ev_h2d. */
+static hora_result_t item_recv(pipe_t *P, size_t i, int *progress) {
+  const size_t k = i % HORA_STAGED_SLOTS;
+  slot_t *s = &P->sl[k];
+  hora_gpu_t *g = P->g;
+  if (s->recvd) return HORA_SUCCESS;
+  size_t so, sn, ro, rn;
+  int red, step;
+  item_geom(&P->R, i, &so, &sn, &ro, &rn, &red, &step);
+  char *rp = red ? P->hr + k * P->slot_bytes : P->hw + ro * P->es;
+  int done = 0;
+  int mrc = MPI_Test(&s->rreq, &done, MPI_STATUS_IGNORE);
+  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Test (staged ring receive)", __FILE__, __LINE__);
+  if (!done) return HORA_SUCCESS;
+  cudaError_t e;
+  char *dst = P->d + ro * P->es;
+  if (red) {
+    char *tmp = P->dt + k * P->slot_bytes;
+    e = cudaMemcpyAsync(tmp, rp, rn * P->es, cudaMemcpyHostToDevice, g->stream);
+    if (e == cudaSuccess) HORA_CHECK(hora__reduce_cuda(dst, dst, tmp, rn, P->dtype, P->op, g->stream));
+  } else {
+    e = cudaMemcpyAsync(dst, rp, rn * P->es, cudaMemcpyHostToDevice, g->stream);
+  }
+  if (e == cudaSuccess) e = cudaEventRecord(g->ev_h2d[k], g->stream);
+  if (e != cudaSuccess) return hora__cuda_error(e, "H2D copy (staged ring)", __FILE__, __LINE__);
+  s->recvd = 1;
+  *progress = 1;
+  return HORA_SUCCESS;
+}
+
+/* Retire items in order: sent, received, and its H2D (and reduce) finished. */
+static hora_result_t pipe_retire(pipe_t *P, int *progress) {
+  while (P->retired < P->started) {
+    slot_t *s = &P->sl[P->retired % HORA_STAGED_SLOTS];
+    if (!s->sent || !s->recvd) break;
+    int done = 0;
+    int mrc = MPI_Test(&s->sreq, &done, MPI_STATUS_IGNORE);
+    if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Test (staged ring send)", __FILE__, __LINE__);
+    if (!done) break;
+    cudaError_t e = cudaEventQuery(P->g->ev_h2d[P->retired % HORA_STAGED_SLOTS]);
+    if (e == cudaErrorNotReady) break;
+    if (e != cudaSuccess) return hora__cuda_error(e, "H2D copy or reduce (staged ring)", __FILE__, __LINE__);
+    P->retired++;
+    *progress = 1;
+  }
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__staged_allreduce(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, size_t count,
+                                     hora_dtype_t dtype, hora_op_t op) {
+  pipe_t P = {.R = {.count = count, .n = ctx->size, .r = ctx->rank}};
+  if (P.R.n == 1 || count == 0) return HORA_SUCCESS;
+  HORA_CHECK(pipe_setup(&P, ctx, g, buf, count, dtype, op));
   /* Everything enqueued on the main stream so far (prescale, copies, casts) precedes the D2H. */
   HORA_CUDA_CHECK(cudaEventRecord(g->ev_h2d[0], g->stream));
   HORA_CUDA_CHECK(cudaStreamWaitEvent(g->d2h, g->ev_h2d[0], 0));
 
-  const int left = (R.r - 1 + R.n) % R.n, right = (R.r + 1) % R.n;
-  char *const d = buf;
-  char *const hs = g->h_send, *const hr = g->h_recv, *const dt = g->d_tmp, *const hw = g->h_whole;
-  slot_t sl[HORA_STAGED_SLOTS];
-  for (int k = 0; k < HORA_STAGED_SLOTS; k++) {
-    sl[k].sreq = sl[k].rreq = MPI_REQUEST_NULL;
-    sl[k].item = (size_t)-1;
-  }
   const double timeout = hora__params()->peer_timeout_s;
   double last = hora__now_s();
-  size_t retired = 0, started = 0;
   hora_result_t rc = HORA_SUCCESS;
   unsigned idle = 0;
-
-  while (retired < R.nitems) {
+  while (P.retired < P.R.nitems) {
     int progress = 0;
-    /* Start items whose slot is free: post the receive now, the D2H when its input is ready. */
-    while (started < R.nitems && started < retired + HORA_STAGED_SLOTS) {
-      slot_t *s = &sl[started % HORA_STAGED_SLOTS];
-      size_t so, sn, ro, rn;
-      int red;
-      int step;
-      item_geom(&R, started, &so, &sn, &ro, &rn, &red, &step);
-      s->item = started;
-      s->d2h_posted = s->sent = s->recvd = s->host_ready = 0;
-      /* Reduce-scatter receives into the slot; allgather straight into its final place in hw. */
-      char *rp = red ? hr + (started % HORA_STAGED_SLOTS) * slot_bytes : hw + ro * es;
-      int mrc = MPI_Irecv(rp, (int)(rn * es), MPI_BYTE, left, STAGED_TAG, g->comm, &s->rreq);
-      if (mrc != MPI_SUCCESS) {
-        rc = hora__mpi_error(mrc, "MPI_Irecv (staged ring)", __FILE__, __LINE__);
-        goto fail;
-      }
-      started++;
-      progress = 1;
+    HORA_CHECK_GOTO(pipe_start(&P, &progress), rc, fail);
+    for (size_t i = P.retired; i < P.started; i++) {
+      HORA_CHECK_GOTO(item_send(&P, i, &progress), rc, fail);
+      HORA_CHECK_GOTO(item_recv(&P, i, &progress), rc, fail);
     }
-    for (size_t i = retired; i < started; i++) {
-      const size_t k = i % HORA_STAGED_SLOTS;
-      slot_t *s = &sl[k];
-      size_t so, sn, ro, rn;
-      int red;
-      int step;
-      item_geom(&R, i, &so, &sn, &ro, &rn, &red, &step);
-      /* Send data: reduce-scatter and the first allgather step copy it from the device (into the
-       * slot, or into hw at its final place); later allgather steps forward what item i-nc
-       * received into hw, without touching the device. */
-      const int forward = !red && step > 0;
-      char *sp = red ? hs + k * slot_bytes : hw + so * es;
-      char *rp = red ? hr + k * slot_bytes : hw + ro * es;
-      if (!s->d2h_posted && forward) {
-        if ((i - R.nc < retired || sl[(i - R.nc) % HORA_STAGED_SLOTS].recvd) &&
-            (i == retired || sl[(i - 1) % HORA_STAGED_SLOTS].d2h_posted)) {
-          s->d2h_posted = s->host_ready = 1;
-          progress = 1;
-        }
-      }
-      if (!s->d2h_posted) {
-        /* Input: what item i-nc received (already retired, or at least its H2D enqueued). */
-        int ready = 1;
-        if (i >= R.nc && i - R.nc >= retired) {
-          slot_t *dep = &sl[(i - R.nc) % HORA_STAGED_SLOTS];
-          ready = dep->recvd;
-          if (ready) {
-            cudaError_t e = cudaStreamWaitEvent(g->d2h, g->ev_h2d[(i - R.nc) % HORA_STAGED_SLOTS], 0);
-            if (e != cudaSuccess) {
-              rc = hora__cuda_error(e, "cudaStreamWaitEvent (staged ring)", __FILE__, __LINE__);
-              goto fail;
-            }
-          }
-        }
-        /* Keep the D2H order equal to the item order: the send order on the wire depends on it. */
-        if (ready && (i == retired || sl[(i - 1) % HORA_STAGED_SLOTS].d2h_posted)) {
-          cudaError_t e = cudaMemcpyAsync(sp, d + so * es, sn * es, cudaMemcpyDeviceToHost, g->d2h);
-          if (e == cudaSuccess) e = cudaEventRecord(g->ev_d2h[k], g->d2h);
-          if (e != cudaSuccess) {
-            rc = hora__cuda_error(e, "D2H copy (staged ring)", __FILE__, __LINE__);
-            goto fail;
-          }
-          s->d2h_posted = 1;
-          progress = 1;
-        }
-      }
-      if (s->d2h_posted && !s->sent && (i == retired || sl[(i - 1) % HORA_STAGED_SLOTS].sent)) {
-        cudaError_t e = s->host_ready ? cudaSuccess : cudaEventQuery(g->ev_d2h[k]);
-        if (e == cudaSuccess) {
-          int mrc = MPI_Isend(sp, (int)(sn * es), MPI_BYTE, right, STAGED_TAG, g->comm, &s->sreq);
-          if (mrc != MPI_SUCCESS) {
-            rc = hora__mpi_error(mrc, "MPI_Isend (staged ring)", __FILE__, __LINE__);
-            goto fail;
-          }
-          s->sent = 1;
-          progress = 1;
-        } else if (e != cudaErrorNotReady) {
-          rc = hora__cuda_error(e, "D2H copy (staged ring)", __FILE__, __LINE__);
-          goto fail;
-        }
-      }
-      if (!s->recvd) {
-        int done = 0;
-        int mrc = MPI_Test(&s->rreq, &done, MPI_STATUS_IGNORE);
-        if (mrc != MPI_SUCCESS) {
-          rc = hora__mpi_error(mrc, "MPI_Test (staged ring receive)", __FILE__, __LINE__);
-          goto fail;
-        }
-        if (done) {
-          cudaError_t e;
-          char *dst = d + ro * es;
-          if (red) {
-            e = cudaMemcpyAsync(dt + k * slot_bytes, rp, rn * es, cudaMemcpyHostToDevice, g->stream);
-            if (e == cudaSuccess) {
-              rc = hora__reduce_cuda(dst, dst, dt + k * slot_bytes, rn, dtype, op, g->stream);
-              if (rc != HORA_SUCCESS) goto fail;
-            }
-          } else {
-            e = cudaMemcpyAsync(dst, rp, rn * es, cudaMemcpyHostToDevice, g->stream);
-          }
-          if (e == cudaSuccess) e = cudaEventRecord(g->ev_h2d[k], g->stream);
-          if (e != cudaSuccess) {
-            rc = hora__cuda_error(e, "H2D copy (staged ring)", __FILE__, __LINE__);
-            goto fail;
-          }
-          s->recvd = 1;
-          progress = 1;
-        }
-      }
-    }
-    /* Retire in order: sent, received, and its H2D (and reduce) finished. */
-    while (retired < started) {
-      slot_t *s = &sl[retired % HORA_STAGED_SLOTS];
-      if (!s->sent || !s->recvd) break;
-      int done = 0;
-      int mrc = MPI_Test(&s->sreq, &done, MPI_STATUS_IGNORE);
-      if (mrc != MPI_SUCCESS) {
-        rc = hora__mpi_error(mrc, "MPI_Test (staged ring send)", __FILE__, __LINE__);
-        goto fail;
-      }
-      if (!done) break;
-      cudaError_t e = cudaEventQuery(g->ev_h2d[retired % HORA_STAGED_SLOTS]);
-      if (e == cudaErrorNotReady) break;
-      if (e != cudaSuccess) {
-        rc = hora__cuda_error(e, "H2D copy or reduce (staged ring)", __FILE__, __LINE__);
-        goto fail;
-      }
-      retired++;
-      progress = 1;
-    }
+    HORA_CHECK_GOTO(pipe_retire(&P, &progress), rc, fail);
     if (progress) {
       last = hora__now_s();
       idle = 0;
@@ -282,7 +306,7 @@ hora_result_t hora__staged_allreduce(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, 
       if (timeout > 0 && (idle & 255) == 0 && hora__now_s() - last > timeout) {
         rc = HORA_ERR(HORA_ERR_TIMEOUT,
                       "staged device allreduce: no progress for HORA_PEER_TIMEOUT_S=%g s (rank %d or %d "
-                      "is dead or stuck)", timeout, left, right);
+                      "is dead or stuck)", timeout, P.left, P.right);
         goto fail;
       }
       sched_yield();
@@ -291,7 +315,7 @@ hora_result_t hora__staged_allreduce(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, 
   return HORA_SUCCESS;
 
 fail:
-  cancel_all(sl, retired, started);
+  cancel_all(P.sl, P.retired, P.started);
   cudaStreamSynchronize(g->d2h);
   cudaStreamSynchronize(g->stream);
   return rc;
@@ -331,31 +355,9 @@ hora_result_t hora__staged_broadcast(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, 
   return HORA_SUCCESS;
 }
 
-/* The host legs below use MPI directly on ctx's communicators, never the public calls: the async
- * engine runs the hooks on a private context of its own that the public API does not accept.
- * Byte datatypes from hora__mpi_bytes_type carry any size. */
-
-/* Pairwise exchange, step s pairs rank+s and rank-s (as algo/coll.c does for alltoallv). */
-static hora_result_t exchange(hora_ctx_t *ctx, char *const *sp, const size_t *sb, char *const *rp, const size_t *rb) {
-  int n = ctx->size, r = ctx->rank;
-  for (int s = 1; s < n; s++) {
-    int to = (r + s) % n, from = (r - s + n) % n;
-    MPI_Datatype st, rt;
-    int sown = 0, rown = 0;
-    HORA_CHECK(hora__mpi_bytes_type(sb[to], &st, &sown));
-    hora_result_t hr = hora__mpi_bytes_type(rb[from], &rt, &rown);
-    if (hr != HORA_SUCCESS) {
-      if (sown) MPI_Type_free(&st);
-      return hr;
-    }
-    int rc = MPI_Sendrecv(sp[to], sb[to] ? 1 : 0, st, to, 78, rp[from], rb[from] ? 1 : 0, rt, from, 78, ctx->world,
-                          MPI_STATUS_IGNORE);
-    if (sown) MPI_Type_free(&st);
-    if (rown) MPI_Type_free(&rt);
-    if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Sendrecv (staged)", __FILE__, __LINE__);
-  }
-  return HORA_SUCCESS;
-}
+/* The host legs below are the algorithm layer's host bodies (algo/coll.h) on ctx, never the
+ * public calls: the async engine runs the hooks on a private context of its own that the public
+ * API does not accept. */
 
 hora_result_t hora__staged_allgatherv(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf, size_t sendcount,
                                       void *recvbuf, const size_t *recvcounts, hora_dtype_t dtype) {
@@ -367,12 +369,7 @@ hora_result_t hora__staged_allgatherv(hora_ctx_t *ctx, hora_gpu_t *g, const void
   HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, total * es));
   char *h = g->h_whole;
   HORA_CHECK(d2h(ctx, g, h + mine * es, sendbuf, sendcount * es));
-  /* Every rank's block, broadcast from its owner: any count, no int displacements. */
-  size_t off = 0;
-  for (int r = 0; r < ctx->size; r++) {
-    HORA_CHECK(hora__broadcast_host(ctx, h + off * es, recvcounts[r] * es, r));
-    off += recvcounts[r];
-  }
+  HORA_CHECK(hora__allgatherv_host(ctx, h + mine * es, h, recvcounts, es));
   return h2d(ctx, g, recvbuf, h, total * es);
 }
 
@@ -382,14 +379,7 @@ hora_result_t hora__staged_allgather(hora_ctx_t *ctx, hora_gpu_t *g, const void 
   HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, total));
   char *h = g->h_whole, *mine = h + (size_t)ctx->rank * bytes;
   HORA_CHECK(d2h(ctx, g, mine, sendbuf, bytes));
-  if (ctx->size > 1 && bytes) {
-    MPI_Datatype t;
-    int owned;
-    HORA_CHECK(hora__mpi_bytes_type(bytes, &t, &owned));
-    int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, 1, t, ctx->world);
-    if (owned) MPI_Type_free(&t);
-    if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Allgather (staged)", __FILE__, __LINE__);
-  }
+  HORA_CHECK(hora__allgather_host(ctx, mine, h, bytes));
   return h2d(ctx, g, recvbuf, h, total);
 }
 
@@ -414,30 +404,7 @@ hora_result_t hora__staged_alltoallv(hora_ctx_t *ctx, hora_gpu_t *g, const void 
   HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, (stot + rtot) * es));
   char *hs = g->h_whole, *hr = hs + stot * es;
   HORA_CHECK(d2h(ctx, g, hs, sendbuf, stot * es));
-  int n = ctx->size;
-  char **sp = calloc((size_t)n, sizeof *sp), **rp = calloc((size_t)n, sizeof *rp);
-  size_t *sb = calloc((size_t)n, sizeof *sb), *rb = calloc((size_t)n, sizeof *rb);
-  hora_result_t rc = HORA_SUCCESS;
-  if (!sp || !rp || !sb || !rb) {
-    rc = HORA_ERR(HORA_ERR_NO_MEMORY, "staged alltoallv: out of memory");
-  } else {
-    size_t so = 0, ro = 0;
-    for (int i = 0; i < n; i++) {
-      sp[i] = hs + so * es;
-      sb[i] = sendcounts[i] * es;
-      rp[i] = hr + ro * es;
-      rb[i] = recvcounts[i] * es;
-      so += sendcounts[i];
-      ro += recvcounts[i];
-    }
-    if (sb[ctx->rank]) memcpy(rp[ctx->rank], sp[ctx->rank], sb[ctx->rank]);
-    rc = exchange(ctx, sp, sb, rp, rb);
-  }
-  free(sp);
-  free(rp);
-  free(sb);
-  free(rb);
-  HORA_CHECK(rc);
+  HORA_CHECK(hora__alltoallv_host(ctx, hs, sendcounts, hr, recvcounts, es));
   return h2d(ctx, g, recvbuf, hr, rtot * es);
 }
 

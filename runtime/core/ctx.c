@@ -1,4 +1,7 @@
-/* hora_init / hora_finalize and the layout (rank, local, cross). */
+/* The context: its creation and release (MPI, the world communicator, the layout checks, the
+ * layout: rank, local, cross), the table of live contexts, module finalizers and the layout
+ * getters. hora_init / hora_finalize themselves, which start and stop the modules around this,
+ * are runtime/init/init.c: core calls no module. */
 #include <limits.h>
 #include <sched.h>
 #include <unistd.h>
@@ -8,8 +11,6 @@
 
 #include "core/ctx.h"
 #include "core/fatal.h"
-#include "engine/engine_init.h"
-#include "trace/trace.h"
 
 /* Live contexts, looked up by address so that a stale pointer is reported instead of being
  * dereferenced. A handful of contexts at most live at once. */
@@ -189,17 +190,13 @@ static hora_result_t check_world(hora_ctx_t *c, const hora_params_t *p, int mpir
   return HORA_SUCCESS;
 }
 
-/* runtime/comm/gpu.h */
-hora_result_t hora__gpu_on_init(hora_ctx_t *ctx) __attribute__((weak));
-
 static void ctx_free_comms(hora_ctx_t *c) {
   if (c->cross != MPI_COMM_NULL) MPI_Comm_free(&c->cross);
   if (c->local != MPI_COMM_NULL) MPI_Comm_free(&c->local);
   if (c->world != MPI_COMM_NULL) MPI_Comm_free(&c->world);
 }
 
-/* Run and free the module finalizers, newest first; returns the first error. */
-static hora_result_t run_finalizers(hora_ctx_t *ctx) {
+hora_result_t hora__ctx_run_finalizers(hora_ctx_t *ctx) {
   hora_result_t first = HORA_SUCCESS;
   for (;;) {
     pthread_mutex_lock(&ctx->lock);
@@ -222,10 +219,39 @@ static void log_nondefault_params(void) {
   }
 }
 
-HORA_EXPORT hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t **out) {
+/* MPI itself: initialized here with MPI_THREAD_MULTIPLE unless the program did (*owned then says
+ * hora must finalize it), or checked for that thread level. */
+static hora_result_t mpi_start(int *owned) {
+  int inited = 0, finalized = 0;
+  *owned = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (finalized)
+    return HORA_ERR(HORA_ERR_MPI, "hora_init: MPI is already finalized in this process");
+  int provided = 0;
+  if (!inited) {
+    int mrc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+    if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Init_thread", __FILE__, __LINE__);
+    *owned = 1;
+    if (provided < MPI_THREAD_MULTIPLE) {
+      MPI_Finalize();
+      *owned = 0;
+      return HORA_ERR(HORA_ERR_MPI,
+                      "hora_init: MPI provides thread level %d, hora needs MPI_THREAD_MULTIPLE "
+                      "(its engine and checkpoint threads call MPI)", provided);
+    }
+    return HORA_SUCCESS;
+  }
+  MPI_Query_thread(&provided);
+  if (provided < MPI_THREAD_MULTIPLE)
+    return HORA_ERR(HORA_ERR_MPI,
+                    "hora_init: the program initialized MPI with thread level %d; hora needs "
+                    "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...)", provided);
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out) {
   hora_result_t rc = HORA_SUCCESS;
-  hora__error_clear();
-  if (!out) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_init: ctx (output pointer) is NULL");
   if (opts && opts->size < offsetof(hora_init_opts_t, mpi_comm) + sizeof(void *))
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
                     "hora_init_ex: opts->size=%zu is too small: set it to sizeof(hora_init_opts_t)",
@@ -235,32 +261,9 @@ HORA_EXPORT hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t 
   const hora_params_t *p = hora__params();
 
   hora__fatal_on_init(); /* before MPI_Init: then Open MPI installs no fatal-signal handler */
-  int inited = 0, finalized = 0;
-  MPI_Initialized(&inited);
-  MPI_Finalized(&finalized);
-  if (finalized)
-    return HORA_ERR(HORA_ERR_MPI, "hora_init: MPI is already finalized in this process");
   int mpirun_started = getenv("OMPI_COMM_WORLD_SIZE") != NULL;
-  int mpi_owned = 0, peers_go_on = 0;
-  if (!inited) {
-    int provided = 0;
-    int mrc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
-    if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Init_thread", __FILE__, __LINE__);
-    mpi_owned = 1;
-    if (provided < MPI_THREAD_MULTIPLE) {
-      MPI_Finalize();
-      return HORA_ERR(HORA_ERR_MPI,
-                      "hora_init: MPI provides thread level %d, hora needs MPI_THREAD_MULTIPLE "
-                      "(its engine and checkpoint threads call MPI)", provided);
-    }
-  } else {
-    int provided = 0;
-    MPI_Query_thread(&provided);
-    if (provided < MPI_THREAD_MULTIPLE)
-      return HORA_ERR(HORA_ERR_MPI,
-                      "hora_init: the program initialized MPI with thread level %d; hora needs "
-                      "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...)", provided);
-  }
+  int mpi_owned = 0;
+  HORA_CHECK(mpi_start(&mpi_owned));
 
   hora_ctx_t *c = calloc(1, sizeof *c);
   if (!c) {
@@ -285,58 +288,37 @@ HORA_EXPORT hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t 
   if (!(opts && opts->mpi_comm)) HORA_CHECK_GOTO(check_world(c, p, mpirun_started), rc, fail_ctx);
   HORA_CHECK_GOTO(build_layout(c, p), rc, fail_ctx);
   if (p->device >= 0) c->device = (int)p->device;
-  /* From here a failure can be this rank's alone (GPU, engine): the other ranks go on, and
-   * MPI_Finalize would wait for them. The process then ends with MPI initialized. */
-  peers_go_on = 1;
-  /* The GPU of this rank (runtime/comm; a no-op without CUDA), before the engine starts. Weak:
-   * comm/gpu.c is linked into every program that links a collective (it defines hora__gpu_hooks,
-   * which algo/coll.c uses), and programs built from core alone (the record fuzzer) need none. */
-  if (hora__gpu_on_init) HORA_CHECK_GOTO(hora__gpu_on_init(c), rc, fail_ctx);
-  /* The async engine starts here, not lazily: it duplicates communicators, which is collective
-   * on the world and must not interleave with the program's own collectives (engine/engine.c).
-   * The reference is weak so that core builds without the engine (the records fuzzer); in a
-   * static link the engine is present whenever the program uses an async call. */
-  if (hora__engine_on_init) HORA_CHECK_GOTO(hora__engine_on_init(c), rc, fail_ctx);
-  if (!live_add(c)) {
-    rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: more than %d live contexts", MAX_LIVE);
-    run_finalizers(c);
-    goto fail_ctx;
-  }
+  *out = c;
+  return HORA_SUCCESS;
+
+fail_ctx:
+  hora__ctx_discard(c);
+  return rc;
+fail_mpi:
+  if (mpi_owned) MPI_Finalize();
+  return rc;
+}
+
+hora_result_t hora__ctx_publish(hora_ctx_t *c) {
+  if (!live_add(c)) return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: more than %d live contexts", MAX_LIVE);
   if (c->rank == 0) {
     HORA_INFO(INIT, "hora %s: %d ranks on %d node%s (local size %d)", HORA_VERSION_STRING,
               c->size, c->cross_size, c->cross_size == 1 ? "" : "s", c->local_size);
     log_nondefault_params();
   }
-  /* Optional services configured by environment variables (GPU monitor); they only log on
-   * failure. The one call from core into another module, so that setting HORA_GPU_MONITOR_S is
-   * enough also in statically linked programs. */
-  hora__trace_on_init(c);
-  *out = c;
   return HORA_SUCCESS;
+}
 
-fail_ctx:
+void hora__ctx_discard(hora_ctx_t *c) {
+  live_remove(c);
+  /* After a failure (ctx->failed: a peer declared dead, or a module of this rank alone failed to
+   * start) MPI_Finalize would wait for ranks that are gone or going on: the process ends with MPI
+   * initialized instead. */
+  int owned = c->mpi_owned && !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE);
   ctx_free_comms(c);
   pthread_mutex_destroy(&c->lock);
   free(c);
-fail_mpi:
-  if (mpi_owned && !peers_go_on) MPI_Finalize();
-  return rc;
-}
-
-HORA_EXPORT hora_result_t hora_init(hora_ctx_t **ctx) { return hora_init_ex(NULL, ctx); }
-
-HORA_EXPORT hora_result_t hora_finalize(hora_ctx_t *ctx) {
-  if (!ctx) return HORA_SUCCESS;
-  HORA_CHECK(hora__ctx_check(ctx, "hora_finalize"));
-  /* Run module finalizers, newest first, while the context is still live for them. */
-  hora_result_t first = run_finalizers(ctx);
-  live_remove(ctx);
-  int owned = ctx->mpi_owned && !__atomic_load_n(&ctx->failed, __ATOMIC_ACQUIRE); /* else MPI_Finalize waits for the dead */
-  ctx_free_comms(ctx);
-  pthread_mutex_destroy(&ctx->lock);
-  free(ctx);
   if (owned) MPI_Finalize();
-  return first;
 }
 
 #define LAYOUT_GETTER(fn, field)                                                  \

@@ -1,6 +1,6 @@
 /* The context: what hora_init builds and every module hangs its state from.
  * Modules register a finalizer (run in reverse order of registration by hora_finalize) instead
- * of core calling into them, so that dependencies point one way. */
+ * of core calling into them, so that dependencies point one way: core is the ground floor. */
 #ifndef HORA_CORE_CTX_H
 #define HORA_CORE_CTX_H
 
@@ -42,6 +42,22 @@ struct hora_ctx {
   void *trace;  /* runtime/trace: GPU monitor */
   void *signal; /* runtime/ckpt: preemption signal state */
 };
+
+/* The context's life, driven by hora_init / hora_finalize (runtime/init/init.c), which start the
+ * modules between open and publish and stop them (the finalizers) before discard:
+ * - hora__ctx_open: checks opts, reads HORA_LOG* and the parameters, initializes MPI unless the
+ *   program did, duplicates the world, runs the world-size checks and builds the layout. Collective
+ *   over the world. On error nothing is left behind (MPI is finalized again if it started it).
+ * - hora__ctx_publish: makes the context live (hora__ctx_check accepts it) and logs the banner and
+ *   the non-default parameters on rank 0. HORA_ERR_NO_MEMORY when too many contexts are live.
+ * - hora__ctx_run_finalizers: runs and frees the module finalizers, newest first; returns the first
+ *   error.
+ * - hora__ctx_discard: no longer live; frees the communicators and the context, and finalizes MPI
+ *   if hora initialized it. Run the finalizers first. */
+hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out);
+hora_result_t hora__ctx_publish(hora_ctx_t *ctx);
+hora_result_t hora__ctx_run_finalizers(hora_ctx_t *ctx);
+void hora__ctx_discard(hora_ctx_t *ctx);
 
 /* Validate that ctx is a live context (it is looked up by address, never dereferenced when it is
  * not live). HORA_ERR_NOT_INITIALIZED with a message naming `fn` otherwise. */

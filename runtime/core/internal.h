@@ -18,7 +18,7 @@ typedef enum { HORA_LOG_NONE = 0, HORA_LOG_WARN = 1, HORA_LOG_INFO = 2, HORA_LOG
 
 /* Subsystems; the names (upper case) are what HORA_LOG_SUBSYS lists. */
 #define HORA_SUBSYS_LIST(X) \
-  X(INIT) X(COMM) X(RING) X(SHM) X(ENGINE) X(CKPT) X(PIN) X(DATA) X(TRACE) X(CUDA) X(NCCL) X(BENCH)
+  X(INIT) X(COMM) X(RING) X(SHM) X(ENGINE) X(CKPT) X(DATA) X(TRACE) X(CUDA) X(NCCL) X(BENCH)
 typedef enum {
 #define X(s) HORA_SUBSYS_##s,
   HORA_SUBSYS_LIST(X)

@@ -71,7 +71,7 @@ hora_result_t hora__log_configure(void) {
   if (ss && *ss && parse_subsys(ss, &mask) != HORA_SUCCESS) {
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
                     "HORA_LOG_SUBSYS=%s names an unknown subsystem (known: INIT,COMM,RING,SHM,"
-                    "ENGINE,CKPT,PIN,DATA,TRACE,CUDA,NCCL,BENCH,ALL)", ss);
+                    "ENGINE,CKPT,DATA,TRACE,CUDA,NCCL,BENCH,ALL)", ss);
   }
   __atomic_store_n(&log_level, level, __ATOMIC_RELAXED);
   __atomic_store_n(&log_mask, mask, __ATOMIC_RELAXED);

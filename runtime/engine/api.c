@@ -184,17 +184,8 @@ HORA_EXPORT hora_result_t hora_allgatherv_async(hora_ctx_t *ctx, const char *nam
   HORA_CHECK(check_name(fn, name));
   HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
   if (!recvcounts) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: recvcounts is NULL", fn);
-  size_t es = hora__dtype_size(dtype), total = 0;
-  for (int i = 0; i < ctx->size; i++) {
-    if (recvcounts[i] > SIZE_MAX / es - total)
-      return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sum of recvcounts overflows", fn);
-    total += recvcounts[i];
-  }
-  if (sendcount != recvcounts[ctx->rank])
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sendcount %zu != recvcounts[%d] = %zu", fn, sendcount,
-                    ctx->rank, recvcounts[ctx->rank]);
-  HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, sendcount, dtype, NULL));
-  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, total, dtype, NULL));
+  size_t total = 0;
+  HORA_CHECK(hora__check_allgatherv_local(ctx, fn, sendbuf, sendcount, recvbuf, recvcounts, dtype, &total));
   size_t *rc_copy = malloc((size_t)ctx->size * sizeof *rc_copy);
   if (!rc_copy) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory", fn);
   memcpy(rc_copy, recvcounts, (size_t)ctx->size * sizeof *rc_copy);
@@ -251,28 +242,9 @@ HORA_EXPORT hora_result_t hora_join(hora_ctx_t *ctx, int *last_rank) {
   hora_engine_t *eng;
   HORA_CHECK(hora__engine_get(ctx, fn, &eng));
   eng_params_t p = {.kind = ENG_JOIN, .root = -1};
-  eng_req_t *r = calloc(1, sizeof *r);
-  if (r) r->name = strdup("");
-  if (!r || !r->name) {
-    free(r);
-    return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory", fn);
-  }
-  r->p = p;
-  r->t_enqueue = hora__now_s();
   hora_handle_t *h;
-  hora_result_t rc = hora__handle_new(eng, 1, &h);
-  if (rc != HORA_SUCCESS) {
-    hora__req_free(r);
-    return rc;
-  }
-  r->h = h;
-  rc = hora__engine_submit(eng, r, r);
-  if (rc != HORA_SUCCESS) {
-    hora__req_free(r);
-    hora__handle_release(h);
-    hora__handle_release(h);
-    return rc;
-  }
+  hora_result_t rc = submit_one(eng, fn, "", &p, NULL, NULL, NULL, &h);
+  if (rc != HORA_SUCCESS) return rc;
   rc = hora_wait(h);
   int last = h->last_rank;
   hora__handle_release(h);

@@ -23,19 +23,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "algo/algo.h"
 #include "core/fault.h"
 #include "engine/engine.h"
 #include "engine/engine_init.h"
 
 #define IDLE_CYCLES_BEFORE_BACKOFF 50
 #define IDLE_MAX_SLEEP_S 0.010
-
-const char *hora__eng_kind_name(int kind) {
-  static const char *const n[ENG_KIND_COUNT] = {"ALLREDUCE", "ALLGATHER", "ALLGATHERV", "BROADCAST",
-                                                "REDUCESCATTER", "ALLTOALL", "JOIN"};
-  return kind >= 0 && kind < ENG_KIND_COUNT ? n[kind] : "UNKNOWN";
-}
 
 hora_result_t hora__engine_get(hora_ctx_t *ctx, const char *fn, hora_engine_t **out) {
   HORA_CHECK(hora__ctx_check(ctx, fn));

@@ -7,8 +7,9 @@
  * reduced by ONE host allreduce (runtime/algo on the engine's shadow context), in one of two ways.
  *
  * Scatter-gather (one node, more than one rank, no prescale, and the group's size resolves to the
- * shared-memory algorithm): the tensors are the segments of one virtual buffer that algo/shm.c
- * reduces where they are (hora__shm_run_segs): its copy-in reads the slices straight from the
+ * shared-memory algorithm: hora__allreduce_segs_direct): the tensors are the segments of one
+ * virtual buffer that the algorithm layer reduces where they are (hora__allreduce_segs, run by
+ * algo/shm.c): its copy-in reads the slices straight from the
  * send buffers and its copy-out writes straight into the recv buffers; average and postscale are
  * applied by the rank that reduces each element, before it is published (same bits everywhere).
  *
@@ -25,14 +26,14 @@
  * saves. On the scatter-gather path there are no copies and they join the group: one run of
  * pieces and barriers for everything (both measured with `hora-bench fusion`, docs/benchmarks.md).
  * A rank that has joined (hora_join) contributes zeros.
- * Other collectives run one by one. Device buffers go to run_device(), the one place where the
- * GPU path plugs in. A failed collective may leave the ranks out of step, so it fails the
+ * Other collectives run one by one, through the algorithm layer's host bodies (algo/coll.h): the
+ * engine calls no MPI for data. Device buffers go to run_device(), the one place where the GPU
+ * path plugs in. A failed collective may leave the ranks out of step, so it fails the
  * whole engine (every handle gets the error) rather than risk a hang. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo/algo.h"
 #include "algo/coll.h"
 #include "engine/engine.h"
 #include "hora_kernels.h"
@@ -101,37 +102,6 @@ static hora_result_t run_device(hora_engine_t *eng, eng_resp_t *x) {
   return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "tensor '%s': device buffers need a CUDA build of hora", x->name);
 }
 
-static hora_result_t run_allgatherv(hora_engine_t *eng, eng_req_t *r, size_t es) {
-  hora_ctx_t *s = eng->shadow;
-  int n = s->size, me = s->rank;
-  size_t *off = malloc((size_t)n * sizeof *off);
-  if (!off) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
-  size_t o = 0;
-  for (int i = 0; i < n; i++) off[i] = o, o += r->recvcounts[i];
-  char *recv = r->recv;
-  size_t mine = r->recvcounts[me];
-  if (mine && recv + off[me] * es != (const char *)r->send) memmove(recv + off[me] * es, r->send, mine * es);
-  hora_result_t rc = HORA_SUCCESS;
-  /* Pairwise exchange: in step k send my block to rank+k and receive rank-k's block. */
-  for (int k = 1; k < n && rc == HORA_SUCCESS; k++) {
-    int to = (me + k) % n, from = (me - k + n) % n;
-    MPI_Datatype st, rt;
-    int sown = 0, rown = 0;
-    rc = hora__mpi_bytes_type(mine * es, &st, &sown);
-    if (rc != HORA_SUCCESS) break;
-    rc = hora__mpi_bytes_type(r->recvcounts[from] * es, &rt, &rown);
-    if (rc == HORA_SUCCESS) {
-      int mrc = MPI_Sendrecv(recv + off[me] * es, mine ? 1 : 0, st, to, 91, recv + off[from] * es,
-                             r->recvcounts[from] ? 1 : 0, rt, from, 91, s->world, MPI_STATUS_IGNORE);
-      if (mrc != MPI_SUCCESS) rc = hora__mpi_error(mrc, "MPI_Sendrecv(allgatherv)", __FILE__, __LINE__);
-    }
-    if (sown) MPI_Type_free(&st);
-    if (rown) MPI_Type_free(&rt);
-  }
-  free(off);
-  return rc;
-}
-
 /* One non-fused response on host buffers. */
 static hora_result_t run_one(hora_engine_t *eng, eng_resp_t *x, hora_algo_t algo) {
   hora_ctx_t *s = eng->shadow;
@@ -153,28 +123,12 @@ static hora_result_t run_one(hora_engine_t *eng, eng_resp_t *x, hora_algo_t algo
       return hora__broadcast_host(s, r->recv, bytes, p->root);
     case ENG_REDUCESCATTER:
       return hora__reducescatter_host(s, r->send, r->recv, p->count, p->dtype, p->op);
-    case ENG_ALLGATHER: {
-      char *mine = (char *)r->recv + (size_t)s->rank * bytes;
-      if (bytes && mine != (const char *)r->send) memcpy(mine, r->send, bytes);
-      if (!bytes || s->size == 1) return HORA_SUCCESS;
-      MPI_Datatype t;
-      int owned;
-      HORA_CHECK(hora__mpi_bytes_type(bytes, &t, &owned));
-      int mrc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, r->recv, 1, t, s->world);
-      if (owned) MPI_Type_free(&t);
-      return mrc == MPI_SUCCESS ? HORA_SUCCESS : hora__mpi_error(mrc, "MPI_Allgather", __FILE__, __LINE__);
-    }
+    case ENG_ALLGATHER:
+      return hora__allgather_host(s, r->send, r->recv, bytes);
     case ENG_ALLGATHERV:
-      return run_allgatherv(eng, r, es);
-    case ENG_ALLTOALL: {
-      if (!bytes) return HORA_SUCCESS;
-      MPI_Datatype t;
-      int owned;
-      HORA_CHECK(hora__mpi_bytes_type(bytes, &t, &owned));
-      int mrc = MPI_Alltoall(r->send, 1, t, r->recv, 1, t, s->world);
-      if (owned) MPI_Type_free(&t);
-      return mrc == MPI_SUCCESS ? HORA_SUCCESS : hora__mpi_error(mrc, "MPI_Alltoall", __FILE__, __LINE__);
-    }
+      return hora__allgatherv_host(s, r->send, r->recv, r->recvcounts, es);
+    case ENG_ALLTOALL:
+      return hora__alltoall_host(s, r->send, r->recv, bytes);
     default:
       return HORA_ERR(HORA_ERR_INTERNAL, "engine: unknown request kind %d", p->kind);
   }
@@ -223,33 +177,18 @@ static hora_result_t run_fused(hora_engine_t *eng, eng_resp_t **m, size_t k, siz
   return rc;
 }
 
-/* Average and postscale, applied by the shm algorithm's hook to each run of this rank's slice right
- * after its reduce and before it is published: one rank scales each element, so every rank gets
- * the same bits, and no separate pass over the results is needed. */
-typedef struct {
-  hora_ctx_t *ctx;
-  hora_dtype_t dtype;
-  hora_op_t op;
-  double postscale;
-} post_arg_t;
-
-static hora_result_t post_hook(void *arg, void *run, size_t n) {
-  post_arg_t *a = arg;
-  return hora__scale_and_average(a->ctx, run, n, a->dtype, a->op, a->postscale);
-}
-
 /* Whether a group of host allreduces with params p and `bytes` bytes in all can skip the fusion
- * buffer: one node, more than one rank, no prescale (the send buffers are read as they are), and
- * the shared-memory algorithm is the one the group's size resolves to. */
+ * buffer: the algorithm layer runs a segmented allreduce of that size on the tensors where they
+ * are (algo/dispatch.c says when: one node, no prescale, shared memory chosen). */
 static int sg_possible(hora_engine_t *eng, const eng_params_t *p, size_t bytes, hora_algo_t algo) {
-  hora_ctx_t *s = eng->shadow;
   hora_dtype_t dt = (hora_dtype_t)p->dtype;
-  return p->device == HORA_DEVICE_HOST && s->cross_size == 1 && s->size > 1 && p->prescale == 1.0 &&
-         hora__algo_resolve(s, bytes / hora__dtype_size(dt), dt, algo) == HORA_ALGO_SHM;
+  return p->device == HORA_DEVICE_HOST &&
+         hora__allreduce_segs_direct(eng->shadow, bytes / hora__dtype_size(dt), dt, p->prescale, algo);
 }
 
-/* Members [0, k) reduced in place of their own buffers by the shared-memory algorithm's
- * scatter-gather form (algo/shm.c): no fusion buffer, no pack, no unpack. A member of a joined
+/* Members [0, k) reduced in place of their own buffers by the algorithm layer's segmented
+ * allreduce (the shared-memory algorithm's scatter-gather form): no fusion buffer, no pack, no
+ * unpack. A member of a joined
  * rank (no request) reads zeros and writes into a discard buffer; several such members share both
  * (the zeros are only read, and nothing reads the discarded results). */
 static hora_result_t run_fused_sg(hora_engine_t *eng, eng_resp_t **m, size_t k) {
@@ -270,11 +209,7 @@ static hora_result_t run_fused_sg(hora_engine_t *eng, eng_resp_t **m, size_t k) 
       eng_req_t *r = m[i]->req;
       seg[i] = (hora_seg_t){r ? r->send : eng->zeros, r ? r->recv : eng->fusion, (size_t)m[i]->p.count};
     }
-    hora_op_t op = (hora_op_t)p->op;
-    post_arg_t pa = {eng->shadow, (hora_dtype_t)p->dtype, op, p->postscale};
-    int post = op == HORA_AVERAGE || p->postscale != 1.0;
-    rc = hora__shm_run_segs(eng->shadow, seg, k, (hora_dtype_t)p->dtype, op == HORA_AVERAGE ? HORA_SUM : op,
-                            post ? post_hook : NULL, &pa);
+    rc = hora__allreduce_segs(eng->shadow, seg, k, (hora_dtype_t)p->dtype, (hora_op_t)p->op, p->postscale);
   }
   double t1 = hora__now_s();
   free(seg);

@@ -168,41 +168,36 @@ static void drain(hora_engine_t *eng, double now) {
   }
 }
 
-hora_result_t hora__negotiate(hora_engine_t *eng, eng_resp_t **run_list, size_t *nrun, int *stop,
-                              int *all_idle) {
-  hora_result_t rc = HORA_SUCCESS;
-  double now = hora__now_s();
-  int cap = eng->cache.cap, cw = (cap + 63) / 64;
-  size_t nw = 1 + 2 * (size_t)cw;
-  uint64_t *bits = calloc(nw, sizeof *bits);
-  eng_req_t **reqs = NULL;
-  size_t nreq = 0, nlist = 0;
-  eng_resp_t *list = NULL;
-  buf_t out = {0}, resp = {0};
-  char *gathered = NULL;
-  int *sizes = NULL, *displs = NULL;
-  *run_list = NULL;
-  *nrun = 0;
-  *stop = 0;
-  *all_idle = 0;
-  if (!bits) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+/* One cycle's working set, shared by its rounds. */
+typedef struct {
+  hora_engine_t *eng;
+  double now;
+  int cap, cw;         /* cache slots and 64-bit words per bit set */
+  size_t nw;           /* words in the bit vector: 1 + 2 * cw */
+  uint64_t *bits;      /* word 0 flags, then the hit bits, then the valid bits */
+  eng_req_t **reqs;    /* this rank's pending requests */
+  size_t nreq;
+  eng_resp_t *list;    /* what runs this cycle, in order */
+  size_t nlist;
+} cycle_t;
 
-  drain(eng, now);
-  if (eng->rank == 0) hora__stall_check(eng, now);
-  HORA_CHECK_GOTO(collect(eng, &reqs, &nreq), rc, done);
+#define HIT(c) ((c)->bits + 1)
+#define VALID(c) ((c)->bits + 1 + (c)->cw)
 
-  /* ---- step 1: the bit vector ---- */
-  uint64_t *hit = bits + 1, *valid = bits + 1 + cw;
-  for (int w = 0; w < cw; w++) valid[w] = ~0ull;
+/* Step 1, local part: this rank's hit and valid bits and flags. */
+static void bits_fill(cycle_t *c) {
+  hora_engine_t *eng = c->eng;
+  uint64_t *hit = HIT(c), *valid = VALID(c);
+  for (int w = 0; w < c->cw; w++) valid[w] = ~0ull;
   int any_new = eng->join_req && eng->join_req->state == REQ_NEW;
-  for (size_t i = 0; i < nreq; i++) {
-    eng_req_t *r = reqs[i];
+  for (size_t i = 0; i < c->nreq; i++) {
+    eng_req_t *r = c->reqs[i];
     if (r->state == REQ_CACHED) {
       int pos = hora__cache_find(&eng->cache, r->name);
       if (pos < 0) {
         r->state = REQ_NEW;
       } else if (!hora__eng_params_equal(&eng->cache.e[pos].p, &r->p) ||
-                 (eng->stall_fallback_s > 0 && now - r->t_cached > eng->stall_fallback_s) ||
+                 (eng->stall_fallback_s > 0 && c->now - r->t_cached > eng->stall_fallback_s) ||
                  (eng->any_joined && !is_joinable(&r->p))) {
         /* Other parameters, waited too long for the others (let rank 0 see it: stall report),
          * or a rank has joined (rank 0 must answer non-allreduce requests): erase everywhere. */
@@ -216,7 +211,7 @@ hora_result_t hora__negotiate(hora_engine_t *eng, eng_resp_t **run_list, size_t 
     if (r->state == REQ_NEW) any_new = 1;
   }
   if (eng->joined)
-    for (int s = 0; s < cap; s++)
+    for (int s = 0; s < c->cap; s++)
       if (eng->cache.e[s].name && is_joinable(&eng->cache.e[s].p)) hit[s / 64] |= 1ull << (s % 64);
   int want_slow = any_new || (eng->rank == 0 && eng->noutbox > 0);
   uint64_t flags = 0;
@@ -224,253 +219,287 @@ hora_result_t hora__negotiate(hora_engine_t *eng, eng_resp_t **run_list, size_t 
   pthread_mutex_lock(&eng->mu);
   if (eng->stop_requested) flags |= F_WANT_STOP;
   pthread_mutex_unlock(&eng->mu);
-  if (nreq == 0 && !eng->joined) flags |= F_IDLE;
+  if (c->nreq == 0 && !eng->joined) flags |= F_IDLE;
   if (!eng->joined) flags |= F_NOT_JOINED;
   else flags |= F_JOINED;
-  bits[0] = flags;
-  if (eng->size > 1) {
-    MPI_Request mr;
-    int mrc = MPI_Iallreduce(MPI_IN_PLACE, bits, (int)nw, MPI_UINT64_T, MPI_BAND, eng->comm, &mr);
-    if (mrc != MPI_SUCCESS) {
-      rc = hora__mpi_error(mrc, "MPI_Iallreduce(engine bit vector)", __FILE__, __LINE__);
-      goto done;
-    }
-    HORA_CHECK_GOTO(hora__engine_mpi_wait(eng, &mr, "the engine's bit-vector allreduce"), rc, done);
-  }
-  flags = bits[0];
-  *stop = (flags & F_WANT_STOP) != 0;
-  *all_idle = (flags & F_IDLE) != 0;
-  eng->any_joined = !(flags & F_NOT_JOINED);
+  c->bits[0] = flags;
+}
 
-  /* Erase invalidated slots (every rank, same cycle); their requests go to rank 0. */
-  for (int s = 0; s < cap; s++) {
+/* Step 1, the exchange: AND of every rank's bit vector, in place. */
+static hora_result_t bits_exchange(cycle_t *c) {
+  hora_engine_t *eng = c->eng;
+  if (eng->size <= 1) return HORA_SUCCESS;
+  MPI_Request mr;
+  int mrc = MPI_Iallreduce(MPI_IN_PLACE, c->bits, (int)c->nw, MPI_UINT64_T, MPI_BAND, eng->comm, &mr);
+  if (mrc != MPI_SUCCESS)
+    return hora__mpi_error(mrc, "MPI_Iallreduce(engine bit vector)", __FILE__, __LINE__);
+  return hora__engine_mpi_wait(eng, &mr, "the engine's bit-vector allreduce");
+}
+
+/* Step 1, applied: erase the slots some rank invalidated (every rank, same cycle; their requests
+ * go to rank 0), then list the slots every rank hit, in slot order. */
+static hora_result_t bits_apply(cycle_t *c) {
+  hora_engine_t *eng = c->eng;
+  uint64_t *hit = HIT(c), *valid = VALID(c), flags = c->bits[0];
+  for (int s = 0; s < c->cap; s++) {
     if (valid[s / 64] & (1ull << (s % 64))) continue;
-    for (size_t i = 0; i < nreq; i++)
-      if (reqs[i]->state == REQ_CACHED && reqs[i]->cache_pos == s) reqs[i]->state = REQ_NEW;
+    for (size_t i = 0; i < c->nreq; i++)
+      if (c->reqs[i]->state == REQ_CACHED && c->reqs[i]->cache_pos == s) c->reqs[i]->state = REQ_NEW;
     hora__cache_erase(&eng->cache, s);
   }
   if (flags & F_JOINED) /* every rank joined: the hits would all be zeros from everyone */
-    for (int w = 0; w < cw; w++) hit[w] = 0;
+    for (int w = 0; w < c->cw; w++) hit[w] = 0;
   size_t nhits = 0;
-  for (int s = 0; s < cap; s++)
+  for (int s = 0; s < c->cap; s++)
     if ((hit[s / 64] & valid[s / 64]) & (1ull << (s % 64))) nhits++;
-  list = calloc(nhits + 1, sizeof *list);
-  if (!list) {
-    rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
-    goto done;
-  }
-  for (int s = 0; s < cap; s++) {
+  c->list = calloc(nhits + 1, sizeof *c->list);
+  if (!c->list) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+  for (int s = 0; s < c->cap; s++) {
     if (!((hit[s / 64] & valid[s / 64]) & (1ull << (s % 64)))) continue;
-    eng_resp_t *x = &list[nlist];
+    eng_resp_t *x = &c->list[c->nlist];
     x->name = strdup(eng->cache.e[s].name);
-    if (!x->name) {
-      rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
-      goto done;
-    }
+    if (!x->name) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
     x->p = eng->cache.e[s].p;
     eng_req_t *r = hora__eng_table_get(&eng->pending, x->name);
     x->req = (r && r->state == REQ_CACHED && r->cache_pos == s) ? r : NULL;
     if (x->req) x->req->t_negotiate = x->req->t_cached;
     hora__cache_touch(&eng->cache, s);
-    nlist++;
+    c->nlist++;
   }
+  atomic_fetch_add(&eng->stat_cache_hits, c->nlist);
+  return HORA_SUCCESS;
+}
 
-  atomic_fetch_add(&eng->stat_cache_hits, nlist);
-  /* ---- step 2: rank 0 coordination ---- */
-  if (!(flags & F_NO_SLOW)) {
-    atomic_fetch_add(&eng->stat_slow_cycles, 1);
-    for (size_t i = 0; i < nreq; i++) {
-      eng_req_t *r = reqs[i];
-      if (r->state != REQ_NEW) continue;
-      put_str(&out, r->name);
-      put(&out, &r->p, sizeof r->p);
-      r->state = REQ_SENT;
-      r->t_negotiate = now;
-    }
-    if (eng->join_req && eng->join_req->state == REQ_NEW) {
-      eng_params_t jp = {.kind = ENG_JOIN, .root = -1};
-      put_str(&out, "");
-      put(&out, &jp, sizeof jp);
-      eng->join_req->state = REQ_SENT;
-    }
-    if (out.oom) {
-      rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
-      goto done;
-    }
-    int mine = (int)out.n, n = eng->size;
-    if (eng->rank == 0) {
-      sizes = calloc((size_t)n, sizeof *sizes);
-      displs = calloc((size_t)n, sizeof *displs);
-      if (!sizes || !displs) {
-        rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
-        goto done;
-      }
-    }
-    MPI_Request mr;
-    int mrc = MPI_Igather(&mine, 1, MPI_INT, sizes, 1, MPI_INT, 0, eng->comm, &mr);
-    if (mrc != MPI_SUCCESS) {
-      rc = hora__mpi_error(mrc, "MPI_Igather(engine sizes)", __FILE__, __LINE__);
-      goto done;
-    }
-    HORA_CHECK_GOTO(hora__engine_mpi_wait(eng, &mr, "gathering new tensor names at rank 0"), rc, done);
+/* Step 2, every rank: serialize the requests the cache did not answer (and a new join). */
+static hora_result_t coord_pack_new(cycle_t *c, buf_t *out) {
+  hora_engine_t *eng = c->eng;
+  for (size_t i = 0; i < c->nreq; i++) {
+    eng_req_t *r = c->reqs[i];
+    if (r->state != REQ_NEW) continue;
+    put_str(out, r->name);
+    put(out, &r->p, sizeof r->p);
+    r->state = REQ_SENT;
+    r->t_negotiate = c->now;
+  }
+  if (eng->join_req && eng->join_req->state == REQ_NEW) {
+    eng_params_t jp = {.kind = ENG_JOIN, .root = -1};
+    put_str(out, "");
+    put(out, &jp, sizeof jp);
+    eng->join_req->state = REQ_SENT;
+  }
+  if (out->oom) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+  return HORA_SUCCESS;
+}
+
+/* Step 2: gather every rank's new requests at rank 0 (sizes, then bytes). On rank 0 *gathered,
+ * *sizes and *displs are allocated (the caller frees them). */
+static hora_result_t coord_gather(cycle_t *c, const buf_t *out, char **gathered, int **sizes,
+                                  int **displs) {
+  hora_engine_t *eng = c->eng;
+  int mine = (int)out->n, n = eng->size;
+  if (eng->rank == 0) {
+    *sizes = calloc((size_t)n, sizeof **sizes);
+    *displs = calloc((size_t)n, sizeof **displs);
+    if (!*sizes || !*displs) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+  }
+  MPI_Request mr;
+  int mrc = MPI_Igather(&mine, 1, MPI_INT, *sizes, 1, MPI_INT, 0, eng->comm, &mr);
+  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Igather(engine sizes)", __FILE__, __LINE__);
+  HORA_CHECK(hora__engine_mpi_wait(eng, &mr, "gathering new tensor names at rank 0"));
+  if (eng->rank == 0) {
     size_t total = 0;
-    if (eng->rank == 0) {
-      for (int r = 0; r < n; r++) {
-        displs[r] = (int)total;
-        total += (size_t)sizes[r];
-      }
-      gathered = malloc(total ? total : 1);
-      if (!gathered) {
-        rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
-        goto done;
-      }
+    for (int r = 0; r < n; r++) {
+      (*displs)[r] = (int)total;
+      total += (size_t)(*sizes)[r];
     }
-    mrc = MPI_Igatherv(out.p, mine, MPI_BYTE, gathered, sizes, displs, MPI_BYTE, 0, eng->comm, &mr);
-    if (mrc != MPI_SUCCESS) {
-      rc = hora__mpi_error(mrc, "MPI_Igatherv(engine requests)", __FILE__, __LINE__);
-      goto done;
-    }
-    HORA_CHECK_GOTO(hora__engine_mpi_wait(eng, &mr, "gathering new tensor names at rank 0"), rc, done);
+    *gathered = malloc(total ? total : 1);
+    if (!*gathered) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+  }
+  mrc = MPI_Igatherv(out->p, mine, MPI_BYTE, *gathered, *sizes, *displs, MPI_BYTE, 0, eng->comm, &mr);
+  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Igatherv(engine requests)", __FILE__, __LINE__);
+  return hora__engine_mpi_wait(eng, &mr, "gathering new tensor names at rank 0");
+}
 
-    uint64_t rsize = 0;
-    if (eng->rank == 0) {
-      for (int r = 0; r < n; r++) {
-        rd_t rd = {gathered + displs[r], (size_t)sizes[r], 0, 0};
-        while (rd.off < rd.n && !rd.bad) {
-          char *name = get_str(&rd);
-          eng_params_t p;
-          if (!name || !get(&rd, &p, sizeof p)) {
-            free(name);
-            break;
-          }
-          HORA_CHECK_GOTO(hora__coord_add(eng, r, name, &p, now), rc, done);
-        }
-        if (rd.bad) {
-          rc = HORA_ERR(HORA_ERR_INTERNAL, "engine: malformed request list from rank %d", r);
-          goto done;
-        }
-      }
-      HORA_CHECK_GOTO(hora__coord_ready(eng), rc, done);
-      for (size_t i = 0; i < eng->noutbox; i++) {
-        eng_wire_resp_t *w = &eng->outbox[i];
-        put_str(&resp, w->name);
-        put(&resp, &w->p, sizeof w->p);
-        int32_t wrc = (int32_t)w->rc;
-        put(&resp, &wrc, sizeof wrc);
-        put_str(&resp, w->msg);
-        free(w->name);
-        free(w->msg);
-      }
-      eng->noutbox = 0;
-      if (resp.oom) {
-        rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
-        goto done;
-      }
-      rsize = resp.n;
-    }
-    mrc = MPI_Ibcast(&rsize, 1, MPI_UINT64_T, 0, eng->comm, &mr);
-    if (mrc != MPI_SUCCESS) {
-      rc = hora__mpi_error(mrc, "MPI_Ibcast(engine responses)", __FILE__, __LINE__);
-      goto done;
-    }
-    HORA_CHECK_GOTO(hora__engine_mpi_wait(eng, &mr, "receiving rank 0's responses"), rc, done);
-    if (eng->rank != 0) {
-      resp.p = malloc(rsize ? rsize : 1);
-      if (!resp.p) {
-        rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
-        goto done;
-      }
-      resp.n = rsize;
-    }
-    if (rsize > (uint64_t)INT32_MAX) {
-      rc = HORA_ERR(HORA_ERR_INTERNAL, "engine: response list of %llu bytes", (unsigned long long)rsize);
-      goto done;
-    }
-    if (rsize) {
-      mrc = MPI_Ibcast(resp.p, (int)rsize, MPI_BYTE, 0, eng->comm, &mr);
-      if (mrc != MPI_SUCCESS) {
-        rc = hora__mpi_error(mrc, "MPI_Ibcast(engine responses)", __FILE__, __LINE__);
-        goto done;
-      }
-      HORA_CHECK_GOTO(hora__engine_mpi_wait(eng, &mr, "receiving rank 0's responses"), rc, done);
-    }
-
-    /* Apply the responses in order: failures complete requests, successes run and are cached. */
-    rd_t rd = {resp.p, (size_t)rsize, 0, 0};
-    while (rd.off < rd.n) {
-      eng_params_t p;
-      int32_t wrc;
+/* Step 2, rank 0: feed the gathered requests to the coordinator (coord.c) and serialize its
+ * responses into *resp (emptying the outbox). */
+static hora_result_t coord_decide(cycle_t *c, const char *gathered, const int *sizes,
+                                  const int *displs, buf_t *resp) {
+  hora_engine_t *eng = c->eng;
+  for (int r = 0; r < eng->size; r++) {
+    rd_t rd = {gathered + displs[r], (size_t)sizes[r], 0, 0};
+    while (rd.off < rd.n && !rd.bad) {
       char *name = get_str(&rd);
-      if (!name) break;
-      char *msg = NULL;
-      if (!get(&rd, &p, sizeof p) || !get(&rd, &wrc, sizeof wrc) || !(msg = get_str(&rd))) {
+      eng_params_t p;
+      if (!name || !get(&rd, &p, sizeof p)) {
         free(name);
         break;
       }
-      if (p.kind == ENG_JOIN) {
-        if (eng->join_req) {
-          eng->join_req->h->last_rank = p.root; /* read by hora_join after the wait */
-          hora__handle_member_done(eng->join_req->h, HORA_SUCCESS, NULL);
-          hora__req_free(eng->join_req);
-          eng->join_req = NULL;
-        }
-        eng->joined = 0;
-        free(name);
-        free(msg);
-        continue;
-      }
-      eng_req_t *r = hora__eng_table_get(&eng->pending, name);
-      if (r && r->state != REQ_SENT) r = NULL;
-      if (wrc != HORA_SUCCESS) {
-        if (eng->rank == 0) HORA_WARN(ENGINE, "%s", msg);
-        if (r) hora__req_finish(eng, r, (hora_result_t)wrc, msg);
-        free(name);
-        free(msg);
-        continue;
-      }
-      free(msg);
-      if (cap > 0 && hora__cache_put(&eng->cache, name, &p) < 0) {
-        free(name);
-        rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory in the response cache");
-        goto done;
-      }
-      eng_resp_t *nl = realloc(list, (nlist + 1) * sizeof *list);
-      if (!nl) {
-        free(name);
-        rc = HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
-        goto done;
-      }
-      list = nl;
-      list[nlist].name = name;
-      list[nlist].p = p;
-      list[nlist].req = r;
-      nlist++;
+      HORA_CHECK(hora__coord_add(eng, r, name, &p, c->now));
     }
-    if (rd.bad) {
-      rc = HORA_ERR(HORA_ERR_INTERNAL, "engine: malformed response list from rank 0");
-      goto done;
-    }
+    if (rd.bad) return HORA_ERR(HORA_ERR_INTERNAL, "engine: malformed request list from rank %d", r);
   }
+  HORA_CHECK(hora__coord_ready(eng));
+  for (size_t i = 0; i < eng->noutbox; i++) {
+    eng_wire_resp_t *w = &eng->outbox[i];
+    put_str(resp, w->name);
+    put(resp, &w->p, sizeof w->p);
+    int32_t wrc = (int32_t)w->rc;
+    put(resp, &wrc, sizeof wrc);
+    put_str(resp, w->msg);
+    free(w->name);
+    free(w->msg);
+  }
+  eng->noutbox = 0;
+  if (resp->oom) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+  return HORA_SUCCESS;
+}
 
+/* Step 2: rank 0's responses to every rank (size, then bytes); *rsize is their length. */
+static hora_result_t coord_bcast(cycle_t *c, buf_t *resp, uint64_t *rsize) {
+  hora_engine_t *eng = c->eng;
+  MPI_Request mr;
+  *rsize = eng->rank == 0 ? resp->n : 0;
+  int mrc = MPI_Ibcast(rsize, 1, MPI_UINT64_T, 0, eng->comm, &mr);
+  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Ibcast(engine responses)", __FILE__, __LINE__);
+  HORA_CHECK(hora__engine_mpi_wait(eng, &mr, "receiving rank 0's responses"));
+  if (eng->rank != 0) {
+    resp->p = malloc(*rsize ? *rsize : 1);
+    if (!resp->p) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+    resp->n = *rsize;
+  }
+  if (*rsize > (uint64_t)INT32_MAX)
+    return HORA_ERR(HORA_ERR_INTERNAL, "engine: response list of %llu bytes", (unsigned long long)*rsize);
+  if (!*rsize) return HORA_SUCCESS;
+  mrc = MPI_Ibcast(resp->p, (int)*rsize, MPI_BYTE, 0, eng->comm, &mr);
+  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Ibcast(engine responses)", __FILE__, __LINE__);
+  return hora__engine_mpi_wait(eng, &mr, "receiving rank 0's responses");
+}
+
+/* Rank 0 has answered this rank's join: the join completes. */
+static void join_done(hora_engine_t *eng, const eng_params_t *p) {
+  if (eng->join_req) {
+    eng->join_req->h->last_rank = p->root; /* read by hora_join after the wait */
+    hora__handle_member_done(eng->join_req->h, HORA_SUCCESS, NULL);
+    hora__req_free(eng->join_req);
+    eng->join_req = NULL;
+  }
+  eng->joined = 0;
+}
+
+/* Step 2, every rank: apply the responses in order: failures complete requests, successes are
+ * cached and appended to the run list. */
+static hora_result_t coord_apply(cycle_t *c, const char *resp, uint64_t rsize) {
+  hora_engine_t *eng = c->eng;
+  rd_t rd = {resp, (size_t)rsize, 0, 0};
+  while (rd.off < rd.n) {
+    eng_params_t p;
+    int32_t wrc;
+    char *name = get_str(&rd);
+    if (!name) break;
+    char *msg = NULL;
+    if (!get(&rd, &p, sizeof p) || !get(&rd, &wrc, sizeof wrc) || !(msg = get_str(&rd))) {
+      free(name);
+      break;
+    }
+    if (p.kind == ENG_JOIN) {
+      join_done(eng, &p);
+      free(name);
+      free(msg);
+      continue;
+    }
+    eng_req_t *r = hora__eng_table_get(&eng->pending, name);
+    if (r && r->state != REQ_SENT) r = NULL;
+    if (wrc != HORA_SUCCESS) {
+      if (eng->rank == 0) HORA_WARN(ENGINE, "%s", msg);
+      if (r) hora__req_finish(eng, r, (hora_result_t)wrc, msg);
+      free(name);
+      free(msg);
+      continue;
+    }
+    free(msg);
+    if (c->cap > 0 && hora__cache_put(&eng->cache, name, &p) < 0) {
+      free(name);
+      return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory in the response cache");
+    }
+    eng_resp_t *nl = realloc(c->list, (c->nlist + 1) * sizeof *c->list);
+    if (!nl) {
+      free(name);
+      return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+    }
+    c->list = nl;
+    c->list[c->nlist].name = name;
+    c->list[c->nlist].p = p;
+    c->list[c->nlist].req = r;
+    c->nlist++;
+  }
+  if (rd.bad) return HORA_ERR(HORA_ERR_INTERNAL, "engine: malformed response list from rank 0");
+  return HORA_SUCCESS;
+}
+
+/* Step 2 as a whole: the round trip to rank 0. */
+static hora_result_t coord_round(cycle_t *c) {
+  hora_engine_t *eng = c->eng;
+  hora_result_t rc = HORA_SUCCESS;
+  buf_t out = {0}, resp = {0};
+  char *gathered = NULL;
+  int *sizes = NULL, *displs = NULL;
+  uint64_t rsize = 0;
+  atomic_fetch_add(&eng->stat_slow_cycles, 1);
+  HORA_CHECK_GOTO(coord_pack_new(c, &out), rc, done);
+  HORA_CHECK_GOTO(coord_gather(c, &out, &gathered, &sizes, &displs), rc, done);
+  if (eng->rank == 0) HORA_CHECK_GOTO(coord_decide(c, gathered, sizes, displs, &resp), rc, done);
+  HORA_CHECK_GOTO(coord_bcast(c, &resp, &rsize), rc, done);
+  HORA_CHECK_GOTO(coord_apply(c, resp.p, rsize), rc, done);
 done:
-  if (rc == HORA_SUCCESS) {
-    *run_list = list;
-    *nrun = nlist;
-  } else {
-    for (size_t i = 0; i < nlist; i++) free(list[i].name);
-    free(list);
-  }
-  free(reqs);
-  if (eng->abandoned) {
-    /* An abandoned MPI request may still write into these (a slow peer's bit vector arriving
-     * after a false death, progressed by any thread's next MPI call): leak them, once. */
-    return rc;
-  }
-  free(bits);
+  /* An abandoned MPI request (eng->abandoned: a wait given up after a peer was declared dead)
+   * may still write into these buffers whenever any thread next enters MPI: leak them. */
+  if (eng->abandoned) return rc;
   free(out.p);
   free(resp.p);
   free(gathered);
   free(sizes);
   free(displs);
+  return rc;
+}
+
+hora_result_t hora__negotiate(hora_engine_t *eng, eng_resp_t **run_list, size_t *nrun, int *stop,
+                              int *all_idle) {
+  hora_result_t rc = HORA_SUCCESS;
+  cycle_t c = {.eng = eng, .now = hora__now_s(), .cap = eng->cache.cap};
+  c.cw = (c.cap + 63) / 64;
+  c.nw = 1 + 2 * (size_t)c.cw;
+  c.bits = calloc(c.nw, sizeof *c.bits);
+  *run_list = NULL;
+  *nrun = 0;
+  *stop = 0;
+  *all_idle = 0;
+  if (!c.bits) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+
+  drain(eng, c.now);
+  if (eng->rank == 0) hora__stall_check(eng, c.now);
+  HORA_CHECK_GOTO(collect(eng, &c.reqs, &c.nreq), rc, done);
+
+  /* ---- step 1: the bit vector ---- */
+  bits_fill(&c);
+  HORA_CHECK_GOTO(bits_exchange(&c), rc, done);
+  uint64_t flags = c.bits[0];
+  *stop = (flags & F_WANT_STOP) != 0;
+  *all_idle = (flags & F_IDLE) != 0;
+  eng->any_joined = !(flags & F_NOT_JOINED);
+  HORA_CHECK_GOTO(bits_apply(&c), rc, done);
+
+  /* ---- step 2: rank 0 coordination ---- */
+  if (!(flags & F_NO_SLOW)) HORA_CHECK_GOTO(coord_round(&c), rc, done);
+
+done:
+  if (rc == HORA_SUCCESS) {
+    *run_list = c.list;
+    *nrun = c.nlist;
+  } else {
+    for (size_t i = 0; i < c.nlist; i++) free(c.list[i].name);
+    free(c.list);
+  }
+  free(c.reqs);
+  if (!eng->abandoned) free(c.bits); /* a late bit vector may still land in it: see coord_round */
   return rc;
 }

@@ -1,4 +1,4 @@
-/* Handles, the submission queue and this rank's table of pending requests.
+/* Handles and the submission queue (the table of pending requests is util.c's).
  *
  * A user thread builds a request and pushes it on the queue under the engine's mutex (a grouped
  * allreduce pushes its whole chain in one step, so its members are always drained in the same
@@ -14,64 +14,6 @@
 #include <string.h>
 
 #include "engine/engine.h"
-
-/* ---- the name table ---- */
-
-uint64_t hora__eng_hash(const char *s, size_t len) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-  return h;
-}
-
-static size_t bucket(const eng_table_t *t, const char *name) {
-  return (size_t)(hora__eng_hash(name, strlen(name)) & (t->nb - 1));
-}
-
-eng_req_t *hora__eng_table_get(eng_table_t *t, const char *name) {
-  if (!t->nb) return NULL;
-  for (eng_req_t *r = t->b[bucket(t, name)]; r; r = r->hnext)
-    if (strcmp(r->name, name) == 0) return r;
-  return NULL;
-}
-
-hora_result_t hora__eng_table_put(eng_table_t *t, eng_req_t *r) {
-  if (t->n + 1 > t->nb) { /* grow x2 (load factor <= 1) */
-    size_t nb = t->nb ? t->nb * 2 : 64;
-    eng_req_t **b = calloc(nb, sizeof *b);
-    if (!b) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory for the pending table");
-    for (size_t i = 0; i < t->nb; i++)
-      for (eng_req_t *x = t->b[i], *nx; x; x = nx) {
-        nx = x->hnext;
-        size_t k = (size_t)(hora__eng_hash(x->name, strlen(x->name)) & (nb - 1));
-        x->hnext = b[k];
-        b[k] = x;
-      }
-    free(t->b);
-    t->b = b;
-    t->nb = nb;
-  }
-  size_t k = bucket(t, r->name);
-  r->hnext = t->b[k];
-  t->b[k] = r;
-  t->n++;
-  return HORA_SUCCESS;
-}
-
-void hora__eng_table_del(eng_table_t *t, eng_req_t *r) {
-  if (!t->nb) return;
-  for (eng_req_t **pp = &t->b[bucket(t, r->name)]; *pp; pp = &(*pp)->hnext)
-    if (*pp == r) {
-      *pp = r->hnext;
-      t->n--;
-      return;
-    }
-}
-
-int hora__eng_params_equal(const eng_params_t *a, const eng_params_t *b) {
-  return a->kind == b->kind && a->dtype == b->dtype && a->op == b->op && a->device == b->device &&
-         a->root == b->root && a->count == b->count && a->prescale == b->prescale &&
-         a->postscale == b->postscale && a->vhash == b->vhash;
-}
 
 /* ---- handles ---- */
 

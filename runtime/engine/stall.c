@@ -18,23 +18,6 @@
 
 #define STALL_LIST_MAX 16
 
-void hora__rank_list(const uint8_t *flags, int size, int want, char *out, size_t outsz) {
-  size_t off = 0;
-  out[0] = 0;
-  for (int r = 0; r < size && off + 24 < outsz;) {
-    if ((flags[r] != 0) != (want != 0)) {
-      r++;
-      continue;
-    }
-    int e = r;
-    while (e + 1 < size && (flags[e + 1] != 0) == (want != 0)) e++;
-    if (e == r) off += (size_t)snprintf(out + off, outsz - off, "%s%d", off ? "," : "", r);
-    else off += (size_t)snprintf(out + off, outsz - off, "%s%d-%d", off ? "," : "", r, e);
-    r = e + 1;
-  }
-  if (off + 24 >= outsz) snprintf(out + off, outsz - off, ",...");
-}
-
 /* The ranks that have neither submitted the name nor joined. */
 static void missing_ranks(hora_engine_t *eng, const eng_coord_t *c, char *out, size_t outsz) {
   uint8_t *ok = malloc((size_t)eng->size);

@@ -1,4 +1,4 @@
-/* The CUDA layer kernels (kernels/cuda/layers.cu) against the host layer kernels on the same
+/* The CUDA layer kernels (examples/mnist/layers/layers.cu) against the host layer kernels on the same
  * random inputs (odd shapes included), and a central-difference gradient check of conv, dense,
  * max-pool and softmax cross-entropy computed on the device. Outside the matrix products and the
  * bias gradients the device results must be bit-identical to the host's (the bodies are shared

@@ -1,4 +1,4 @@
-/* Layer kernels of the example convnet (kernels/host/layers.c): each against a naive reference
+/* Layer kernels of the example convnet (examples/mnist/layers/layers.c): each against a naive reference
  * written from the definition, and each backward against a central-difference numerical
  * gradient; then the whole model's backward (examples/mnist/model.c) against numerical gradients
  * of its loss. */

@@ -1,5 +1,5 @@
-/* The per-element bodies of the CUDA layer kernels (kernels/cuda/layers_body.h), run here on the
- * CPU by a plain loop over every index, against the host layer kernels (kernels/host/layers.c) on
+/* The per-element bodies of the CUDA layer kernels (examples/mnist/layers/layers_body.h), run here on the
+ * CPU by a plain loop over every index, against the host layer kernels (examples/mnist/layers/layers.c) on
  * random shapes (odd sizes, odd pooled sizes, several batch sizes). This is the CPU check of the
  * device path's index math: every comparison is bit-exact (the bodies keep the host's arithmetic
  * order), except where stated. The matrix products of the device path (hora_body_gemm_*, turned

@@ -94,6 +94,99 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* The --algo list: "mpi" is MPI_Allreduce itself, the others hora's algorithms. Returns how many,
+ * or -1 after a message for an unknown name. */
+static int parse_algos(const char *algos, algo_sel_t *sel) {
+  int nsel = 0;
+  char list[256];
+  snprintf(list, sizeof list, "%s", algos);
+  for (char *save = NULL, *a = strtok_r(list, ",", &save); a; a = strtok_r(NULL, ",", &save)) {
+    if (nsel == MAX_ALGOS) break;
+    algo_sel_t s = {strdup(a), 0, HORA_ALGO_AUTO};
+    if (!strcmp(a, "mpi")) s.is_mpi = 1;
+    else if (hora__algo_parse(a, &s.algo) != HORA_SUCCESS || s.algo == HORA_ALGO_MPI) {
+      fprintf(stderr, "hora-bench allreduce: unknown algorithm '%s' (ring,shm,hier,auto,mpi)\n", a);
+      return -1;
+    }
+    sel[nsel++] = s;
+  }
+  return nsel;
+}
+
+/* One timed run of algorithm `a` on `count` elements: warmup calls, then `iters` calls (0: as many
+ * as fit in about 0.2 s, 5 to 1000). The max over ranks of the mean time per call, in seconds. */
+static double time_algo(hora_ctx_t *ctx, const algo_sel_t *a, const void *send, void *recv, size_t count,
+                        hora_dtype_t dt, hora_op_t op, int warmup, int iters) {
+  for (int w = 0; w < warmup; w++) run_once(ctx, a, send, recv, count, dt, op);
+  int it = iters;
+  if (it == 0) {
+    MPI_Barrier(ctx->world);
+    double t0 = bench_now_s();
+    run_once(ctx, a, send, recv, count, dt, op);
+    double one = bench_now_s() - t0, mx;
+    MPI_Allreduce(&one, &mx, 1, MPI_DOUBLE, MPI_MAX, ctx->world);
+    it = (int)(0.2 / (mx > 1e-7 ? mx : 1e-7));
+    it = it < 5 ? 5 : it > 1000 ? 1000 : it;
+  }
+  MPI_Barrier(ctx->world);
+  double t0 = bench_now_s();
+  hora_result_t hr = HORA_SUCCESS;
+  for (int j = 0; j < it && hr == HORA_SUCCESS; j++) hr = run_once(ctx, a, send, recv, count, dt, op);
+  double per = (bench_now_s() - t0) / it, mx;
+  MPI_Allreduce(&per, &mx, 1, MPI_DOUBLE, MPI_MAX, ctx->world);
+  if (hr != HORA_SUCCESS) {
+    fprintf(stderr, "rank %d: %s failed: %s\n", ctx->rank, a->name, hora_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return mx;
+}
+
+/* Rank 0's table header. */
+static void print_header(hora_ctx_t *ctx, int d, int op, int repeat) {
+  char chunk_txt[64];
+  if (hora__params()->shm_chunk_bytes)
+    snprintf(chunk_txt, sizeof chunk_txt, "%llu B", (unsigned long long)hora__params()->shm_chunk_bytes);
+  else
+    snprintf(chunk_txt, sizeof chunk_txt, "auto (%s)", ctx->local_size > ctx->local_cpus ? "4 MiB" : "1 MiB");
+  if (ctx->rank != 0) return;
+  printf("# hora-bench allreduce: %d ranks on %d node(s), local size %d, dtype %s, op %s, "
+         "segment %llu B, shm chunk %s\n", ctx->size, ctx->cross_size, ctx->local_size, dnames[d],
+         onames[op], (unsigned long long)hora__params()->ring_segment_bytes, chunk_txt);
+  printf("# busbw = algbw * 2(n-1)/n, GB = 1e9 B; time = max over ranks of the mean over iters%s\n",
+         repeat > 1 ? ", median of the repeats" : "");
+  printf("%12s %12s %9s %6s %6s %11s %9s %9s %7s\n", "size(B)", "count", "type", "redop", "algo",
+         "time(us)", "algbw", "busbw", "#wrong");
+}
+
+/* The send buffer (this rank's input values) and a zeroed recv buffer of maxcount elements. */
+static char *bench_buffers(int rank, hora_dtype_t dt, size_t maxcount, char **recv) {
+  size_t es = hora__dtype_size(dt);
+  char *send = NULL;
+  if (posix_memalign((void **)&send, 64, maxcount * es + 64) || posix_memalign((void **)recv, 64, maxcount * es + 64)) {
+    fprintf(stderr, "hora-bench allreduce: out of memory\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  for (size_t i = 0; i < maxcount; i++) hora__elem_store(send, dt, i, input(rank, i));
+  memset(*recv, 0, maxcount * es);
+  return send;
+}
+
+/* Rank 0's closing table: auto against MPI_Allreduce per size, when both ran. */
+static void print_summary(const algo_sel_t *sel, int nsel, const double *sum_bytes, const double *sum_auto,
+                          const double *sum_mpi, const char *const *sum_pick, int nsum) {
+  int have_auto = 0, have_mpi = 0;
+  for (int k = 0; k < nsel; k++) {
+    have_auto |= !strcmp(sel[k].name, "auto");
+    have_mpi |= sel[k].is_mpi;
+  }
+  if (!have_auto || !have_mpi) return;
+  printf("\n# hora(auto) / MPI_Allreduce busbw per size (auto picks the algorithm named)\n");
+  printf("%12s %10s %10s %7s %6s\n", "size(B)", "auto", "mpi", "ratio", "pick");
+  for (int s = 0; s < nsum; s++)
+    printf("%12.0f %10.3f %10.3f %7.2f %6s\n", sum_bytes[s], sum_auto[s], sum_mpi[s],
+           sum_mpi[s] > 0 ? sum_auto[s] / sum_mpi[s] : 0.0, sum_pick[s]);
+}
+
 int hora_bench_allreduce(int argc, char **argv) {
   int64_t minb = 4, maxb = 256ll << 20;
   const char *algos = "ring,shm,hier,auto,mpi", *json = NULL, *dname = "f32", *oname = "sum";
@@ -128,21 +221,9 @@ int hora_bench_allreduce(int argc, char **argv) {
     if (!strcmp(dname, dnames[k])) d = k;
   for (int k = 0; k < 5; k++)
     if (!strcmp(oname, onames[k])) op = k;
-
   algo_sel_t sel[MAX_ALGOS];
-  int nsel = 0;
-  char list[256];
-  snprintf(list, sizeof list, "%s", algos);
-  for (char *save = NULL, *a = strtok_r(list, ",", &save); a; a = strtok_r(NULL, ",", &save)) {
-    if (nsel == MAX_ALGOS) break;
-    algo_sel_t s = {strdup(a), 0, HORA_ALGO_AUTO};
-    if (!strcmp(a, "mpi")) s.is_mpi = 1;
-    else if (hora__algo_parse(a, &s.algo) != HORA_SUCCESS || s.algo == HORA_ALGO_MPI) {
-      fprintf(stderr, "hora-bench allreduce: unknown algorithm '%s' (ring,shm,hier,auto,mpi)\n", a);
-      return 2;
-    }
-    sel[nsel++] = s;
-  }
+  int nsel = parse_algos(algos, sel);
+  if (nsel < 0) return 2;
 
   hora_ctx_t *ctx;
   hora_result_t hr = hora_init(&ctx);
@@ -153,32 +234,14 @@ int hora_bench_allreduce(int argc, char **argv) {
   int rank = ctx->rank, n = ctx->size;
   hora_dtype_t dt = (hora_dtype_t)d;
   size_t es = hora__dtype_size(dt), maxcount = (size_t)maxb / es;
-  char *send = NULL, *recv = NULL;
-  if (posix_memalign((void **)&send, 64, maxcount * es + 64) || posix_memalign((void **)&recv, 64, maxcount * es + 64)) {
-    fprintf(stderr, "hora-bench allreduce: out of memory\n");
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  for (size_t i = 0; i < maxcount; i++) hora__elem_store(send, dt, i, input(rank, i));
-  memset(recv, 0, maxcount * es);
+  char *recv = NULL;
+  char *send = bench_buffers(rank, dt, maxcount, &recv);
   FILE *jf = NULL;
   if (json && rank == 0 && !(jf = fopen(json, "w"))) {
     fprintf(stderr, "hora-bench allreduce: cannot write %s\n", json);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  char chunk_txt[64];
-  if (hora__params()->shm_chunk_bytes)
-    snprintf(chunk_txt, sizeof chunk_txt, "%llu B", (unsigned long long)hora__params()->shm_chunk_bytes);
-  else
-    snprintf(chunk_txt, sizeof chunk_txt, "auto (%s)", ctx->local_size > ctx->local_cpus ? "4 MiB" : "1 MiB");
-  if (rank == 0) {
-    printf("# hora-bench allreduce: %d ranks on %d node(s), local size %d, dtype %s, op %s, "
-           "segment %llu B, shm chunk %s\n", n, ctx->cross_size, ctx->local_size, dnames[d],
-           onames[op], (unsigned long long)hora__params()->ring_segment_bytes, chunk_txt);
-    printf("# busbw = algbw * 2(n-1)/n, GB = 1e9 B; time = max over ranks of the mean over iters%s\n",
-           repeat > 1 ? ", median of the repeats" : "");
-    printf("%12s %12s %9s %6s %6s %11s %9s %9s %7s\n", "size(B)", "count", "type", "redop", "algo",
-           "time(us)", "algbw", "busbw", "#wrong");
-  }
+  print_header(ctx, d, op, repeat);
   double bw_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
   /* Summary: auto vs mpi per size. */
   double sum_bytes[64], sum_auto[64], sum_mpi[64];
@@ -191,31 +254,8 @@ int hora_bench_allreduce(int argc, char **argv) {
     size_t count = bytes / es;
     if (count == 0) continue;
     for (int rep = 0; rep < repeat; rep++)
-      for (int k = 0; k < nsel; k++) {
-        for (int w = 0; w < warmup; w++) run_once(ctx, &sel[k], send, recv, count, dt, (hora_op_t)op);
-        int it = iters;
-        if (it == 0) {
-          MPI_Barrier(ctx->world);
-          double t0 = bench_now_s();
-          run_once(ctx, &sel[k], send, recv, count, dt, (hora_op_t)op);
-          double one = bench_now_s() - t0, mx;
-          MPI_Allreduce(&one, &mx, 1, MPI_DOUBLE, MPI_MAX, ctx->world);
-          it = (int)(0.2 / (mx > 1e-7 ? mx : 1e-7));
-          it = it < 5 ? 5 : it > 1000 ? 1000 : it;
-        }
-        MPI_Barrier(ctx->world);
-        double t0 = bench_now_s();
-        hr = HORA_SUCCESS;
-        for (int j = 0; j < it && hr == HORA_SUCCESS; j++)
-          hr = run_once(ctx, &sel[k], send, recv, count, dt, (hora_op_t)op);
-        double per = (bench_now_s() - t0) / it, mx;
-        MPI_Allreduce(&per, &mx, 1, MPI_DOUBLE, MPI_MAX, ctx->world);
-        samples[k * repeat + rep] = mx;
-        if (hr != HORA_SUCCESS) {
-          fprintf(stderr, "rank %d: %s failed: %s\n", rank, sel[k].name, hora_last_error());
-          MPI_Abort(MPI_COMM_WORLD, 1);
-        }
-      }
+      for (int k = 0; k < nsel; k++)
+        samples[k * repeat + rep] = time_algo(ctx, &sel[k], send, recv, count, dt, (hora_op_t)op, warmup, iters);
     /* The check runs on the output of the last timed call of each algorithm; re-run once per
      * algorithm so each one's own output is checked. */
     for (int k = 0; k < nsel; k++) {
@@ -249,18 +289,7 @@ int hora_bench_allreduce(int argc, char **argv) {
     }
     if (rank == 0) fflush(stdout);
   }
-  int have_auto = 0, have_mpi = 0;
-  for (int k = 0; k < nsel; k++) {
-    have_auto |= !strcmp(sel[k].name, "auto");
-    have_mpi |= sel[k].is_mpi;
-  }
-  if (rank == 0 && have_auto && have_mpi) {
-    printf("\n# hora(auto) / MPI_Allreduce busbw per size (auto picks the algorithm named)\n");
-    printf("%12s %10s %10s %7s %6s\n", "size(B)", "auto", "mpi", "ratio", "pick");
-    for (int s = 0; s < nsum; s++)
-      printf("%12.0f %10.3f %10.3f %7.2f %6s\n", sum_bytes[s], sum_auto[s], sum_mpi[s],
-             sum_mpi[s] > 0 ? sum_auto[s] / sum_mpi[s] : 0.0, sum_pick[s]);
-  }
+  if (rank == 0) print_summary(sel, nsel, sum_bytes, sum_auto, sum_mpi, sum_pick, nsum);
   if (rank == 0) printf("# #wrong total: %ld\n", wrong_total);
   if (jf) fclose(jf);
   free(samples);

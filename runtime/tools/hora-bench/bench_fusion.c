@@ -70,6 +70,63 @@ static int cmpd(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* One step of variant v over the workload's n tensors (offsets off[] into send/recv, counts[]):
+ * returns the number of failed calls. */
+static long run_variant(int v, hora_ctx_t *cf, hora_ctx_t *cu, const float *send, float *recv, const size_t *counts,
+                        const size_t *off, size_t n, size_t total, char (*names)[32], hora_handle_t **h) {
+  long errors = 0;
+  switch (v) {
+    case V_MPI_PER:
+      for (size_t k = n; k-- > 0;)
+        MPI_Allreduce(send + off[k], recv + off[k], (int)counts[k], MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      break;
+    case V_MPI_CONCAT:
+      MPI_Allreduce(send, recv, (int)total, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      break;
+    case V_HORA_CONCAT:
+      if (hora_allreduce(cf, send, recv, total, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST)) errors++;
+      break;
+    default: {
+      hora_ctx_t *c = v == V_FUSED ? cf : cu;
+      for (size_t k = n; k-- > 0;) /* backward order: the last layer's gradients are ready first */
+        if (hora_allreduce_async(c, names[k], send + off[k], recv + off[k], counts[k], HORA_FLOAT32, HORA_SUM,
+                                 1, 1, HORA_DEVICE_HOST, &h[k]))
+          errors++, h[k] = NULL;
+      for (size_t k = n; k-- > 0;)
+        if (h[k]) {
+          if (hora_wait(h[k])) errors++;
+          hora_handle_free(h[k]);
+        }
+    }
+  }
+  return errors;
+}
+
+/* Rank 0's table (median step time of each variant) and the JSON lines when asked for. */
+static void report(double **t, int steps, const char *workload, size_t n, size_t under16k, size_t total, int size,
+                   const char *json, long allerr) {
+  double med[V_N];
+  for (int v = 0; v < V_N; v++) {
+    qsort(t[v], (size_t)steps, sizeof(double), cmpd);
+    med[v] = steps % 2 ? t[v][steps / 2] : (t[v][steps / 2 - 1] + t[v][steps / 2]) / 2;
+  }
+  FILE *jf = json ? fopen(json, "w") : NULL;
+  if (json && !jf) fprintf(stderr, "hora-bench fusion: cannot write %s\n", json);
+  printf("# hora-bench fusion: workload %s, %zu tensors (%zu under 16 KiB), %.1f MB fp32, %d ranks, "
+         "median of %d steps\n", workload, n, under16k, (double)total * 4 / 1e6, size, steps);
+  printf("%-16s %10s %14s\n", "variant", "step_ms", "vs_hora_concat");
+  for (int v = 0; v < V_N; v++) {
+    printf("%-16s %10.2f %13.2fx\n", vname[v], med[v] * 1e3, med[v] / med[V_HORA_CONCAT]);
+    if (jf) fprintf(jf, "{\"workload\":\"%s\",\"variant\":\"%s\",\"ranks\":%d,\"step_ms\":%.4f}\n", workload,
+                    vname[v], size, med[v] * 1e3);
+  }
+  printf("# hora_fused / hora_concat = %.2f (target <= 1.2)\n", med[V_FUSED] / med[V_HORA_CONCAT]);
+  printf("# mpi_per_tensor / hora_fused = %.2f%s\n", med[V_MPI_PER] / med[V_FUSED],
+         strcmp(workload, "small200") ? "" : " (target >= 3)");
+  if (allerr) printf("# %ld WRONG RESULTS or errors\n", allerr);
+  if (jf) fclose(jf);
+}
+
 int hora_bench_fusion(int argc, char **argv) {
   const char *workload = "resnet50", *json = NULL;
   int steps = 10, warmup = 2;
@@ -136,30 +193,7 @@ int hora_bench_fusion(int argc, char **argv) {
     for (int v = 0; v < V_N; v++) {
       MPI_Barrier(MPI_COMM_WORLD);
       double t0 = bench_now_s();
-      switch (v) {
-        case V_MPI_PER:
-          for (size_t k = n; k-- > 0;)
-            MPI_Allreduce(send + off[k], recv + off[k], (int)counts[k], MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-          break;
-        case V_MPI_CONCAT:
-          MPI_Allreduce(send, recv, (int)total, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-          break;
-        case V_HORA_CONCAT:
-          if (hora_allreduce(cf, send, recv, total, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST)) errors++;
-          break;
-        default: {
-          hora_ctx_t *c = v == V_FUSED ? cf : cu;
-          for (size_t k = n; k-- > 0;) /* backward order: the last layer's gradients are ready first */
-            if (hora_allreduce_async(c, names[k], send + off[k], recv + off[k], counts[k], HORA_FLOAT32, HORA_SUM,
-                                     1, 1, HORA_DEVICE_HOST, &h[k]))
-              errors++, h[k] = NULL;
-          for (size_t k = n; k-- > 0;)
-            if (h[k]) {
-              if (hora_wait(h[k])) errors++;
-              hora_handle_free(h[k]);
-            }
-        }
-      }
+      errors += run_variant(v, cf, cu, send, recv, counts, off, n, total, names, h);
       double dt = bench_now_s() - t0, mx;
       MPI_Allreduce(&dt, &mx, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       if (s >= 0) t[v][s] = mx;
@@ -173,28 +207,7 @@ int hora_bench_fusion(int argc, char **argv) {
   }
   long allerr = 0;
   MPI_Allreduce(&errors, &allerr, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-  if (rank == 0) {
-    double med[V_N];
-    for (int v = 0; v < V_N; v++) {
-      qsort(t[v], (size_t)steps, sizeof(double), cmpd);
-      med[v] = steps % 2 ? t[v][steps / 2] : (t[v][steps / 2 - 1] + t[v][steps / 2]) / 2;
-    }
-    FILE *jf = json ? fopen(json, "w") : NULL;
-    if (json && !jf) fprintf(stderr, "hora-bench fusion: cannot write %s\n", json);
-    printf("# hora-bench fusion: workload %s, %zu tensors (%zu under 16 KiB), %.1f MB fp32, %d ranks, "
-           "median of %d steps\n", workload, n, under16k, (double)total * 4 / 1e6, size, steps);
-    printf("%-16s %10s %14s\n", "variant", "step_ms", "vs_hora_concat");
-    for (int v = 0; v < V_N; v++) {
-      printf("%-16s %10.2f %13.2fx\n", vname[v], med[v] * 1e3, med[v] / med[V_HORA_CONCAT]);
-      if (jf) fprintf(jf, "{\"workload\":\"%s\",\"variant\":\"%s\",\"ranks\":%d,\"step_ms\":%.4f}\n", workload,
-                      vname[v], size, med[v] * 1e3);
-    }
-    printf("# hora_fused / hora_concat = %.2f (target <= 1.2)\n", med[V_FUSED] / med[V_HORA_CONCAT]);
-    printf("# mpi_per_tensor / hora_fused = %.2f%s\n", med[V_MPI_PER] / med[V_FUSED],
-           strcmp(workload, "small200") ? "" : " (target >= 3)");
-    if (allerr) printf("# %ld WRONG RESULTS or errors\n", allerr);
-    if (jf) fclose(jf);
-  }
+  if (rank == 0) report(t, steps, workload, n, under16k, total, size, json, allerr);
   for (int v = 0; v < V_N; v++) free(t[v]);
   free(send), free(recv), free(off), free(names), free(h);
   hora_finalize(cu);

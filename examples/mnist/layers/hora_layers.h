@@ -121,11 +121,11 @@ hora_result_t hora__init_uniform_host(float *w, size_t count, float limit, uint6
 uint64_t hora__rng_u64(uint64_t seed, uint64_t i);
 float hora__rng_uniform(uint64_t seed, uint64_t i);
 
-/* ---- device versions (suffix _cuda; kernels/cuda/layers.cu, library hora_layers_cuda) ----
+/* ---- device versions (suffix _cuda; examples/mnist/layers/layers.cu, library hora_layers_cuda) ----
  * Built only when CUDA is found; not part of libhora. Each takes the arguments of the _host
  * version of the same name, in the same order, with every array in device memory of the calling
  * thread's current GPU (cudaSetDevice; the example uses hora_device_index), and computes the same
- * result: the per-element work is kernels/cuda/layers_body.h, whose functions give the host's bits
+ * result: the per-element work is examples/mnist/layers/layers_body.h, whose functions give the host's bits
  * (checked on the CPU by tests/unit/test_layers_body); the matrix products go to cuBLAS
  * (cublasSgemm, one handle per GPU created on first use), whose summation order differs from
  * OpenBLAS's (float rounding differences only), and the bias gradients add 256 partial sums per

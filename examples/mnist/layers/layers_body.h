@@ -1,13 +1,13 @@
 /* The per-element (or per-output) work of every layer kernel of hora_layers.h, shared by the CUDA
- * kernels (kernels/cuda/layers.cu, one thread per element in a grid-stride loop) and the CPU unit
+ * kernels (examples/mnist/layers/layers.cu, one thread per element in a grid-stride loop) and the CPU unit
  * test tests/unit/test_layers_body.c, which drives each function with a plain host loop over all
- * indices and compares with the _host kernels (kernels/host/layers.c). That test is what checks the
+ * indices and compares with the _host kernels (examples/mnist/layers/layers.c). That test is what checks the
  * index math of the device path on a machine without a GPU.
  *
  * Plain C99 (and valid C++ for nvcc): HORA_HD is __host__ __device__ under nvcc and empty in C.
  * Each function computes one output element from its index, in the same arithmetic order as the
  * host kernel wherever that is possible, so the results are bit-identical to the host's (under
- * nvcc only with --fmad=false, which kernels/CMakeLists.txt sets for layers.cu). Exceptions, also
+ * nvcc only with --fmad=false, which examples/CMakeLists.txt sets for layers.cu). Exceptions, also
  * stated at the function: the softmax loss uses exp/log in double (CUDA's double exp/log are
  * within 1-2 ulp of glibc's) and the device sums the rows' losses in a different order.
  *
@@ -29,7 +29,7 @@
 #define HORA_HD
 #endif
 
-/* ---- shape checks (the same conditions as kernels/host/layers.c) ---- */
+/* ---- shape checks (the same conditions as examples/mnist/layers/layers.c) ---- */
 
 static inline int hora_body_conv_ok(const hora_conv_shape_t *s) {
   if (!s || s->n == 0 || s->h <= 0 || s->w <= 0 || s->c <= 0 || s->k <= 0 || s->kh <= 0 ||

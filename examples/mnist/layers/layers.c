@@ -11,7 +11,7 @@
 /* The optimizers' and the initializer's per-element formulas are the ones the CUDA kernels use
  * (one definition for both paths; the index-heavy kernels stay separate so that
  * tests/unit/test_layers_body.c checks the device's index math against an independent host). */
-#include "../cuda/layers_body.h"
+#include "layers_body.h"
 
 #define BAD HORA_ERR_INVALID_ARGUMENT
 

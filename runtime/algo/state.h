@@ -1,0 +1,29 @@
+/* The algorithm layer's per-context state (ctx->algo) and scratch memory: the leaf of runtime/algo
+ * that the algorithms (ring.c, shm.c, ...) use. It includes only core and calls no algorithm. */
+#ifndef HORA_ALGO_STATE_H
+#define HORA_ALGO_STATE_H
+
+#include "core/ctx.h"
+
+struct hora_shm;
+typedef struct hora_algo_state {
+  void *scratch; /* ring receive slots, grown on demand, freed at finalize */
+  size_t scratch_bytes;
+  struct hora_shm *shm; /* shm.c's window, created on first use */
+  /* Frees `shm` (collective over ctx->local): set by shm.c with the window, called by the state's
+   * finalizer at hora_finalize. */
+  hora_result_t (*shm_free)(hora_ctx_t *ctx, struct hora_shm *shm);
+} hora_algo_state_t;
+
+/* The context's algo state, created (and its finalizer registered) on first use. Thread-safe.
+ * HORA_ERR_NO_MEMORY when it cannot be allocated or the finalizer not registered. */
+hora_result_t hora__algo_state(hora_ctx_t *ctx, hora_algo_state_t **out);
+/* A scratch buffer of at least `bytes` bytes (64-byte aligned) owned by the state, valid until the
+ * next call on this context. HORA_ERR_NO_MEMORY when it cannot grow (the old one stays). */
+hora_result_t hora__algo_scratch(hora_ctx_t *ctx, size_t bytes, void **out);
+
+/* Segment/chunk sizes in elements of `es` bytes, from HORA_RING_SEGMENT_BYTES, at least one element
+ * and at most 1 GiB so that one MPI message count fits an int. */
+size_t hora__ring_segment_elems(size_t es);
+
+#endif
