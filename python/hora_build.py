@@ -152,6 +152,10 @@ def make_ffibuilder(include_dirs=None, library_dirs=None, header=None):
     ffibuilder = FFI()
     ffibuilder.cdef(cdef)
     ffibuilder.cdef(DLPACK_DECLS)
+    # The version of the libhora the extension is built against (hora/version.h, generated from
+    # the repository's VERSION file): hora.__version__, one number for C, CMake and Python.
+    ffibuilder.cdef("#define HORA_VERSION_MAJOR ...\n#define HORA_VERSION_MINOR ...\n"
+                    "#define HORA_VERSION_PATCH ...\n")
     ffibuilder.set_source(
         "hora._hora_cffi",
         "#include <hora.h>\n" + DLPACK_DECLS,

@@ -25,11 +25,13 @@ from ._core import (  # noqa: E402,F401
 )
 from .records import RecordReader, RecordWriter, count_records  # noqa: E402,F401
 
-__version__ = "0.1.0"
-
 # Parts that exist only when libhora was built with them (this package is compiled against the
 # header of the libhora it links, so the two always agree).
 from ._hora_cffi import lib as _lib  # noqa: E402
+
+# The repository's VERSION file, through hora/version.h (the same number as libhora's and the
+# wheel's, which pyproject.toml reads from that file too).
+__version__ = "%d.%d.%d" % (_lib.HORA_VERSION_MAJOR, _lib.HORA_VERSION_MINOR, _lib.HORA_VERSION_PATCH)
 
 if hasattr(_lib, "hora_allreduce_async"):
     from ._async import (  # noqa: F401
