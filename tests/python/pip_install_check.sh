@@ -11,6 +11,7 @@ work=$build/python-pip
 rm -rf "$work"
 mkdir -p "$work"
 cp -r "$src/python" "$work/src"   # pip builds in the source folder: keep the checkout clean
+cp "$src/VERSION" "$work/VERSION" # pyproject.toml reads the version from ../VERSION
 rm -rf "$work/src/build" "$work/src/hora.egg-info"
 trap 'rm -rf "$work"' EXIT
 "$py" -m venv "$work/venv"
