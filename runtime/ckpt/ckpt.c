@@ -82,10 +82,7 @@ static void remove_stale_tmp(const char *dir) {
 
 static hora_result_t ck_finalizer(hora_ctx_t *ctx, void *arg);
 
-static void ck_free(hora_ckpt_t *ck) {
-  if (!ck) return;
-  hora__ck_stage_free(&ck->stage);
-  hora__ck_snap_free(&ck->job);
+void hora__ck_meta_free(hora_ckpt_t *ck) {
   for (size_t i = 0; i < ck->nmeta; i++) {
     free(ck->keys[i]);
     free(ck->vals[i]);
@@ -93,6 +90,16 @@ static void ck_free(hora_ckpt_t *ck) {
   free(ck->keys);
   free(ck->vals);
   free(ck->restored_from);
+  ck->keys = ck->vals = NULL;
+  ck->restored_from = NULL;
+  ck->nmeta = 0;
+}
+
+static void ck_free(hora_ckpt_t *ck) {
+  if (!ck) return;
+  hora__ck_stage_free(&ck->stage);
+  hora__ck_snap_free(&ck->job);
+  hora__ck_meta_free(ck);
   free(ck->local_dir);
   free(ck->persist_dir);
   pthread_mutex_destroy(&ck->mu);

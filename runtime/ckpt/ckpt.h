@@ -52,6 +52,9 @@ typedef struct {
 } ck_snap_t;
 
 void hora__ck_snap_free(ck_snap_t *s); /* frees names, shapes, meta; not data */
+/* Frees the restored checkpoint's metadata and source directory kept in ck (keys, vals,
+ * restored_from) and leaves none. */
+void hora__ck_meta_free(hora_ckpt_t *ck);
 
 /* ---- format.c: safetensors with CRC32C ---- */
 /* The safetensors dtype name ("F32", "BF16", ...) of a hora dtype, and back (-1: unknown). */

@@ -83,14 +83,7 @@ static hora_result_t find_and_match(hora_ckpt_t *ck, const hora_tensor_t *t, siz
 /* Keep the restored checkpoint's metadata (nmeta key/value pairs, then the source directory, as
  * NUL-terminated strings in `blob`) for hora_ckpt_meta_get / restore_source. */
 static void keep_meta(hora_ckpt_t *ck, size_t nmeta, const char *blob) {
-  for (size_t i = 0; i < ck->nmeta; i++) {
-    free(ck->keys[i]);
-    free(ck->vals[i]);
-  }
-  free(ck->keys);
-  free(ck->vals);
-  free(ck->restored_from);
-  ck->nmeta = 0;
+  hora__ck_meta_free(ck);
   ck->keys = calloc(nmeta ? nmeta : 1, sizeof *ck->keys);
   ck->vals = calloc(nmeta ? nmeta : 1, sizeof *ck->vals);
   ck->restored_from = NULL;

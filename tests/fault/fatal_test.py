@@ -6,10 +6,9 @@ signal"), and the job must end within a bound.
 usage: fatal_test.py MPIEXEC PROBE hora-first|mpi-first segv|abort|fpe|bus|ill [mpiexec flags]"""
 import os
 import re
-import signal
-import subprocess
 import sys
-import time
+
+from jobrun import run_job
 
 mpiexec, probe, order, kind = sys.argv[1:5]
 flags = sys.argv[5:]
@@ -20,18 +19,7 @@ env = dict(os.environ)
 # Sanitizer builds install their own SIGSEGV/SIGBUS/SIGFPE handlers, which hora keeps: let hora's run.
 env["ASAN_OPTIONS"] = (env.get("ASAN_OPTIONS", "") + ":handle_segv=0:handle_sigbus=0:handle_sigfpe=0:handle_abort=0").lstrip(":")
 bound = 40.0
-t0 = time.monotonic()
-p = subprocess.Popen([mpiexec, *flags, "-np", "2", probe, order, kind], env=env, stdout=subprocess.PIPE,
-                     stderr=subprocess.STDOUT, start_new_session=True)
-try:
-    out, _ = p.communicate(timeout=bound + 20)
-    hung = False
-except subprocess.TimeoutExpired:
-    os.killpg(p.pid, signal.SIGKILL)
-    out, _ = p.communicate()
-    hung = True
-wall = time.monotonic() - t0
-out = out.decode(errors="replace")
+out, hung, wall, returncode = run_job([mpiexec, *flags, "-np", "2", probe, order, kind], env, bound + 20)
 print(out)
 errors = []
 if hung or wall > bound:
@@ -45,7 +33,7 @@ if not re.search(rf"signal {num}\b", out.replace(lines[0] if lines else "", ""))
     errors.append(f"mpirun does not report rank 1 ended by signal {num}")
 if "still alive" in out:
     errors.append("the rank survived its crash")
-print(f"fatal_test {order} {kind}: wall {wall:.1f} s, exit {p.returncode}")
+print(f"fatal_test {order} {kind}: wall {wall:.1f} s, exit {returncode}")
 for e in errors:
     print("FAIL:", e)
 sys.exit(1 if errors else 0)

@@ -21,10 +21,9 @@ usage: fault_test.py MPIEXEC PROBE NP STAGE:KIND WORK_ROOT [mpiexec flags...]"""
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
-import time
+
+from jobrun import run_job
 
 mpiexec, probe, np_, case, work_root = sys.argv[1:6]
 flags = sys.argv[6:]
@@ -45,21 +44,10 @@ if kind == "segv":
 # Start-up of mpirun and np ranks on a loaded 2-core machine, detection (peer or init timeout,
 # twice: the victim learns of the failure from the others' silence), finalize, teardown.
 bound = 45.0 + 2 * INIT_S
-t0 = time.monotonic()
 # A silent rank is only found out after the timeouts: keep training (50 ms steps) meanwhile.
 succeeds = kind == "late" or (stage, kind) in (("copy", "fail"), ("finalize", "mute"))
 args = ["200", "50"] if kind == "late" else ["600", "50"] if kind == "mute" and not succeeds else []
-p = subprocess.Popen([mpiexec, *flags, "-np", str(np_), probe, work, *args], env=env, stdout=subprocess.PIPE,
-                     stderr=subprocess.STDOUT, start_new_session=True)
-try:
-    out, _ = p.communicate(timeout=bound + 20)
-    hung = False
-except subprocess.TimeoutExpired:
-    os.killpg(p.pid, signal.SIGKILL)
-    out, _ = p.communicate()
-    hung = True
-wall = time.monotonic() - t0
-out = out.decode(errors="replace")
+out, hung, wall, returncode = run_job([mpiexec, *flags, "-np", str(np_), probe, work, *args], env, bound + 20)
 print(out)
 errors = []
 if hung:
@@ -74,11 +62,11 @@ if f"injecting '{kind}' at {stage} on rank {victim}" not in out:
     errors.append("the fault was not injected (no 'injecting' line)")
 ok_ranks = set(int(m) for m in re.findall(r"FAULT_PROBE rank (\d+) ok", out))
 if succeeds:
-    if p.returncode != 0 or ok_ranks != set(range(np_)):
-        errors.append(f"the job must succeed (exit {p.returncode}, ok ranks {sorted(ok_ranks)})")
+    if returncode != 0 or ok_ranks != set(range(np_)):
+        errors.append(f"the job must succeed (exit {returncode}, ok ranks {sorted(ok_ranks)})")
     if "HORA_ERR_REMOTE" in out:
         errors.append("a rank was declared dead")
-elif p.returncode == 0 and not hung:
+elif returncode == 0 and not hung:
     errors.append("the job exited 0 after a fault")
 if kind == "segv":
     lines = re.findall(rf"hora: rank {victim} \(.*pid \d+, tid \d+\): fatal signal 11 \(SIGSEGV\).*", out)
@@ -100,7 +88,7 @@ if kind == "mute" and not succeeds:
         errors.append(f"ranks {sorted(remote - finalized)} got HORA_ERR_REMOTE but never returned from hora_finalize")
     if not remote:
         errors.append("no rank returned HORA_ERR_REMOTE from a call")
-print(f"fault_test {case} np={np_}: wall {wall:.1f} s (bound {bound:.0f} s), exit {p.returncode}")
+print(f"fault_test {case} np={np_}: wall {wall:.1f} s (bound {bound:.0f} s), exit {returncode}")
 for e in errors:
     print("FAIL:", e)
 if not errors:
