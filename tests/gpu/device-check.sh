@@ -24,7 +24,7 @@
 # HORA_DEVICE_BUILD (build-device), HORA_DEVICE_USE_DEBS=1 (use the carried packages even where
 # the machine has its own), HORA_DEVICE_BUILD_S (the build step's limit, default 240),
 # HORA_DEVICE_BUILD_TARGETS (build only these; default all: the GPU steps need the tests),
-# CMAKE_CUDA_ARCHITECTURES (default: the GPU's, else 90).
+# CMAKE_CUDA_ARCHITECTURES (default: the GPU's, else 90), HORA_DEVICE_DEADLINE_S (see step()).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -39,8 +39,18 @@ SELF=$ROOT/tests/gpu/device-check.sh
 # step NAME SECONDS LOG: runs this script's function NAME in a child (`--step NAME`, which first
 # reads the environment that the deps step wrote) under a time box, appends its output to
 # OUT/LOG and records status and seconds for the summary.
+# HORA_DEVICE_DEADLINE_S (default 540) caps the whole: each step's limit is cut to what is left
+# of it, less 10 s for the summary, and a step with under 15 s left is not started, so the
+# summary is always written inside a device run's limit.
 step() {
-  local name=$1 secs=$2 log=$OUT/$3 t0 rc
+  local name=$1 secs=$2 log=$OUT/$3 t0 rc left
+  left=$((START + ${HORA_DEVICE_DEADLINE_S:-540} - 10 - $(date +%s)))
+  if [ $left -lt 15 ]; then
+    rows+=("| $name | NOT RUN (deadline) | 0 |"); failed=1
+    echo "   $name: not run, ${left}s left before the deadline" | tee -a "$log"
+    return 124
+  fi
+  [ $secs -gt $left ] && secs=$left
   echo "== $name (limit ${secs}s)" | tee -a "$log"
   t0=$(date +%s)
   HORA_DEVICE_PREFIX=$PREFIX timeout -k 10 "$secs" bash "$SELF" --step "$name" >>"$log" 2>&1
@@ -145,6 +155,7 @@ if [ "${1:-}" = --step ]; then
   exit 0
 fi
 
+START=$(date +%s)
 PREFIX=$(mktemp -d "${TMPDIR:-/tmp}/hora-device.XXXXXX")
 trap 'rm -rf "$PREFIX"' EXIT
 SUMMARY=$OUT/summary.md
