@@ -30,13 +30,15 @@ hora_device_unpack() {
       if ldconfig -p | grep -qF " $so "; then rm -f "$f"; fi
     done
   fi
+  # (Each lookup below may fail, the target gone or readelf absent as on the GPU machines: the
+  # callers run under set -e -o pipefail, so each ends in `|| true`.)
   # Development links (libz.so -> libz.so.1.2.13) whose target is not in PREFIX (never carried,
   # or removed above) point at the machine's own copy of that soname instead.
   for f in "$lib"/lib*.so; do
     [ -L "$f" ] && [ ! -e "$f" ] || continue
-    so=$(readelf -d "$(readlink -f "$f")" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
-    [ -n "$so" ] || so=$(basename "$f").$(readlink "$f" | sed -n 's/.*\.so\.\([0-9]*\).*/\1/p')
-    so=$(ldconfig -p | awk -v s="$so" '$1 == s && /x86-64/ {print $NF; exit}')
+    so=$(readelf -d "$(readlink -f "$f")" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p' || true)
+    [ -n "$so" ] || so=$(basename "$f").$(readlink "$f" | sed -n 's/.*\.so\.\([0-9]*\).*/\1/p' || true)
+    so=$(ldconfig -p | awk -v s="$so" '$1 == s && /x86-64/ {print $NF}' | head -1 || true)
     [ -n "$so" ] && ln -sf "$so" "$f"
   done
   return 0
