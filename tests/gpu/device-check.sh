@@ -111,7 +111,7 @@ build() {
   echo "CUDA architecture: sm_$arch"
   # A build folder left by an earlier run names that run's private prefix (a new one each run):
   # start clean.
-  rm -rf "$BUILD"
+  rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DHORA_WITH_CUDA=ON -DHORA_WITH_NCCL=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$arch" -DHORA_PYTHON="$(command -v python3)" \
     -DMPI_C_COMPILER="$(command -v mpicc)" "${NCCL_ARGS[@]}" &&
