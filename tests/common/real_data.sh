@@ -2,14 +2,15 @@
 # Real image data for the tests, in MNIST's IDX format, written to or found for OUT_DIR:
 #   real_data.sh OUT_DIR   -> prints "DIR NAME" where DIR holds train-*/t10k-* IDX files:
 #   1. the 10k real MNIST digits beside the source tree (../shared/data/mnist-digits-10k,
-#      8000 train / 2000 test): NAME=digits;
+#      8000 train / 2000 test), or in HORA_MNIST_DIGITS (the GPU device check's carried copy):
+#      NAME=digits;
 #   2. else the same shape cut from Debian's Fashion-MNIST (dataset-fashion-mnist, installed by
 #      tests/install-deps.sh): the first 8000 training and the first 2000 test images, written
 #      to OUT_DIR/fashion-10k: NAME=fashion.
 # Exits 77 when neither exists. The caller owns OUT_DIR (and removes it).
 set -eu  # no pipefail: head ends gzip early by design
 out=$1
-digits="${HORA_SOURCE_DIR:-.}/../shared/data/mnist-digits-10k"
+digits="${HORA_MNIST_DIGITS:-${HORA_SOURCE_DIR:-.}/../shared/data/mnist-digits-10k}"
 if [ -e "$digits/train-images-idx3-ubyte.gz" ] || [ -e "$digits/train-images-idx3-ubyte" ]; then
   echo "$digits digits"
   exit 0

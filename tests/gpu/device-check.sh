@@ -152,7 +152,8 @@ if [ "${1:-}" = --step ]; then
   case $2 in
     deps) deps ;; build) build ;; bench) bench_allreduce ;; mnist) mnist_bench ;;
     python) python_tests ;;
-    ctest) cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 120 -j 4 ;;
+    ctest) [ -d "$DEPS/mnist" ] && export HORA_MNIST_DIGITS=$ROOT/$DEPS/mnist
+           cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 120 -j 4 ;;
     *) echo "device-check: unknown step $2"; exit 2 ;;
   esac
   exit 0

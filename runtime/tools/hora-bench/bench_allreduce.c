@@ -193,6 +193,9 @@ int hora_bench_allreduce(int argc, char **argv) {
   int iters = 0, warmup = 3, repeat = 1;
   const char *P = "hora-bench allreduce", *device = "host";
   uint64_t minu = (uint64_t)minb, maxu = (uint64_t)maxb;
+  /* --device cuda takes other options (--only, ...): hand the whole command line over first. */
+  for (int i = 1; i + 1 < argc; i++)
+    if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cuda")) return hora__bench_allreduce_cuda(argc, argv);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int rc = 0;
