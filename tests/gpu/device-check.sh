@@ -15,16 +15,19 @@
 #   gpu     [10]   is there a GPU? Without one: summary says so, exit 77 (the CI dry run)
 #   ctest   [150]  ctest -L gpu: kernels vs host, every collective on device buffers (NCCL with
 #                  one rank, the staged and naive paths with 2-4 ranks on the one GPU), layers
-#   bench   [120]  hora-bench allreduce --device cuda: kernel GB/s vs a D2D copy, staged vs naive
-#                  (2 ranks on the GPU), hora's NCCL call overhead vs ncclAllReduce (1 rank)
-#   mnist   [120]  examples/mnist/bench.sh DEVICE=cuda: the CNN on the GPU vs PyTorch, same GPU
+#   bench   [150]  hora-bench allreduce --device cuda: kernel GB/s vs a D2D copy, staged vs naive
+#                  (2 and 4 ranks on the GPU), hora's NCCL call overhead vs ncclAllReduce (1 rank)
+#   mnist   [150]  examples/mnist/bench.sh DEVICE=cuda: the CNN on the GPU vs PyTorch, same GPU,
+#                  batch 64 and 256
 #   python  [60]   the DLPack / torch CUDA tests of tests/python
 # Exit status: 0 when every step passed, 77 when there is no GPU (and deps and build passed),
 # 1 otherwise. Environment: OUT (default build-device/out), HORA_DEVICE_DEPS (.debs),
 # HORA_DEVICE_BUILD (build-device), HORA_DEVICE_USE_DEBS=1 (use the carried packages even where
 # the machine has its own), HORA_DEVICE_BUILD_S (the build step's limit, default 240),
 # HORA_DEVICE_BUILD_TARGETS (build only these; default all: the GPU steps need the tests),
-# CMAKE_CUDA_ARCHITECTURES (default: the GPU's, else 90), HORA_DEVICE_DEADLINE_S (see step()).
+# CMAKE_CUDA_ARCHITECTURES (default: the GPU's, else 90), HORA_DEVICE_DEADLINE_S (see step()),
+# HORA_DEVICE_STEPS (GPU steps to run), HORA_DEVICE_BENCH_NP (default "2 4"),
+# HORA_DEVICE_MNIST_BATCHES (default "64 256").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -121,15 +124,22 @@ build() {
 gpu_count() { nvidia-smi -L 2>/dev/null | grep -c '^GPU '; }
 
 bench_allreduce() {
-  mpirun -np 1 "$BUILD/bin/hora-bench" allreduce --device cuda &&
-    HORA_GPU_PATH=staged mpirun -np 2 --oversubscribe "$BUILD/bin/hora-bench" allreduce --device cuda --only paths
+  local np
+  mpirun -np 1 "$BUILD/bin/hora-bench" allreduce --device cuda || return 1
+  for np in ${HORA_DEVICE_BENCH_NP:-2 4}; do
+    HORA_GPU_PATH=staged mpirun -np "$np" --oversubscribe "$BUILD/bin/hora-bench" allreduce --device cuda --only paths || return 1
+  done
 }
 
 mnist_bench() {
   local idx=$DEPS/mnist
   [ -d "$idx" ] || idx=/usr/share/datasets/fashion-mnist
   [ -d "$idx" ] || { echo "no MNIST IDX files ($DEPS/mnist, Fashion-MNIST)"; return 77; }
-  DEVICE=cuda PYTHON=python3 BUILD_DIR=$BUILD REPS=3 STEPS=300 bash examples/mnist/bench.sh "$idx"
+  local b
+  for b in ${HORA_DEVICE_MNIST_BATCHES:-64 256}; do
+    echo "batch $b"
+    DEVICE=cuda PYTHON=python3 BUILD_DIR=$BUILD REPS=3 STEPS=300 BATCH=$b bash examples/mnist/bench.sh "$idx" || return 1
+  done
 }
 
 python_tests() {
@@ -186,11 +196,13 @@ if [ "$n" = 0 ]; then
 else
   rows+=("| gpu | $n found | 0 |")
 fi
+# HORA_DEVICE_STEPS: the GPU steps to run (default all four), e.g. "bench mnist" to re-measure.
+want() { case " ${HORA_DEVICE_STEPS:-ctest bench mnist python} " in *" $1 "*) return 0 ;; esac; return 1; }
 if [ "$n" != 0 ] && [ $build_rc = 0 ]; then
-  step ctest 150 ctest-gpu.log
-  step bench 120 bench-allreduce.log
-  step mnist 120 mnist-bench.log
-  step python 60 python.log
+  want ctest && step ctest 150 ctest-gpu.log
+  want bench && step bench 150 bench-allreduce.log
+  want mnist && step mnist 150 mnist-bench.log
+  want python && step python 60 python.log
 fi
 
 {
