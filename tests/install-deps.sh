@@ -6,7 +6,7 @@ set -euo pipefail
 PKGS=(build-essential cmake pkg-config git libopenmpi-dev openmpi-bin libpmix-dev libhwloc-dev hwloc
       libjansson-dev libopenblas-dev zlib1g-dev slurm-wlm munge dataset-fashion-mnist
       clang libclang-rt-14-dev python3 python3-dev python3-pip python3-venv
-      gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
+      gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user iproute2)
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"
 missing=()
