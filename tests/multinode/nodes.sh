@@ -51,6 +51,14 @@ NET="10.$(( 100 + ID / 256 % 100 )).$(( ID % 256 ))"
 BR="hmnb$ID"
 NODES=()
 
+stop_child() {
+  [ -n "${CHILD:-}" ] || return 0
+  kill -TERM "$CHILD" 2>/dev/null || true
+  local i
+  for (( i = 0; i < 50; i++ )); do kill -0 "$CHILD" 2>/dev/null || return 0; sleep 0.1; done
+  kill -KILL "$CHILD" 2>/dev/null || true
+}
+
 teardown() {
   local ns pid i=0
   for ns in "${NODES[@]}"; do
@@ -128,9 +136,12 @@ cmd_run() {
   tc_rate_bytes "$RATE" >/dev/null
   [ $# -gt 0 ] || { echo "nodes.sh run: no command to run (nodes.sh run [-n N] -- CMD...)" >&2; exit 2; }
   check
+  # CMD runs in the background and we wait for it, so a signal is handled at once (bash runs a
+  # trap only after the foreground command ends): stop CMD, then remove the nodes.
+  CHILD=""
   trap 'teardown' EXIT
-  trap 'teardown; exit 130' INT
-  trap 'teardown; exit 143' TERM
+  trap 'stop_child; teardown; exit 130' INT
+  trap 'stop_child; teardown; exit 143' TERM
   setup
   local hosts
   hosts=$(IFS=,; echo "${NODES[*]}")
@@ -142,7 +153,10 @@ cmd_run() {
 --mca btl_vader_single_copy_mechanism none --oversubscribe --bind-to none"
   echo "nodes.sh: $N node(s) $hosts on $NET.0/24, links $RATE${DELAY:+ + $DELAY delay} (tbf both ways)" >&2
   local rc=0
-  "$@" || rc=$?
+  "$@" <&0 &
+  CHILD=$!
+  wait "$CHILD" || rc=$?
+  CHILD=""
   return $rc
 }
 
