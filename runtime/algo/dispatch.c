@@ -8,8 +8,8 @@
  *                   for a few cache lines; AUTO_SHM_MIN_BYTES_OVERSUBSCRIBED when the node has
  *                   more ranks than CPUs, and no MPI at all there for a context whose
  *                   collectives overlap compute), shared memory from there on.
- *   several nodes : MPI_Allreduce below AUTO_NET_MIN_BYTES; hierarchical when every node has the
- *                   same number of ranks (> 1), else the flat ring.
+ *   several nodes : hierarchical at every size when every node has the same number of ranks
+ *                   (> 1); else MPI_Allreduce below AUTO_NET_MIN_BYTES and the flat ring above.
  * A forced algorithm that cannot run on the layout falls back: shm across nodes -> hier (or ring),
  * hier with uneven nodes -> ring. The fallback is logged once at INFO. */
 #include <stdlib.h>
@@ -26,6 +26,11 @@
  * rank cost a scheduler time slice each; MPI_Allreduce stays ahead up to about 256 KiB (4 ranks
  * on 2 cores) and shared memory wins again from 512 KiB on. */
 #define AUTO_SHM_MIN_BYTES_OVERSUBSCRIBED ((size_t)512 * 1024)
+/* Across nodes with one rank per node (or uneven nodes): MPI_Allreduce's latency below this. With
+ * several ranks per node hier wins at every size: on emulated nodes (tests/multinode, 2 nodes x 2
+ * ranks, 1 Gbit/s links) MPI_Allreduce of 4 .. 8 KiB took 7-20x as long as hier in every run,
+ * since all four ranks poll and cross the link, where hier sleeps inside the node and only the
+ * leaders' ring crosses it (docs/benchmarks.md, "Across emulated nodes"). */
 #define AUTO_NET_MIN_BYTES ((size_t)16384)
 
 static const char *const names[HORA_ALGO_COUNT] = {"auto", "ring", "shm", "hier", "mpi"};
@@ -65,8 +70,8 @@ hora_algo_t hora__algo_resolve(hora_ctx_t *ctx, size_t count, hora_dtype_t dtype
         if (ctx->local_size > ctx->local_cpus) min = ctx->overlaps_compute ? 0 : AUTO_SHM_MIN_BYTES_OVERSUBSCRIBED;
         return bytes < min ? HORA_ALGO_MPI : HORA_ALGO_SHM;
       }
-      if (bytes < AUTO_NET_MIN_BYTES) return HORA_ALGO_MPI;
-      return hier_possible(ctx) ? HORA_ALGO_HIER : HORA_ALGO_RING;
+      if (hier_possible(ctx)) return HORA_ALGO_HIER;
+      return bytes < AUTO_NET_MIN_BYTES ? HORA_ALGO_MPI : HORA_ALGO_RING;
     case HORA_ALGO_SHM:
       if (one_node) return algo;
       algo = hier_possible(ctx) ? HORA_ALGO_HIER : HORA_ALGO_RING;

@@ -8,10 +8,13 @@
  * be what the host names say (ranks of one host are one node, local rank = order within it).
  * Values: an allreduce of MIB MiB of float32 (default 16) with hier, ring and auto, and a small
  * one (below auto's MPI crossover); every rank r contributes (r + 1) * (i % 7 + 1), so element i
- * must equal size (size + 1) / 2 * (i % 7 + 1) exactly. Error counts are summed over the ranks. */
+ * must equal size (size + 1) / 2 * (i % 7 + 1) exactly. auto's choice across real nodes: hier at
+ * every size with several ranks per node, else MPI_Allreduce below 16 KiB and the ring above
+ * (docs/design.md, "auto"). Error counts are summed over the ranks. */
 #include <unistd.h>
 
 #include "hora_test.h"
+#include "algo/algo.h"
 #include "core/internal.h"
 
 #define HOST_MAX 64
@@ -55,6 +58,21 @@ static void check_layout(hora_ctx_t *ctx, int rank, int size, int want_nodes) {
   free(all);
 }
 
+static void check_auto(hora_ctx_t *ctx, int rank) {
+  int ls = 0, cs = 0;
+  hora_local_size(ctx, &ls);
+  hora_cross_size(ctx, &cs);
+  if (cs < 2) return;
+  const size_t sizes[] = {4, 4096, 16384, (size_t)1 << 20, (size_t)64 << 20};
+  for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+    size_t count = sizes[k] / 4;
+    hora_algo_t got = hora__algo_resolve(ctx, count, HORA_FLOAT32, HORA_ALGO_AUTO);
+    hora_algo_t want = ls > 1 ? HORA_ALGO_HIER : sizes[k] < 16384 ? HORA_ALGO_MPI : HORA_ALGO_RING;
+    EXPECT(got == want, "rank %d: auto for %zu B on %d nodes x %d ranks: %s, want %s", rank, sizes[k], cs, ls,
+           hora__algo_name(got), hora__algo_name(want));
+  }
+}
+
 static void check_allreduce(hora_ctx_t *ctx, int rank, int size, size_t count, const char *algo) {
   float *x = malloc(count * sizeof *x);
   if (!x) {
@@ -90,6 +108,7 @@ int main(int argc, char **argv) {
     EXPECT(0, "hora_init failed");
   } else {
     check_layout(ctx, rank, size, want_nodes);
+    check_auto(ctx, rank);
     const char *algos[] = {"hier", "ring", "auto"};
     for (size_t a = 0; a < sizeof algos / sizeof *algos; a++) {
       check_allreduce(ctx, rank, size, 1000, algos[a]);
