@@ -16,6 +16,8 @@
 #   HORA_MN_HOSTS     the node host names, comma-separated (hmn<ID>n1,...)
 #   HORA_MN_MPIFLAGS  the mpirun flags that place ranks there: rsh agent, TCP on the links only,
 #                     no binding, oversubscription allowed; add `--host H1:K,H2:K -np N`
+#   OMPI_MCA_*        the same settings (but oversubscription and binding) for an mpirun that
+#                     another program starts, such as hora's launch
 #   HORA_MN_RATE      the link rate (tc syntax: 1gbit), HORA_MN_DELAY the one-way delay ("" = none)
 #
 # Defaults: 2 nodes, RATE 1gbit, no delay. Why 1 Gbit/s: the link must be the bottleneck, not the
@@ -151,6 +153,10 @@ cmd_run() {
   export HORA_MN_MPIFLAGS="--mca plm_rsh_agent $HERE/rsh-agent.sh --mca plm_rsh_no_tree_spawn 1 \
 --mca btl self,vader,tcp --mca btl_tcp_if_include $NET.0/24 --mca oob_tcp_if_include $NET.0/24 \
 --mca btl_vader_single_copy_mechanism none --oversubscribe --bind-to none"
+  # The same for an mpirun started by someone else (hora's launch): Open MPI reads OMPI_MCA_*.
+  export OMPI_MCA_plm_rsh_agent="$HERE/rsh-agent.sh" OMPI_MCA_plm_rsh_no_tree_spawn=1 \
+    OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include="$NET.0/24" \
+    OMPI_MCA_oob_tcp_if_include="$NET.0/24" OMPI_MCA_btl_vader_single_copy_mechanism=none
   echo "nodes.sh: $N node(s) $hosts on $NET.0/24, links $RATE${DELAY:+ + $DELAY delay} (tbf both ways)" >&2
   local rc=0
   "$@" <&0 &
