@@ -17,7 +17,9 @@ static void usage(FILE *f) {
           "  --min-bytes B    smallest message (default 4; K/M/G suffixes)\n"
           "  --max-bytes B    largest message (default 256M); sizes double from min to max\n"
           "  --algo LIST      comma-separated of ring,shm,hier,auto,mpi (default all of them;\n"
-          "                   mpi is MPI_Allreduce itself, the baseline)\n"
+          "                   mpi is MPI_Allreduce itself, the baseline); NAME+check (e.g.\n"
+          "                   auto+check) runs NAME behind hora_allreduce's argument checks and\n"
+          "                   cross-rank call check, as the public call does (HORA_CHECK=1)\n"
           "  --dtype T        u8,i8,i32,i64,f16,bf16,f32,f64 (default f32)\n"
           "  --op O           sum,avg,min,max,prod (default sum)\n"
           "  --iters N        timed iterations per size and algorithm (default: about 0.2 s worth,\n"
@@ -42,6 +44,7 @@ typedef struct {
   const char *name;
   int is_mpi;
   hora_algo_t algo;
+  int check; /* NAME+check: the public call's checks first */
 } algo_sel_t;
 
 /* Small integer inputs: every reduction is exact, so #wrong counts real errors. */
@@ -76,6 +79,11 @@ static int mpi_native(hora_dtype_t d, hora_op_t op, MPI_Datatype *t, MPI_Op *o) 
 
 static hora_result_t run_once(hora_ctx_t *ctx, const algo_sel_t *a, const void *send, void *recv,
                               size_t count, hora_dtype_t d, hora_op_t op) {
+  if (a->check) {
+    hora_call_desc_t desc = {HORA_CALL_ALLREDUCE, count, d, op, 0, HORA_DEVICE_HOST, 0};
+    HORA_CHECK(hora__check_allreduce(ctx, "hora_allreduce", send, recv, count, d, op, 1.0, 1.0, HORA_DEVICE_HOST));
+    HORA_CHECK(hora__call_agree(ctx, "hora_allreduce", &desc));
+  }
   if (!a->is_mpi) return hora__allreduce_host_full(ctx, send, recv, count, d, op, 1.0, 1.0, a->algo);
   MPI_Datatype t;
   MPI_Op o;
@@ -102,10 +110,15 @@ static int parse_algos(const char *algos, algo_sel_t *sel) {
   snprintf(list, sizeof list, "%s", algos);
   for (char *save = NULL, *a = strtok_r(list, ",", &save); a; a = strtok_r(NULL, ",", &save)) {
     if (nsel == MAX_ALGOS) break;
-    algo_sel_t s = {strdup(a), 0, HORA_ALGO_AUTO};
+    algo_sel_t s = {strdup(a), 0, HORA_ALGO_AUTO, 0};
+    char *plus = strstr(a, "+check");
+    if (plus && !plus[6]) {
+      *plus = 0;
+      s.check = 1;
+    }
     if (!strcmp(a, "mpi")) s.is_mpi = 1;
     else if (hora__algo_parse(a, &s.algo) != HORA_SUCCESS || s.algo == HORA_ALGO_MPI) {
-      fprintf(stderr, "hora-bench allreduce: unknown algorithm '%s' (ring,shm,hier,auto,mpi)\n", a);
+      fprintf(stderr, "hora-bench allreduce: unknown algorithm '%s' (ring,shm,hier,auto,mpi, each +check)\n", a);
       return -1;
     }
     sel[nsel++] = s;
@@ -169,6 +182,23 @@ static char *bench_buffers(int rank, hora_dtype_t dt, size_t maxcount, char **re
   for (size_t i = 0; i < maxcount; i++) hora__elem_store(send, dt, i, input(rank, i));
   memset(*recv, 0, maxcount * es);
   return send;
+}
+
+/* Rank 0's table of the call check's cost per size: NAME against NAME+check (the first such pair). */
+static void print_check_cost(const algo_sel_t *sel, int nsel, const double *bytes, const double *t, int nsum) {
+  int plain = -1, checked = -1;
+  for (int k = 0; k < nsel && checked < 0; k++)
+    for (int j = 0; j < nsel; j++)
+      if (sel[k].check && !sel[j].check && sel[k].algo == sel[j].algo && sel[k].is_mpi == sel[j].is_mpi)
+        plain = j, checked = k;
+  if (checked < 0) return;
+  printf("\n# call check cost: %s vs %s+check (hora_allreduce's checks), time per call\n", sel[plain].name,
+         sel[plain].name);
+  printf("%12s %11s %11s %10s %8s\n", "size(B)", "plain(us)", "check(us)", "delta(us)", "delta%");
+  for (int s = 0; s < nsum; s++) {
+    double a = t[s * MAX_ALGOS + plain], b = t[s * MAX_ALGOS + checked];
+    printf("%12.0f %11.2f %11.2f %10.2f %7.1f%%\n", bytes[s], a * 1e6, b * 1e6, (b - a) * 1e6, a > 0 ? (b - a) / a * 100 : 0.0);
+  }
 }
 
 /* Rank 0's closing table: auto against MPI_Allreduce per size, when both ran. */
@@ -247,7 +277,7 @@ int hora_bench_allreduce(int argc, char **argv) {
   print_header(ctx, d, op, repeat);
   double bw_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
   /* Summary: auto vs mpi per size. */
-  double sum_bytes[64], sum_auto[64], sum_mpi[64];
+  double sum_bytes[64], sum_auto[64], sum_mpi[64], sum_t[64 * MAX_ALGOS];
   const char *sum_pick[64];
   int nsum = 0;
   double *samples = malloc((size_t)repeat * MAX_ALGOS * sizeof *samples);
@@ -281,7 +311,8 @@ int hora_bench_allreduce(int argc, char **argv) {
                   bytes, count, dnames[d], onames[op], sel[k].name, t * 1e6, algbw, busbw, all);
       }
       if (nsum < 64) {
-        if (!strcmp(sel[k].name, "auto")) sum_auto[nsum] = busbw;
+        sum_t[nsum * MAX_ALGOS + k] = t;
+        if (!strcmp(sel[k].name, "auto") && !sel[k].check) sum_auto[nsum] = busbw;
         if (sel[k].is_mpi) sum_mpi[nsum] = busbw;
       }
     }
@@ -293,6 +324,7 @@ int hora_bench_allreduce(int argc, char **argv) {
     if (rank == 0) fflush(stdout);
   }
   if (rank == 0) print_summary(sel, nsel, sum_bytes, sum_auto, sum_mpi, sum_pick, nsum);
+  if (rank == 0) print_check_cost(sel, nsel, sum_bytes, sum_t, nsum);
   if (rank == 0) printf("# #wrong total: %ld\n", wrong_total);
   if (jf) fclose(jf);
   free(samples);
