@@ -1,15 +1,17 @@
 /* The cross-rank call check of the blocking collectives: before a blocking collective moves any
  * data, every rank's call descriptor (which collective, count, dtype, op, root, device and the
- * caller's shape fingerprint) is agreed in one MPI_Allreduce of 6 uint64 words with MPI_MAX:
+ * caller's shape fingerprint, packed in 3 uint64 words) is agreed:
  *
- *   words 0..2: the descriptor        (max over ranks)
- *   words 3..5: its bitwise complement (max of ~v = ~min of v)
+ *   one node   : each rank writes its words into its header of the shared-memory window
+ *                (algo/shm.c) and passes one of the window's barriers; every rank then reads all
+ *                of them (no MPI call; a waiter spins briefly, or sleeps on an oversubscribed node)
+ *   several    : one MPI_Allreduce (MPI_MAX) of 6 words, the descriptor and its bitwise
+ *   nodes        complement (max of ~v = ~min of v), so every rank learns the minimum and maximum
+ *                of each word; only when they differ (the rare path) an MPI_Allgather of the
+ *                descriptors follows so that every rank can name which ranks hold which value
  *
- * so every rank learns the minimum and maximum of each word and therefore whether any rank
- * differs, at the cost of one small allreduce (docs/benchmarks.md, "Call check"). Only when they
- * differ (the rare path) is a second collective, an MPI_Allgather of the descriptors, run so that
- * every rank can name which ranks hold which value. Every rank then returns HORA_ERR_MISMATCH with
- * the same kind of message, and nothing has been written to any buffer. Because the agreement is
+ * (cost: docs/benchmarks.md, "Call check"). Every rank then returns HORA_ERR_MISMATCH with the
+ * same message, and nothing has been written to any buffer. Because the agreement is
  * the first communication of every blocking call and has the same shape in all of them, a rank
  * that calls another collective meets the same allreduce and the difference is reported as a
  * disagreement in call sequence, never paired with a later call. HORA_CHECK=0 turns it off.
@@ -104,17 +106,11 @@ static size_t describe_field(char *msg, size_t cap, size_t len, const uint64_t *
   return len < cap ? len : cap - 1;
 }
 
-/* The rare path: gather every rank's descriptor and build the message (same on every rank, apart
- * from the leading function name, which is this rank's own call). */
-static hora_result_t report(hora_ctx_t *ctx, const char *fn, const uint64_t mine[3], const uint64_t *mx,
+/* The message of a disagreement, from every rank's descriptor (`all`: 3 words per rank, in rank
+ * order) and the words' maximum and minimum (same on every rank, apart from the leading function
+ * name, which is this rank's own call). */
+static hora_result_t report(const hora_ctx_t *ctx, const char *fn, const uint64_t *all, const uint64_t *mx,
                             const uint64_t *mn) {
-  uint64_t stack[3 * 64], *all = ctx->size <= 64 ? stack : malloc(3 * (size_t)ctx->size * sizeof *all);
-  if (!all) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory reporting a mismatch", fn);
-  int rc = MPI_Allgather(mine, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, ctx->world);
-  if (rc != MPI_SUCCESS) {
-    if (all != stack) free(all);
-    return hora__mpi_error(rc, "MPI_Allgather(call descriptors)", __FILE__, __LINE__);
-  }
   char msg[900];
   size_t len = 0;
   int kind_differs = field_of(mx, F_KIND) != field_of(mn, F_KIND);
@@ -138,17 +134,50 @@ static hora_result_t report(hora_ctx_t *ctx, const char *fn, const uint64_t mine
       if (len < sizeof msg) len = describe_field(msg, sizeof msg, len, all, ctx->size, f);
     }
   }
-  if (all != stack) free(all);
   return HORA_ERR(HORA_ERR_MISMATCH, "%s: %s", fn, msg);
 }
 
+/* The rare path across nodes: gather every rank's descriptor to name who holds what. */
+static hora_result_t gather_and_report(hora_ctx_t *ctx, const char *fn, const uint64_t mine[3], const uint64_t *mx,
+                                       const uint64_t *mn) {
+  uint64_t *all = malloc(3 * (size_t)ctx->size * sizeof *all);
+  if (!all) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory reporting a mismatch", fn);
+  int rc = MPI_Allgather(mine, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, ctx->world);
+  hora_result_t r = rc == MPI_SUCCESS ? report(ctx, fn, all, mx, mn)
+                                      : hora__mpi_error(rc, "MPI_Allgather(call descriptors)", __FILE__, __LINE__);
+  free(all);
+  return r;
+}
+
+/* One node: the descriptors go through the shared window's header and one of its barriers (no
+ * MPI call, and a waiter sleeps rather than polls when the node is oversubscribed); every rank
+ * then has all of them. Local ranks are world ranks in order on one node (core/ctx.c). */
+static hora_result_t agree_node(hora_ctx_t *ctx, const char *fn, const uint64_t mine[3]) {
+  uint64_t stack[3 * 16], *all = ctx->size <= 16 ? stack : malloc(3 * (size_t)ctx->size * sizeof *all);
+  if (!all) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory for the call check", fn);
+  hora_result_t r = hora__shm_exchange_words(ctx, mine, all);
+  uint64_t mx[3] = {0, 0, 0}, mn[3] = {UINT64_MAX, UINT64_MAX, UINT64_MAX};
+  for (int j = 0; j < ctx->size && r == HORA_SUCCESS; j++)
+    for (int w = 0; w < 3; w++) {
+      uint64_t v = all[3 * (size_t)j + w];
+      if (w == 2 && v == 0) continue; /* an unchecked shape takes no part */
+      mx[w] = v > mx[w] ? v : mx[w];
+      mn[w] = v < mn[w] ? v : mn[w];
+    }
+  if (mn[2] == UINT64_MAX) mn[2] = 0;
+  if (r == HORA_SUCCESS && !(mx[0] == mn[0] && mx[1] == mn[1] && mn[2] == mx[2])) r = report(ctx, fn, all, mx, mn);
+  if (all != stack) free(all);
+  return r;
+}
+
 hora_result_t hora__call_agree(hora_ctx_t *ctx, const char *fn, const hora_call_desc_t *d) {
-  if (!hora__call_check_on()) return HORA_SUCCESS;
+  if (!hora__call_check_on() || ctx->size == 1) return HORA_SUCCESS;
   uint64_t mine[3] = {pack0(d), d->count, d->shape};
+  if (ctx->cross_size == 1) return agree_node(ctx, fn, mine);
   /* Max of the values and of their complements; an unchecked shape (0) takes no part in the min. */
   uint64_t w[6] = {mine[0], mine[1], mine[2], ~mine[0], ~mine[1], d->shape ? ~d->shape : 0};
   HORA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, w, 6, MPI_UINT64_T, MPI_MAX, ctx->world));
   uint64_t mx[3] = {w[0], w[1], w[2]}, mn[3] = {~w[3], ~w[4], w[5] ? ~w[5] : 0};
   if (mx[0] == mn[0] && mx[1] == mn[1] && (mn[2] == 0 || mn[2] == mx[2])) return HORA_SUCCESS;
-  return report(ctx, fn, mine, mx, mn);
+  return gather_and_report(ctx, fn, mine, mx, mn);
 }

@@ -203,9 +203,10 @@ hora_result_t hora_device_index(hora_ctx_t *ctx, int *device);
  * "ranks disagree on the call sequence (collective): hora_allreduce on rank 0; hora_broadcast on
  * rank 1", or for each differing field "ranks disagree on count: 100 on ranks 0,2; 50 on rank 1"
  * (fields joined by " | "). A call is never paired with a later one: the check is the first
- * communication of every blocking call. Cost: one MPI_Allreduce of 48 bytes per call (about a
- * microsecond on one node; docs/benchmarks.md "Call check"), plus, only on a mismatch, one
- * MPI_Allgather of 24 bytes per rank. The local argument checks still come first: a rank whose
+ * communication of every blocking call. Cost per call (docs/benchmarks.md "Call check"): on one
+ * node, one barrier of the shared-memory window that the shm allreduce uses (created on the first
+ * blocking call; 24 bytes per rank written to it); across nodes, one MPI_Allreduce of 48 bytes,
+ * plus, only on a mismatch, one MPI_Allgather of 24 bytes per rank. The local argument checks still come first: a rank whose
  * own arguments are invalid returns HORA_ERR_INVALID_ARGUMENT without communicating.
  * ------------------------------------------------------------------------------------------- */
 

@@ -3,8 +3,9 @@
  * rank must get HORA_ERR_MISMATCH, a message naming the field and the values (the odd one on the
  * last rank), untouched send and receive buffers, and the ranks must still be in step (a checked
  * allreduce follows every case). One binary loops over the algorithms (hora_init/hora_finalize
- * with HORA_ALLREDUCE_ALGO set each time). --cuda: the blocking matrix on device buffers (exit 77
- * without a GPU or a CUDA build). */
+ * with HORA_ALLREDUCE_ALGO set each time). --fake-nodes: two fake nodes, so the check takes its
+ * multi-node path (MPI) instead of the shared window. --cuda: the blocking matrix on device
+ * buffers (exit 77 without a GPU or a CUDA build). */
 #include <stdint.h>
 
 #include "hora_test.h"
@@ -199,7 +200,13 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   last = size - 1;
   setenv("HORA_LOG", "NONE", 1);
-  on_device = argc > 1 && strcmp(argv[1], "--cuda") == 0;
+  int fake_nodes = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--cuda")) on_device = 1;
+    if (!strcmp(argv[i], "--fake-nodes")) fake_nodes = 1;
+  }
+  /* Two fake nodes (HORA_CROSS_RANK): the check then goes over MPI instead of the shared window. */
+  if (fake_nodes) setenv("HORA_CROSS_RANK", rank < (size + 1) / 2 ? "0" : "1", 1);
   sendb = malloc(BUF_BYTES);
   recvb = malloc(BUF_BYTES);
   dsend = sendb;
@@ -235,6 +242,9 @@ int main(int argc, char **argv) {
     EXPECT(rc == HORA_SUCCESS, "hora_init (%s): %s", algos[i], hora_last_error());
     if (rc != HORA_SUCCESS) break;
     cases += matrix(ctx, algos[i], !on_device);
+    int cs = 0;
+    hora_cross_size(ctx, &cs);
+    EXPECT(cs == (fake_nodes ? 2 : 1), "cross size %d", cs);
     EXPECT_OK(hora_finalize(ctx));
   }
   if (rank == 0) printf("test_call_check: %d cases on %d ranks%s\n", cases, size, on_device ? " (device buffers)" : "");

@@ -3,7 +3,8 @@
  * and in about a third of the calls one random rank changes one field or calls another
  * collective. Agreeing calls must give exact results; disagreeing ones HORA_ERR_MISMATCH on every
  * rank with both buffers as they were. A hang is caught by alarm() (and the ctest timeout). The
- * allreduce algorithm is drawn from the seed too. */
+ * allreduce algorithm is drawn from the seed too. Arguments: [seed] [--fake-nodes] (two fake nodes:
+ * the check's multi-node path). */
 #include <stdint.h>
 #include <time.h>
 #include <unistd.h>
@@ -116,12 +117,16 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size > 8) return HORA_TEST_SKIP;
-  unsigned long long seed = argc > 1 ? strtoull(argv[1], NULL, 0) : (unsigned long long)time(NULL);
+  int fake_nodes = argc > 1 && !strcmp(argv[argc - 1], "--fake-nodes");
+  if (fake_nodes) setenv("HORA_CROSS_RANK", rank < (size + 1) / 2 ? "0" : "1", 1);
+  unsigned long long seed = argc > 1 + fake_nodes ? strtoull(argv[1], NULL, 0) : (unsigned long long)time(NULL);
   MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
   rng = seed * 0x9E3779B97F4A7C15ull + 1;
   const char *algos[] = {"auto", "ring", "shm", "hier", "mpi"};
   const char *algo = algos[next() % 5];
-  if (rank == 0) printf("test_call_random: seed %llu, HORA_ALLREDUCE_ALGO=%s, %d ranks\n", seed, algo, size);
+  if (rank == 0)
+    printf("test_call_random: seed %llu, HORA_ALLREDUCE_ALGO=%s, %d ranks%s\n", seed, algo, size,
+           fake_nodes ? " on two fake nodes" : "");
   fflush(stdout);
   setenv("HORA_ALLREDUCE_ALGO", algo, 1);
   setenv("HORA_LOG", "NONE", 1);
