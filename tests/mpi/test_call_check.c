@@ -248,6 +248,14 @@ int main(int argc, char **argv) {
     EXPECT_OK(hora_finalize(ctx));
   }
   if (rank == 0) printf("test_call_check: %d cases on %d ranks%s\n", cases, size, on_device ? " (device buffers)" : "");
+#ifdef HORA_TEST_CUDA
+  if (on_device) {
+    cudaFree(dsend);
+    cudaFree(drecv);
+  }
+#endif
+  free(sendb);
+  free(recvb);
   int rc = hora_test_finish_mpi("test_call_check");
   MPI_Finalize();
   return rc;

@@ -187,6 +187,10 @@ int main(int argc, char **argv) {
   EXPECT(missed == 0, "%ld of %ld disagreements not reported", missed, disagreements);
   if (rank == 0) printf("test_call_random: %d calls, %ld disagreements\n", ITERS, disagreements);
   EXPECT_OK(hora_finalize(ctx));
+  free(send);
+  free(recv);
+  free(s0);
+  free(r0);
   int rc = hora_test_finish_mpi("test_call_random");
   MPI_Finalize();
   return rc;
