@@ -16,7 +16,7 @@ import threading
 import weakref
 
 from . import _buffers as B
-from ._core import Average, _add_finalizer, _ctx, _op, _root, _scale
+from ._core import Average, _add_finalizer, _ctx, _op, _root, _scale, _shape_fp
 from ._core import size as _size
 from ._errors import check, invalid, make_error
 from ._hora_cffi import ffi, lib
@@ -149,9 +149,10 @@ def _submit_allreduce(kind, tensor, out, op, name, prescale_factor, postscale_fa
     o = b if out is None else B.as_buf(out, f"{kind} output", writable=True)
     hp = ffi.new("hora_handle_t **")
     nm = _name(name, "allreduce")
-    check(lib.hora_allreduce_async(ctx, nm, b.ptr, o.ptr, b.count, b.dtype, _op(op),
-                                   _scale(prescale_factor, "prescale_factor"),
-                                   _scale(postscale_factor, "postscale_factor"), b.device, hp),
+    args = (_op(op), _scale(prescale_factor, "prescale_factor"),
+            _scale(postscale_factor, "postscale_factor"), b.device, hp)
+    lib.hora_set_call_shape(ctx, _shape_fp(b.shape))  # last, right before the call that takes it
+    check(lib.hora_allreduce_async(ctx, nm, b.ptr, o.ptr, b.count, b.dtype, *args),
           f"hora.{kind}")
     return Handle(hp[0], (b, o), result)
 
@@ -176,8 +177,10 @@ def broadcast_async_(tensor, root_rank, name=None):
     ctx = _ctx()
     b = B.as_buf(tensor, "broadcast_async_(tensor)", writable=True)
     hp = ffi.new("hora_handle_t **")
-    check(lib.hora_broadcast_async(ctx, _name(name, "broadcast"), b.ptr, b.count, b.dtype,
-                                   _root(root_rank), b.device, hp), "hora.broadcast_async_")
+    nm, root = _name(name, "broadcast"), _root(root_rank)
+    lib.hora_set_call_shape(ctx, _shape_fp(b.shape))
+    check(lib.hora_broadcast_async(ctx, nm, b.ptr, b.count, b.dtype, root, b.device, hp),
+          "hora.broadcast_async_")
     return Handle(hp[0], b, tensor)
 
 

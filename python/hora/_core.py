@@ -204,6 +204,13 @@ def _root(root_rank):
 
 # ---- allreduce -----------------------------------------------------------------------------
 
+def _shape_fp(shape):
+    # The fingerprint of the cross-rank call check (hora_set_call_shape): a deterministic digest of
+    # the shape (hash() of an int tuple does not depend on PYTHONHASHSEED), never 0 (unchecked).
+    return (hash(tuple(shape)) & 0x7FFFFFFFFFFFFFFF) | 1
+
+
+
 def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """In-place allreduce: tensor[i] = postscale * OP over ranks of (prescale * tensor[i]).
 
@@ -218,17 +225,21 @@ def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_fac
         fl = tensor.flags
         if dt is not None and fl.c_contiguous and fl.writeable:
             p = _from_buffer(tensor)
-            rc = lib.hora_allreduce(ctx, p, p, tensor.size, dt, _op(op),
-                                    _scale(prescale_factor, "prescale_factor"),
-                                    _scale(postscale_factor, "postscale_factor"), _HOST)
+            args = (_op(op), _scale(prescale_factor, "prescale_factor"),
+                    _scale(postscale_factor, "postscale_factor"), _HOST)
+            # The shape tag is set last, right before the call that takes it (a Python error in
+            # between would leave it for the next call).
+            lib.hora_set_call_shape(ctx, _shape_fp(tensor.shape))
+            rc = lib.hora_allreduce(ctx, p, p, tensor.size, dt, *args)
             if rc:
-                check(rc, "hora.allreduce_")
+                check(rc, "hora.allreduce_", (name, tensor.shape))
             return tensor
     b = B.as_buf(tensor, "allreduce_(tensor)", writable=True)
-    check(lib.hora_allreduce(ctx, b.ptr, b.ptr, b.count, b.dtype, _op(op),
-                             _scale(prescale_factor, "prescale_factor"),
-                             _scale(postscale_factor, "postscale_factor"), b.device),
-          "hora.allreduce_")
+    args = (_op(op), _scale(prescale_factor, "prescale_factor"),
+            _scale(postscale_factor, "postscale_factor"), b.device)
+    lib.hora_set_call_shape(ctx, _shape_fp(b.shape))
+    check(lib.hora_allreduce(ctx, b.ptr, b.ptr, b.count, b.dtype, *args),
+          "hora.allreduce_", (name, b.shape))
     return tensor
 
 
@@ -240,19 +251,22 @@ def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_fact
         dt = _NP_TO_HORA.get(tensor.dtype)
         if dt is not None and tensor.flags.c_contiguous:
             out = np.empty(tensor.shape, tensor.dtype)
+            args = (_op(op), _scale(prescale_factor, "prescale_factor"),
+                    _scale(postscale_factor, "postscale_factor"), _HOST)
+            lib.hora_set_call_shape(ctx, _shape_fp(tensor.shape))
             rc = lib.hora_allreduce(ctx, _from_buffer(tensor), _from_buffer(out), tensor.size,
-                                    dt, _op(op), _scale(prescale_factor, "prescale_factor"),
-                                    _scale(postscale_factor, "postscale_factor"), _HOST)
+                                    dt, *args)
             if rc:
-                check(rc, "hora.allreduce")
+                check(rc, "hora.allreduce", (name, tensor.shape))
             return out
     b = B.as_buf(tensor, "allreduce(tensor)")
     out = B.empty_like(tensor)
     o = B.as_buf(out, "allreduce output", writable=True)
-    check(lib.hora_allreduce(ctx, b.ptr, o.ptr, b.count, b.dtype, _op(op),
-                             _scale(prescale_factor, "prescale_factor"),
-                             _scale(postscale_factor, "postscale_factor"), b.device),
-          "hora.allreduce")
+    args = (_op(op), _scale(prescale_factor, "prescale_factor"),
+            _scale(postscale_factor, "postscale_factor"), b.device)
+    lib.hora_set_call_shape(ctx, _shape_fp(b.shape))
+    check(lib.hora_allreduce(ctx, b.ptr, o.ptr, b.count, b.dtype, *args),
+          "hora.allreduce", (name, b.shape))
     return out
 
 
@@ -262,8 +276,10 @@ def broadcast_(tensor, root_rank, name=None):
     """In place: every rank's tensor becomes root_rank's. Collective. Returns tensor."""
     ctx = _ctx()
     b = B.as_buf(tensor, "broadcast_(tensor)", writable=True)
-    check(lib.hora_broadcast(ctx, b.ptr, b.count, b.dtype, _root(root_rank), b.device),
-          "hora.broadcast_")
+    root = _root(root_rank)
+    lib.hora_set_call_shape(ctx, _shape_fp(b.shape))
+    check(lib.hora_broadcast(ctx, b.ptr, b.count, b.dtype, root, b.device),
+          "hora.broadcast_", (name, b.shape))
     return tensor
 
 
@@ -274,8 +290,10 @@ def broadcast(tensor, root_rank, name=None):
     out = B.empty_like(tensor)
     B.copy_into(out, tensor)
     o = B.as_buf(out, "broadcast output", writable=True)
-    check(lib.hora_broadcast(ctx, o.ptr, o.count, o.dtype, _root(root_rank), o.device),
-          "hora.broadcast")
+    root = _root(root_rank)
+    lib.hora_set_call_shape(ctx, _shape_fp(o.shape))
+    check(lib.hora_broadcast(ctx, o.ptr, o.count, o.dtype, root, o.device),
+          "hora.broadcast", (name, o.shape))
     return out
 
 

@@ -58,8 +58,10 @@ class NCCLError(HorovodInternalError):
     """An NCCL call failed."""
 
 
-class MismatchError(HorovodInternalError):
-    """Ranks disagree on a tensor's count, dtype, shape, op, root or device."""
+class MismatchError(HorovodInternalError, ValueError):
+    """Ranks disagree on a collective: which one (call sequence), or a tensor's count, dtype,
+    shape, op, root or device. Raised on every rank; also a ValueError (a bad argument on some
+    rank) and a HorovodInternalError (Horovod's class for a failed collective)."""
 
 
 class TimeoutError(HorovodInternalError, builtins.TimeoutError):  # noqa: A001 (hora.TimeoutError on purpose)
@@ -132,20 +134,25 @@ def error_class(code):
     return _BY_CODE.get(int(code), HoraError)
 
 
-def make_error(code, what=None):
-    """The exception for result `code` of the C call just made on this thread."""
+def make_error(code, what=None, tensor=None):
+    """The exception for result `code` of the C call just made on this thread. tensor: (name,
+    shape) of the tensor of a blocking collective, named in a MismatchError's message."""
     msg = ffi.string(lib.hora_last_error()).decode(errors="replace")
     if not msg:
         msg = ffi.string(lib.hora_strerror(code)).decode(errors="replace")
-    if what and what not in msg and not msg.startswith("hora_"):
+    if tensor is not None and code == lib.HORA_ERR_MISMATCH:
+        name, shape = tensor
+        label = f"tensor '{name}'" if name else "tensor"
+        msg = f"{what}: {label} of shape {tuple(shape)}: {msg}"
+    elif what and what not in msg and not msg.startswith("hora_"):
         msg = f"{what}: {msg}"
     return error_class(code)(msg, code)
 
 
-def check(rc, what=None):
+def check(rc, what=None, tensor=None):
     """Raise the error of result code rc (a hora_result_t), if it is not HORA_SUCCESS."""
     if rc != 0:
-        raise make_error(rc, what)
+        raise make_error(rc, what, tensor)
 
 
 def invalid(message):

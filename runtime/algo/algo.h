@@ -81,6 +81,13 @@ hora_result_t hora__shm_run_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t 
 hora_result_t hora__hier_allreduce(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
                                    hora_dtype_t dtype, hora_op_t op);
 
+/* algo/shm.c, for the call check (callcheck.c) on one node: every local rank publishes
+ * HORA_SHM_WORDS words and gets all of them (all: local size x HORA_SHM_WORDS, in local-rank
+ * order) after one barrier of the shared window (created on first use, collective over
+ * ctx->local). Collective over ctx->local. */
+#define HORA_SHM_WORDS 3
+hora_result_t hora__shm_exchange_words(hora_ctx_t *ctx, const uint64_t *mine, uint64_t *all);
+
 /* shm.c: free the window (collective over ctx->local; called by the state's finalizer). */
 hora_result_t hora__shm_free(hora_ctx_t *ctx, struct hora_shm *shm);
 

@@ -154,15 +154,20 @@ hora_result_t hora__reducescatter_host(hora_ctx_t *ctx, const void *sendbuf, voi
   return hora__scale_and_average(ctx, recvbuf, recvcount, dtype, op, 1.0);
 }
 
-/* ---- the public calls ---- */
+/* ---- the public blocking calls ----
+ * Each takes the shape fingerprint left by hora_set_call_shape (cleared whatever happens), checks
+ * its arguments locally, then agrees its call descriptor with every rank (callcheck.c) before any
+ * data moves, so a disagreement returns HORA_ERR_MISMATCH everywhere with every buffer untouched. */
 
 HORA_EXPORT hora_result_t hora_allreduce(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                          size_t count, hora_dtype_t dtype, hora_op_t op,
                                          double prescale, double postscale, hora_device_t device) {
-  HORA_CHECK(hora__check_allreduce(ctx, "hora_allreduce", sendbuf, recvbuf, count, dtype, op,
-                                   prescale, postscale, device));
+  const char *fn = "hora_allreduce";
+  hora_call_desc_t d = {HORA_CALL_ALLREDUCE, count, dtype, op, 0, device, hora__call_shape_take(ctx)};
+  HORA_CHECK(hora__check_allreduce(ctx, fn, sendbuf, recvbuf, count, dtype, op, prescale, postscale, device));
+  HORA_CHECK(hora__call_agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
-    if (!hora__gpu_hooks.allreduce) return hora__device_unsupported("hora_allreduce");
+    if (!hora__gpu_hooks.allreduce) return hora__device_unsupported(fn);
     return hora__gpu_hooks.allreduce(ctx, sendbuf, recvbuf, count, dtype, op, prescale, postscale);
   }
   hora_algo_t algo;
@@ -172,10 +177,13 @@ HORA_EXPORT hora_result_t hora_allreduce(hora_ctx_t *ctx, const void *sendbuf, v
 
 HORA_EXPORT hora_result_t hora_broadcast(hora_ctx_t *ctx, void *buf, size_t count,
                                          hora_dtype_t dtype, int root, hora_device_t device) {
+  const char *fn = "hora_broadcast";
+  hora_call_desc_t d = {HORA_CALL_BROADCAST, count, dtype, 0, root, device, hora__call_shape_take(ctx)};
   size_t bytes = 0;
-  HORA_CHECK(hora__check_broadcast(ctx, "hora_broadcast", buf, count, dtype, root, device, &bytes));
+  HORA_CHECK(hora__check_broadcast(ctx, fn, buf, count, dtype, root, device, &bytes));
+  HORA_CHECK(hora__call_agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
-    if (!hora__gpu_hooks.broadcast) return hora__device_unsupported("hora_broadcast");
+    if (!hora__gpu_hooks.broadcast) return hora__device_unsupported(fn);
     return hora__gpu_hooks.broadcast(ctx, buf, count, dtype, root);
   }
   return hora__broadcast_host(ctx, buf, bytes, root);
@@ -183,19 +191,35 @@ HORA_EXPORT hora_result_t hora_broadcast(hora_ctx_t *ctx, void *buf, size_t coun
 
 HORA_EXPORT hora_result_t hora_allgather(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                          size_t count, hora_dtype_t dtype, hora_device_t device) {
+  const char *fn = "hora_allgather";
+  hora_call_desc_t d = {HORA_CALL_ALLGATHER, count, dtype, 0, 0, device, hora__call_shape_take(ctx)};
   size_t bytes = 0;
-  HORA_CHECK(hora__check_allgather(ctx, "hora_allgather", sendbuf, recvbuf, count, dtype, device, &bytes));
+  HORA_CHECK(hora__check_allgather(ctx, fn, sendbuf, recvbuf, count, dtype, device, &bytes));
+  HORA_CHECK(hora__call_agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
-    if (!hora__gpu_hooks.allgather) return hora__device_unsupported("hora_allgather");
+    if (!hora__gpu_hooks.allgather) return hora__device_unsupported(fn);
     return hora__gpu_hooks.allgather(ctx, sendbuf, recvbuf, count, dtype);
   }
   return hora__allgather_host(ctx, sendbuf, recvbuf, bytes);
 }
 
+/* The v-collectives' own checks communicate (they agree on the counts), so the descriptor is
+ * agreed first; its count is the sum of recvcounts (allgatherv) or 0 (alltoallv). */
+static uint64_t sum_counts(const hora_ctx_t *ctx, const size_t *counts) {
+  uint64_t s = 0;
+  for (int i = 0; counts && i < ctx->size; i++) s += counts[i];
+  return s;
+}
+
 HORA_EXPORT hora_result_t hora_allgatherv(hora_ctx_t *ctx, const void *sendbuf, size_t sendcount,
                                           void *recvbuf, const size_t *recvcounts,
                                           hora_dtype_t dtype, hora_device_t device) {
-  HORA_CHECK(hora__check_allgatherv(ctx, "hora_allgatherv", sendbuf, sendcount, recvbuf, recvcounts, dtype,
+  const char *fn = "hora_allgatherv";
+  uint64_t shape = hora__call_shape_take(ctx);
+  HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
+  hora_call_desc_t d = {HORA_CALL_ALLGATHERV, sum_counts(ctx, recvcounts), dtype, 0, 0, device, shape};
+  HORA_CHECK(hora__call_agree(ctx, fn, &d));
+  HORA_CHECK(hora__check_allgatherv(ctx, fn, sendbuf, sendcount, recvbuf, recvcounts, dtype,
                                     device, hora__gpu_hooks.allgatherv != NULL));
   if (device == HORA_DEVICE_CUDA) return hora__gpu_hooks.allgatherv(ctx, sendbuf, sendcount, recvbuf, recvcounts, dtype);
   return hora__allgatherv_host(ctx, sendbuf, recvbuf, recvcounts, hora__dtype_size(dtype));
@@ -205,7 +229,9 @@ HORA_EXPORT hora_result_t hora_reducescatter(hora_ctx_t *ctx, const void *sendbu
                                              size_t recvcount, hora_dtype_t dtype, hora_op_t op,
                                              hora_device_t device) {
   const char *fn = "hora_reducescatter";
+  hora_call_desc_t d = {HORA_CALL_REDUCESCATTER, recvcount, dtype, op, 0, device, hora__call_shape_take(ctx)};
   HORA_CHECK(hora__check_reducescatter(ctx, fn, sendbuf, recvbuf, recvcount, dtype, op, device));
+  HORA_CHECK(hora__call_agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.reducescatter) return hora__device_unsupported(fn);
     return hora__gpu_hooks.reducescatter(ctx, sendbuf, recvbuf, recvcount, dtype, op);
@@ -216,7 +242,9 @@ HORA_EXPORT hora_result_t hora_reducescatter(hora_ctx_t *ctx, const void *sendbu
 HORA_EXPORT hora_result_t hora_alltoall(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                         size_t count, hora_dtype_t dtype, hora_device_t device) {
   const char *fn = "hora_alltoall";
+  hora_call_desc_t d = {HORA_CALL_ALLTOALL, count, dtype, 0, 0, device, hora__call_shape_take(ctx)};
   HORA_CHECK(hora__check_alltoall(ctx, fn, sendbuf, recvbuf, count, dtype, device));
+  HORA_CHECK(hora__call_agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.alltoall) return hora__device_unsupported(fn);
     return hora__gpu_hooks.alltoall(ctx, sendbuf, recvbuf, count, dtype);
@@ -228,14 +256,23 @@ HORA_EXPORT hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf,
                                          const size_t *sendcounts, void *recvbuf,
                                          const size_t *recvcounts, hora_dtype_t dtype,
                                          hora_device_t device) {
-  HORA_CHECK(hora__check_alltoallv(ctx, "hora_alltoallv", sendbuf, sendcounts, recvbuf, recvcounts, dtype,
+  const char *fn = "hora_alltoallv";
+  uint64_t shape = hora__call_shape_take(ctx);
+  HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
+  hora_call_desc_t d = {HORA_CALL_ALLTOALLV, 0, dtype, 0, 0, device, shape};
+  HORA_CHECK(hora__call_agree(ctx, fn, &d));
+  HORA_CHECK(hora__check_alltoallv(ctx, fn, sendbuf, sendcounts, recvbuf, recvcounts, dtype,
                                    device, hora__gpu_hooks.alltoallv != NULL));
   if (device == HORA_DEVICE_CUDA) return hora__gpu_hooks.alltoallv(ctx, sendbuf, sendcounts, recvbuf, recvcounts, dtype);
   return hora__alltoallv_host(ctx, sendbuf, sendcounts, recvbuf, recvcounts, hora__dtype_size(dtype));
 }
 
+/* With the check on, the descriptor's allreduce is the barrier (and a rank calling another
+ * collective is reported, not paired with it). */
 HORA_EXPORT hora_result_t hora_barrier(hora_ctx_t *ctx) {
+  hora_call_desc_t d = {HORA_CALL_BARRIER, 0, 0, 0, 0, 0, hora__call_shape_take(ctx)};
   HORA_CHECK(hora__ctx_check(ctx, "hora_barrier"));
+  if (hora__call_check_on()) return hora__call_agree(ctx, "hora_barrier", &d);
   HORA_MPI_CHECK(MPI_Barrier(ctx->world));
   return HORA_SUCCESS;
 }

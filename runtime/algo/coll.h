@@ -4,6 +4,8 @@
 #ifndef HORA_ALGO_COLL_H
 #define HORA_ALGO_COLL_H
 
+#include <stdint.h>
+
 #include "algo/algo.h"
 
 /* ---- argument checks (check.c) ----
@@ -43,6 +45,36 @@ hora_result_t hora__check_alltoallv(hora_ctx_t *ctx, const char *fn, const void 
 hora_result_t hora__device_unsupported(const char *fn);
 /* Every rank returns an error if any rank's `mine` is an error (MPI_MAX of the codes). */
 hora_result_t hora__agree(hora_ctx_t *ctx, const char *fn, hora_result_t mine);
+
+/* ---- the cross-rank call check (callcheck.c) ----
+ * What a blocking collective agrees on before it moves data. Fields that do not apply to the
+ * collective are 0. count: the per-rank count of hora.h (allgatherv: the sum of recvcounts;
+ * alltoallv: 0, its counts are checked pairwise by hora__check_alltoallv). */
+enum {
+  HORA_CALL_ALLREDUCE = 1,
+  HORA_CALL_BROADCAST,
+  HORA_CALL_ALLGATHER,
+  HORA_CALL_ALLGATHERV,
+  HORA_CALL_REDUCESCATTER,
+  HORA_CALL_ALLTOALL,
+  HORA_CALL_ALLTOALLV,
+  HORA_CALL_BARRIER
+};
+typedef struct {
+  int kind;
+  uint64_t count;
+  int dtype, op, root, device;
+  uint64_t shape; /* hora_set_call_shape's fingerprint, 0: unchecked */
+} hora_call_desc_t;
+/* Collective over ctx->world, the first communication of every blocking call: HORA_SUCCESS when
+ * every rank's descriptor agrees (or HORA_CHECK=0), else HORA_ERR_MISMATCH on every rank with a
+ * message naming the collective, the fields, their values and the ranks holding each. */
+hora_result_t hora__call_agree(hora_ctx_t *ctx, const char *fn, const hora_call_desc_t *d);
+/* The fingerprint hora_set_call_shape left for this thread's next call on ctx (0: none); clears it. */
+uint64_t hora__call_shape_take(const hora_ctx_t *ctx);
+/* HORA_CHECK != 0. */
+int hora__call_check_on(void);
+const char *hora__call_kind_name(int kind);
 
 /* ---- allreduce (dispatch.c) ---- */
 /* prescale copy -> allreduce -> average/postscale, on host buffers (sendbuf == recvbuf in place). */

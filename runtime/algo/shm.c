@@ -85,6 +85,7 @@ struct hora_shm {
   int spin;         /* spin before sleeping (0 when oversubscribed) */
   uint64_t round;    /* pieces done so far (same on every local rank): selects the slot */
   int stream;        /* this call writes its results with streaming stores (HORA_SHM_STREAM_BYTES) */
+  uint64_t calls;    /* hora__shm_exchange_words calls so far (same on every local rank) */
 };
 
 static void cpu_relax(void) {
@@ -234,6 +235,25 @@ static hora_result_t get_shm(hora_ctx_t *ctx, struct hora_shm **out) {
     st->shm_free = hora__shm_free;
   }
   *out = st->shm;
+  return HORA_SUCCESS;
+}
+
+/* The call check's exchange (callcheck.c): each local rank's HORA_SHM_WORDS words live in its
+ * window header at DESC_OFF, in two places used by alternate calls. A rank writes place p again
+ * two calls later, after the barrier of the call in between, which every rank enters only once it
+ * has read this call's words: no peer can still be reading them. */
+#define DESC_OFF 256
+static uint64_t *desc_place(const struct hora_shm *s, int j, int p) {
+  return (uint64_t *)(s->slot[j] - HDR_BYTES + DESC_OFF) + (size_t)p * HORA_SHM_WORDS;
+}
+
+hora_result_t hora__shm_exchange_words(hora_ctx_t *ctx, const uint64_t *mine, uint64_t *all) {
+  struct hora_shm *s;
+  HORA_CHECK(get_shm(ctx, &s));
+  int p = (int)(s->calls++ & 1);
+  memcpy(desc_place(s, s->l, p), mine, HORA_SHM_WORDS * sizeof *mine);
+  shm_barrier(s);
+  for (int j = 0; j < s->L; j++) memcpy(all + (size_t)j * HORA_SHM_WORDS, desc_place(s, j, p), HORA_SHM_WORDS * sizeof *all);
   return HORA_SUCCESS;
 }
 

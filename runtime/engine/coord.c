@@ -121,9 +121,9 @@ void hora__coord_remove(hora_engine_t *eng, eng_coord_t **pp) {
 
 /* The value of one field as text, for comparing and for the mismatch message. */
 enum { FLD_KIND, FLD_DTYPE, FLD_COUNT, FLD_OP, FLD_ROOT, FLD_DEVICE, FLD_PRESCALE, FLD_POSTSCALE,
-       FLD_RECVCOUNTS, FLD_COUNT_ };
+       FLD_RECVCOUNTS, FLD_SHAPE, FLD_COUNT_ };
 static const char *const field_names[FLD_COUNT_] = {
-    "operation", "dtype", "count", "reduce op", "root", "device", "prescale", "postscale", "recvcounts"};
+    "operation", "dtype", "count", "reduce op", "root", "device", "prescale", "postscale", "recvcounts", "shape"};
 
 static void field_str(const eng_params_t *p, int f, char *out, size_t n) {
   switch (f) {
@@ -136,6 +136,7 @@ static void field_str(const eng_params_t *p, int f, char *out, size_t n) {
     case FLD_DEVICE: snprintf(out, n, "%s", p->device == HORA_DEVICE_CUDA ? "cuda" : "host"); break;
     case FLD_PRESCALE: snprintf(out, n, "%.17g", p->prescale); break;
     case FLD_POSTSCALE: snprintf(out, n, "%.17g", p->postscale); break;
+    case FLD_SHAPE: snprintf(out, n, p->shape ? "%#llx" : "unchecked", (unsigned long long)p->shape); break;
     default: snprintf(out, n, "#%016llx", (unsigned long long)p->vhash); break;
   }
 }

@@ -46,6 +46,7 @@ typedef struct {
   uint64_t count;    /* elements: count, recvcount (reducescatter), sum of recvcounts (allgatherv) */
   double prescale, postscale;
   uint64_t vhash;    /* allgatherv: hash of recvcounts; 0 otherwise */
+  uint64_t shape;    /* hora_set_call_shape's fingerprint (0: not given; compared as a value) */
 } eng_params_t;
 
 int hora__eng_params_equal(const eng_params_t *a, const eng_params_t *b);

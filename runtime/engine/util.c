@@ -62,7 +62,7 @@ void hora__eng_table_del(eng_table_t *t, eng_req_t *r) {
 int hora__eng_params_equal(const eng_params_t *a, const eng_params_t *b) {
   return a->kind == b->kind && a->dtype == b->dtype && a->op == b->op && a->device == b->device &&
          a->root == b->root && a->count == b->count && a->prescale == b->prescale &&
-         a->postscale == b->postscale && a->vhash == b->vhash;
+         a->postscale == b->postscale && a->vhash == b->vhash && a->shape == b->shape;
 }
 
 /* ---- names for messages ---- */

@@ -189,7 +189,38 @@ hora_result_t hora_device_index(hora_ctx_t *ctx, int *device);
  * overflows size_t, partially overlapping buffers), HORA_ERR_NOT_SUPPORTED (device buffers in a
  * build without CUDA), HORA_ERR_MPI / HORA_ERR_NCCL / HORA_ERR_CUDA (the transport failed),
  * HORA_ERR_REMOTE (a peer died). On HORA_ERR_INVALID_ARGUMENT nothing is written to recvbuf.
+ *
+ * Cross-rank call check (on unless HORA_CHECK=0): before moving any data, every blocking
+ * collective (host and device buffers, every algorithm and GPU path) agrees across ranks on
+ *   collective  which call (a rank calling another collective, or hora_barrier, at this point),
+ *   count       allreduce/broadcast/allgather/alltoall: count; reducescatter: recvcount;
+ *               allgatherv: the sum of recvcounts (then each entry, see hora_allgatherv);
+ *               alltoallv: checked pairwise (see hora_alltoallv),
+ *   dtype, op   (op: allreduce, reducescatter), root (broadcast), device,
+ *   shape       the fingerprint given by hora_set_call_shape (0 or not set: unchecked).
+ * A disagreement returns HORA_ERR_MISMATCH on EVERY rank within the call, and nothing is written
+ * to any rank's buffers. The message (hora_last_error) names this rank's collective, then either
+ * "ranks disagree on the call sequence (collective): hora_allreduce on rank 0; hora_broadcast on
+ * rank 1", or for each differing field "ranks disagree on count: 100 on ranks 0,2; 50 on rank 1"
+ * (fields joined by " | "). A call is never paired with a later one: the check is the first
+ * communication of every blocking call. Cost per call (docs/benchmarks.md "Call check"): on one
+ * node, one barrier of the shared-memory window that the shm allreduce uses (created on the first
+ * blocking call; 24 bytes per rank written to it; 0.19 us measured with 2 ranks); across nodes,
+ * one MPI_Allreduce of 48 bytes, plus, only on a mismatch, one MPI_Allgather of 24 bytes per
+ * rank. HORA_CHECK must be the same on every rank. The local argument checks still come first: a
+ * rank whose own arguments are invalid returns HORA_ERR_INVALID_ARGUMENT without communicating.
  * ------------------------------------------------------------------------------------------- */
+
+/* hora_set_call_shape: tag this thread's NEXT collective on ctx with a fingerprint of the
+ * caller's tensor shape (any 64-bit digest of the dimensions; 0: unchecked). The next collective
+ * called by this thread on ctx, blocking or async, takes the tag and clears it, whatever its
+ * result (hora_grouped_allreduce_async clears it unused). Blocking calls: ranks whose non-zero
+ * fingerprints differ get HORA_ERR_MISMATCH (field "shape") even when the element counts agree; a
+ * rank that gave none (0) matches any. Async calls: the fingerprint is one more field every rank
+ * must agree on for the name (0 included), reported like the others. The Python bindings
+ * (hora, hora.torch) pass a hash of each tensor's shape. Local; costs nothing but the call.
+ * Errors: HORA_ERR_NOT_INITIALIZED (ctx NULL or finalized). */
+hora_result_t hora_set_call_shape(hora_ctx_t *ctx, uint64_t fingerprint);
 
 /* allreduce: recvbuf[i] = postscale * OP_r(prescale * sendbuf_r[i]) for i in [0, count).
  * HORA_AVERAGE divides the reduced value by the world size (after prescale, before postscale).
@@ -236,7 +267,9 @@ hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf, const size_t 
                              void *recvbuf, const size_t *recvcounts, hora_dtype_t dtype,
                              hora_device_t device);
 
-/* barrier: returns once every rank has entered it. */
+/* barrier: returns once every rank has entered it. With the call check on it is the check's
+ * exchange itself: a rank that calls another collective meanwhile gets HORA_ERR_MISMATCH
+ * ("call sequence"), and so does this one. */
 hora_result_t hora_barrier(hora_ctx_t *ctx);
 
 /* ---- async engine (runtime/engine) ----
@@ -255,7 +288,8 @@ hora_result_t hora_barrier(hora_ctx_t *ctx);
  *
  * Rules that hold for every *_async call below:
  *  - Collective by name: every rank must submit a request with the same `name`, in any order
- *    relative to its other async requests, with matching count, dtype, op, root and device. A
+ *    relative to its other async requests, with matching count, dtype, op, root, device and shape
+ *    fingerprint (hora_set_call_shape). A
  *    disagreement completes the handle on every rank with HORA_ERR_MISMATCH and a message that
  *    names the tensor, the field and which ranks hold which value (hora_wait sets it as the
  *    calling thread's hora_last_error()).

@@ -141,6 +141,45 @@ def test_allgather_mismatch_raises_on_every_rank():
         hora.allgather(y)
 
 
+@pytest.mark.parametrize("inplace", [False, True], ids=["new", "inplace"])
+def test_shape_mismatch_with_equal_counts_raises_on_every_rank(inplace):
+    # 12 elements everywhere, as (3, 4) on the last rank and (4, 3) on the others: the cross-rank
+    # call check compares the shapes' fingerprints and every rank raises MismatchError (a
+    # ValueError) naming the tensor, with its buffer untouched; the ranks stay in step.
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    x = np.full((3, 4) if r == n - 1 else (4, 3), r + 1, dtype=np.float32)
+    f = hora.allreduce_ if inplace else hora.allreduce
+    with pytest.raises(hora.MismatchError, match=r"tensor 'grad' of shape .*ranks disagree on shape") as e:
+        f(x, name="grad")
+    assert isinstance(e.value, ValueError)
+    assert f"on rank {n - 1}" in e.value.message
+    assert (x == r + 1).all()
+    with pytest.raises(ValueError, match="shape"):
+        hora.broadcast_(x, root_rank=0)
+    assert (x == r + 1).all()
+    # Same shapes again: the ranks are in step and the result is right.
+    out = hora.allreduce(np.full((4, 3), r + 1, dtype=np.float32), op=hora.Sum)
+    assert (out == n * (n + 1) // 2).all()
+
+
+def test_blocking_call_sequence_mismatch_raises_on_every_rank():
+    # The last rank calls broadcast where the others call allreduce: reported, never paired.
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    x = np.zeros(5, dtype=np.float32)
+    with pytest.raises(hora.MismatchError, match="call sequence"):
+        if r == n - 1:
+            hora.broadcast_(x, root_rank=0)
+        else:
+            hora.allreduce_(x)
+    assert (x == 0).all()
+    out = hora.allreduce(np.ones(5, dtype=np.int64), op=hora.Sum)
+    assert (out == n).all()
+
+
 @pytest.mark.parametrize("op", OPS, ids=OP_IDS)
 @pytest.mark.parametrize("dtype", all_dtypes(), ids=str)
 def test_reducescatter(dtype, op):

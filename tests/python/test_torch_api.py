@@ -424,6 +424,21 @@ def test_same_name_twice_in_flight_is_a_value_error_on_every_rank():
     assert errors == 1
 
 
+def test_shape_mismatch_with_equal_counts_raises_on_every_rank():
+    # 12 elements on every rank, shaped (3, 4) on the last rank and (4, 3) on the others.
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    x = torch.full((3, 4) if r == n - 1 else (4, 3), float(r + 1))
+    with pytest.raises(hora.MismatchError, match="tensor 'w.grad'.*shape") as e:
+        hvd.allreduce(x, name="w.grad")
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(ValueError, match="shape"):
+        hvd.broadcast_(x.clone(), root_rank=0, name="w.bcast")
+    y = hvd.allreduce(torch.full((4, 3), float(r + 1)), name="w.grad", op=hvd.Sum)
+    assert torch.equal(y, torch.full((4, 3), float(n * (n + 1) // 2)))
+
+
 def test_errors_are_horovods_classes_on_every_rank():
     r, n = rank_size()
     assert issubclass(hvd.HorovodInternalError, RuntimeError)

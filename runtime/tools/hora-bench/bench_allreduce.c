@@ -17,7 +17,9 @@ static void usage(FILE *f) {
           "  --min-bytes B    smallest message (default 4; K/M/G suffixes)\n"
           "  --max-bytes B    largest message (default 256M); sizes double from min to max\n"
           "  --algo LIST      comma-separated of ring,shm,hier,auto,mpi (default all of them;\n"
-          "                   mpi is MPI_Allreduce itself, the baseline)\n"
+          "                   mpi is MPI_Allreduce itself, the baseline); NAME+check (e.g.\n"
+          "                   auto+check) runs NAME behind hora_allreduce's argument checks and\n"
+          "                   cross-rank call check, as the public call does (HORA_CHECK=1)\n"
           "  --dtype T        u8,i8,i32,i64,f16,bf16,f32,f64 (default f32)\n"
           "  --op O           sum,avg,min,max,prod (default sum)\n"
           "  --iters N        timed iterations per size and algorithm (default: about 0.2 s worth,\n"
@@ -25,6 +27,8 @@ static void usage(FILE *f) {
           "  --warmup N       untimed iterations first (default 3)\n"
           "  --repeat R       measure every (size, algorithm) R times, interleaved, and report the\n"
           "                   median (default 1)\n"
+          "  --best           report the fastest of the repeats instead of the median (a machine\n"
+          "                   shared with other jobs: the least disturbed run)\n"
           "  --json FILE      also write one JSON object per line per (size, algorithm)\n"
           "  --device D       host (default) or cuda: the GPU path's kernels, staged vs naive and\n"
           "                   NCCL overhead (see `hora-bench allreduce --device cuda --help`)\n");
@@ -42,6 +46,7 @@ typedef struct {
   const char *name;
   int is_mpi;
   hora_algo_t algo;
+  int check; /* NAME+check: the public call's checks first */
 } algo_sel_t;
 
 /* Small integer inputs: every reduction is exact, so #wrong counts real errors. */
@@ -76,6 +81,11 @@ static int mpi_native(hora_dtype_t d, hora_op_t op, MPI_Datatype *t, MPI_Op *o) 
 
 static hora_result_t run_once(hora_ctx_t *ctx, const algo_sel_t *a, const void *send, void *recv,
                               size_t count, hora_dtype_t d, hora_op_t op) {
+  if (a->check) {
+    hora_call_desc_t desc = {HORA_CALL_ALLREDUCE, count, d, op, 0, HORA_DEVICE_HOST, 0};
+    HORA_CHECK(hora__check_allreduce(ctx, "hora_allreduce", send, recv, count, d, op, 1.0, 1.0, HORA_DEVICE_HOST));
+    HORA_CHECK(hora__call_agree(ctx, "hora_allreduce", &desc));
+  }
   if (!a->is_mpi) return hora__allreduce_host_full(ctx, send, recv, count, d, op, 1.0, 1.0, a->algo);
   MPI_Datatype t;
   MPI_Op o;
@@ -102,10 +112,15 @@ static int parse_algos(const char *algos, algo_sel_t *sel) {
   snprintf(list, sizeof list, "%s", algos);
   for (char *save = NULL, *a = strtok_r(list, ",", &save); a; a = strtok_r(NULL, ",", &save)) {
     if (nsel == MAX_ALGOS) break;
-    algo_sel_t s = {strdup(a), 0, HORA_ALGO_AUTO};
+    algo_sel_t s = {strdup(a), 0, HORA_ALGO_AUTO, 0};
+    char *plus = strstr(a, "+check");
+    if (plus && !plus[6]) {
+      *plus = 0;
+      s.check = 1;
+    }
     if (!strcmp(a, "mpi")) s.is_mpi = 1;
     else if (hora__algo_parse(a, &s.algo) != HORA_SUCCESS || s.algo == HORA_ALGO_MPI) {
-      fprintf(stderr, "hora-bench allreduce: unknown algorithm '%s' (ring,shm,hier,auto,mpi)\n", a);
+      fprintf(stderr, "hora-bench allreduce: unknown algorithm '%s' (ring,shm,hier,auto,mpi, each +check)\n", a);
       return -1;
     }
     sel[nsel++] = s;
@@ -142,7 +157,7 @@ static double time_algo(hora_ctx_t *ctx, const algo_sel_t *a, const void *send, 
 }
 
 /* Rank 0's table header. */
-static void print_header(hora_ctx_t *ctx, int d, int op, int repeat) {
+static void print_header(hora_ctx_t *ctx, int d, int op, int repeat, int best) {
   char chunk_txt[64];
   if (hora__params()->shm_chunk_bytes)
     snprintf(chunk_txt, sizeof chunk_txt, "%llu B", (unsigned long long)hora__params()->shm_chunk_bytes);
@@ -153,7 +168,7 @@ static void print_header(hora_ctx_t *ctx, int d, int op, int repeat) {
          "segment %llu B, shm chunk %s\n", ctx->size, ctx->cross_size, ctx->local_size, dnames[d],
          onames[op], (unsigned long long)hora__params()->ring_segment_bytes, chunk_txt);
   printf("# busbw = algbw * 2(n-1)/n, GB = 1e9 B; time = max over ranks of the mean over iters%s\n",
-         repeat > 1 ? ", median of the repeats" : "");
+         repeat > 1 ? (best ? ", fastest of the repeats" : ", median of the repeats") : "");
   printf("%12s %12s %9s %6s %6s %11s %9s %9s %7s\n", "size(B)", "count", "type", "redop", "algo",
          "time(us)", "algbw", "busbw", "#wrong");
 }
@@ -169,6 +184,23 @@ static char *bench_buffers(int rank, hora_dtype_t dt, size_t maxcount, char **re
   for (size_t i = 0; i < maxcount; i++) hora__elem_store(send, dt, i, input(rank, i));
   memset(*recv, 0, maxcount * es);
   return send;
+}
+
+/* Rank 0's table of the call check's cost per size: NAME against NAME+check (the first such pair). */
+static void print_check_cost(const algo_sel_t *sel, int nsel, const double *bytes, const double *t, int nsum) {
+  int plain = -1, checked = -1;
+  for (int k = 0; k < nsel && checked < 0; k++)
+    for (int j = 0; j < nsel; j++)
+      if (sel[k].check && !sel[j].check && sel[k].algo == sel[j].algo && sel[k].is_mpi == sel[j].is_mpi)
+        plain = j, checked = k;
+  if (checked < 0) return;
+  printf("\n# call check cost: %s vs %s+check (hora_allreduce's checks), time per call\n", sel[plain].name,
+         sel[plain].name);
+  printf("%12s %11s %11s %10s %8s\n", "size(B)", "plain(us)", "check(us)", "delta(us)", "delta%");
+  for (int s = 0; s < nsum; s++) {
+    double a = t[s * MAX_ALGOS + plain], b = t[s * MAX_ALGOS + checked];
+    printf("%12.0f %11.2f %11.2f %10.2f %7.1f%%\n", bytes[s], a * 1e6, b * 1e6, (b - a) * 1e6, a > 0 ? (b - a) / a * 100 : 0.0);
+  }
 }
 
 /* Rank 0's closing table: auto against MPI_Allreduce per size, when both ran. */
@@ -190,7 +222,7 @@ static void print_summary(const algo_sel_t *sel, int nsel, const double *sum_byt
 int hora_bench_allreduce(int argc, char **argv) {
   int64_t minb = 4, maxb = 256ll << 20;
   const char *algos = "ring,shm,hier,auto,mpi", *json = NULL, *dname = "f32", *oname = "sum";
-  int iters = 0, warmup = 3, repeat = 1;
+  int iters = 0, warmup = 3, repeat = 1, best = 0;
   const char *P = "hora-bench allreduce", *device = "host";
   uint64_t minu = (uint64_t)minb, maxu = (uint64_t)maxb;
   /* --device cuda takes other options (--only, ...): hand the whole command line over first. */
@@ -211,6 +243,7 @@ int hora_bench_allreduce(int argc, char **argv) {
     else if (!strcmp(a, "--iters")) rc = opt_int(P, argc, argv, &i, 0, 100000000, &iters);
     else if (!strcmp(a, "--warmup")) rc = opt_int(P, argc, argv, &i, 0, 1000000, &warmup);
     else if (!strcmp(a, "--repeat")) rc = opt_int(P, argc, argv, &i, 1, 1000000, &repeat);
+    else if (!strcmp(a, "--best")) best = 1;
     else if (!strcmp(a, "--json")) rc = (json = opt_value(P, argc, argv, &i)) ? 0 : OPT_USAGE;
     else if (!strcmp(a, "--device")) rc = opt_choice(P, argc, argv, &i, "host|cuda", &device);
     else rc = opt_unknown(P, a);
@@ -244,10 +277,10 @@ int hora_bench_allreduce(int argc, char **argv) {
     fprintf(stderr, "hora-bench allreduce: cannot write %s\n", json);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  print_header(ctx, d, op, repeat);
+  print_header(ctx, d, op, repeat, best);
   double bw_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
   /* Summary: auto vs mpi per size. */
-  double sum_bytes[64], sum_auto[64], sum_mpi[64];
+  double sum_bytes[64], sum_auto[64], sum_mpi[64], sum_t[64 * MAX_ALGOS];
   const char *sum_pick[64];
   int nsum = 0;
   double *samples = malloc((size_t)repeat * MAX_ALGOS * sizeof *samples);
@@ -269,7 +302,7 @@ int hora_bench_allreduce(int argc, char **argv) {
       MPI_Allreduce(&bad, &all, 1, MPI_LONG, MPI_SUM, ctx->world);
       wrong_total += all;
       qsort(samples + k * repeat, (size_t)repeat, sizeof *samples, cmp_double);
-      double t = samples[k * repeat + repeat / 2];
+      double t = samples[k * repeat + (best ? 0 : repeat / 2)];
       double algbw = (double)bytes / t / 1e9, busbw = algbw * bw_factor;
       if (rank == 0) {
         printf("%12zu %12zu %9s %6s %6s %11.2f %9.3f %9.3f %7ld\n", bytes, count, tnames[d], onames[op],
@@ -281,7 +314,8 @@ int hora_bench_allreduce(int argc, char **argv) {
                   bytes, count, dnames[d], onames[op], sel[k].name, t * 1e6, algbw, busbw, all);
       }
       if (nsum < 64) {
-        if (!strcmp(sel[k].name, "auto")) sum_auto[nsum] = busbw;
+        sum_t[nsum * MAX_ALGOS + k] = t;
+        if (!strcmp(sel[k].name, "auto") && !sel[k].check) sum_auto[nsum] = busbw;
         if (sel[k].is_mpi) sum_mpi[nsum] = busbw;
       }
     }
@@ -293,6 +327,7 @@ int hora_bench_allreduce(int argc, char **argv) {
     if (rank == 0) fflush(stdout);
   }
   if (rank == 0) print_summary(sel, nsel, sum_bytes, sum_auto, sum_mpi, sum_pick, nsum);
+  if (rank == 0) print_check_cost(sel, nsel, sum_bytes, sum_t, nsum);
   if (rank == 0) printf("# #wrong total: %ld\n", wrong_total);
   if (jf) fclose(jf);
   free(samples);

@@ -1,0 +1,183 @@
+/* The cross-rank call check of the blocking collectives: before a blocking collective moves any
+ * data, every rank's call descriptor (which collective, count, dtype, op, root, device and the
+ * caller's shape fingerprint, packed in 3 uint64 words) is agreed:
+ *
+ *   one node   : each rank writes its words into its header of the shared-memory window
+ *                (algo/shm.c) and passes one of the window's barriers; every rank then reads all
+ *                of them (no MPI call; a waiter spins briefly, or sleeps on an oversubscribed node)
+ *   several    : one MPI_Allreduce (MPI_MAX) of 6 words, the descriptor and its bitwise
+ *   nodes        complement (max of ~v = ~min of v), so every rank learns the minimum and maximum
+ *                of each word; only when they differ (the rare path) an MPI_Allgather of the
+ *                descriptors follows so that every rank can name which ranks hold which value
+ *
+ * (cost: docs/benchmarks.md, "Call check"). Every rank then returns HORA_ERR_MISMATCH with the
+ * same message, and nothing has been written to any buffer. Because the agreement is
+ * the first communication of every blocking call and has the same shape in all of them, a rank
+ * that calls another collective meets the same allreduce and the difference is reported as a
+ * disagreement in call sequence, never paired with a later call. HORA_CHECK=0 turns it off.
+ *
+ * The shape fingerprint is a per-thread "next call" tag set by hora_set_call_shape (the Python
+ * bindings pass a hash of the tensor's shape); 0 means unchecked and matches any value. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo/coll.h"
+
+static _Thread_local struct {
+  const hora_ctx_t *ctx;
+  uint64_t shape;
+} next_shape;
+
+HORA_EXPORT hora_result_t hora_set_call_shape(hora_ctx_t *ctx, uint64_t fingerprint) {
+  HORA_CHECK(hora__ctx_check(ctx, "hora_set_call_shape"));
+  next_shape.ctx = ctx;
+  next_shape.shape = fingerprint;
+  return HORA_SUCCESS;
+}
+
+uint64_t hora__call_shape_take(const hora_ctx_t *ctx) {
+  uint64_t s = next_shape.ctx == ctx ? next_shape.shape : 0;
+  next_shape.ctx = NULL;
+  next_shape.shape = 0;
+  return s;
+}
+
+int hora__call_check_on(void) { return hora__params()->check != 0; }
+
+static const char *const kind_names[] = {"none",          "hora_allreduce", "hora_broadcast",
+                                         "hora_allgather", "hora_allgatherv", "hora_reducescatter",
+                                         "hora_alltoall",  "hora_alltoallv",  "hora_barrier"};
+
+const char *hora__call_kind_name(int kind) {
+  return kind > 0 && kind < (int)(sizeof kind_names / sizeof kind_names[0]) ? kind_names[kind] : "unknown";
+}
+
+/* word 0: kind | dtype | op | device | root (bits 56.., 48.., 40.., 32.., 0..31) */
+static uint64_t pack0(const hora_call_desc_t *d) {
+  return (uint64_t)(d->kind & 0xff) << 56 | (uint64_t)(d->dtype & 0xff) << 48 | (uint64_t)(d->op & 0xff) << 40 |
+         (uint64_t)(d->device & 0xff) << 32 | (uint32_t)d->root;
+}
+
+enum { F_KIND, F_COUNT, F_DTYPE, F_OP, F_ROOT, F_DEVICE, F_SHAPE, F_N };
+static const char *const field_names[F_N] = {"collective", "count", "dtype", "op", "root", "device", "shape"};
+
+static uint64_t field_of(const uint64_t *w, int f) {
+  switch (f) {
+    case F_KIND: return w[0] >> 56;
+    case F_COUNT: return w[1];
+    case F_DTYPE: return (w[0] >> 48) & 0xff;
+    case F_OP: return (w[0] >> 40) & 0xff;
+    case F_ROOT: return (uint32_t)w[0];
+    case F_DEVICE: return (w[0] >> 32) & 0xff;
+    default: return w[2];
+  }
+}
+
+static void format_value(char *out, size_t n, int f, uint64_t v) {
+  switch (f) {
+    case F_KIND: snprintf(out, n, "%s", hora__call_kind_name((int)v)); break;
+    case F_DTYPE: snprintf(out, n, "%s", hora__dtype_name((hora_dtype_t)v)); break;
+    case F_OP: snprintf(out, n, "%s", hora__op_name((hora_op_t)v)); break;
+    case F_ROOT: snprintf(out, n, "%d", (int)(uint32_t)v); break;
+    case F_DEVICE: snprintf(out, n, "%s", v == HORA_DEVICE_CUDA ? "cuda" : "host"); break;
+    case F_SHAPE: snprintf(out, n, v ? "%#llx" : "unchecked", (unsigned long long)v); break;
+    default: snprintf(out, n, "%llu", (unsigned long long)v);
+  }
+}
+
+/* Appends "value on ranks a,b; value on rank c" for field f of the gathered descriptors. */
+static size_t describe_field(char *msg, size_t cap, size_t len, const uint64_t *all, int size, int f) {
+  for (int r = 0; r < size && len < cap; r++) {
+    uint64_t v = field_of(all + 3 * (size_t)r, f);
+    int first = 1, count = 0;
+    for (int q = 0; q < r && first; q++) first = field_of(all + 3 * (size_t)q, f) != v;
+    if (!first) continue;
+    for (int q = r; q < size; q++) count += field_of(all + 3 * (size_t)q, f) == v;
+    char val[64];
+    format_value(val, sizeof val, f, v);
+    len += (size_t)snprintf(msg + len, cap - len, "%s%s on rank%s", len && msg[len - 1] != ' ' ? "; " : "",
+                            val, count > 1 ? "s " : " ");
+    for (int q = r, k = 0; q < size && len < cap; q++)
+      if (field_of(all + 3 * (size_t)q, f) == v)
+        len += (size_t)snprintf(msg + len, cap - len, k++ ? ",%d" : "%d", q);
+  }
+  return len < cap ? len : cap - 1;
+}
+
+/* The message of a disagreement, from every rank's descriptor (`all`: 3 words per rank, in rank
+ * order) and the words' maximum and minimum (same on every rank, apart from the leading function
+ * name, which is this rank's own call). */
+static hora_result_t report(const hora_ctx_t *ctx, const char *fn, const uint64_t *all, const uint64_t *mx,
+                            const uint64_t *mn) {
+  char msg[900];
+  size_t len = 0;
+  int kind_differs = field_of(mx, F_KIND) != field_of(mn, F_KIND);
+  if (kind_differs) {
+    len = (size_t)snprintf(msg, sizeof msg, "ranks disagree on the call sequence (collective): ");
+    len = describe_field(msg, sizeof msg, len, all, ctx->size, F_KIND);
+  } else {
+    for (int f = F_COUNT; f < F_N && len < sizeof msg; f++) {
+      int differs = f == F_SHAPE ? 0 : field_of(mx, f) != field_of(mn, f);
+      if (f == F_SHAPE) /* 0 (unchecked) matches anything: compare the non-zero values */
+        for (int r = 0; r < ctx->size; r++) {
+          uint64_t v = all[3 * (size_t)r + 2];
+          differs |= v && v != mx[2];
+        }
+      if (!differs) continue;
+      int kind = (int)field_of(mx, F_KIND);
+      const char *name = f != F_COUNT ? field_names[f]
+                         : kind == HORA_CALL_ALLGATHERV ? "the sum of recvcounts"
+                         : kind == HORA_CALL_REDUCESCATTER ? "recvcount" : "count";
+      len += (size_t)snprintf(msg + len, sizeof msg - len, "%sranks disagree on %s: ", len ? " | " : "", name);
+      if (len < sizeof msg) len = describe_field(msg, sizeof msg, len, all, ctx->size, f);
+    }
+  }
+  return HORA_ERR(HORA_ERR_MISMATCH, "%s: %s", fn, msg);
+}
+
+/* The rare path across nodes: gather every rank's descriptor to name who holds what. */
+static hora_result_t gather_and_report(hora_ctx_t *ctx, const char *fn, const uint64_t mine[3], const uint64_t *mx,
+                                       const uint64_t *mn) {
+  uint64_t *all = malloc(3 * (size_t)ctx->size * sizeof *all);
+  if (!all) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory reporting a mismatch", fn);
+  int rc = MPI_Allgather(mine, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, ctx->world);
+  hora_result_t r = rc == MPI_SUCCESS ? report(ctx, fn, all, mx, mn)
+                                      : hora__mpi_error(rc, "MPI_Allgather(call descriptors)", __FILE__, __LINE__);
+  free(all);
+  return r;
+}
+
+/* One node: the descriptors go through the shared window's header and one of its barriers (no
+ * MPI call, and a waiter sleeps rather than polls when the node is oversubscribed); every rank
+ * then has all of them. Local ranks are world ranks in order on one node (core/ctx.c). */
+static hora_result_t agree_node(hora_ctx_t *ctx, const char *fn, const uint64_t mine[3]) {
+  uint64_t stack[3 * 16], *all = ctx->size <= 16 ? stack : malloc(3 * (size_t)ctx->size * sizeof *all);
+  if (!all) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory for the call check", fn);
+  hora_result_t r = hora__shm_exchange_words(ctx, mine, all);
+  uint64_t mx[3] = {0, 0, 0}, mn[3] = {UINT64_MAX, UINT64_MAX, UINT64_MAX};
+  for (int j = 0; j < ctx->size && r == HORA_SUCCESS; j++)
+    for (int w = 0; w < 3; w++) {
+      uint64_t v = all[3 * (size_t)j + w];
+      if (w == 2 && v == 0) continue; /* an unchecked shape takes no part */
+      mx[w] = v > mx[w] ? v : mx[w];
+      mn[w] = v < mn[w] ? v : mn[w];
+    }
+  if (mn[2] == UINT64_MAX) mn[2] = 0;
+  if (r == HORA_SUCCESS && !(mx[0] == mn[0] && mx[1] == mn[1] && mn[2] == mx[2])) r = report(ctx, fn, all, mx, mn);
+  if (all != stack) free(all);
+  return r;
+}
+
+hora_result_t hora__call_agree(hora_ctx_t *ctx, const char *fn, const hora_call_desc_t *d) {
+  if (!hora__call_check_on() || ctx->size == 1) return HORA_SUCCESS;
+  uint64_t mine[3] = {pack0(d), d->count, d->shape};
+  if (ctx->cross_size == 1) return agree_node(ctx, fn, mine);
+  /* Max of the values and of their complements; an unchecked shape (0) takes no part in the min. */
+  uint64_t w[6] = {mine[0], mine[1], mine[2], ~mine[0], ~mine[1], d->shape ? ~d->shape : 0};
+  HORA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, w, 6, MPI_UINT64_T, MPI_MAX, ctx->world));
+  uint64_t mx[3] = {w[0], w[1], w[2]}, mn[3] = {~w[3], ~w[4], w[5] ? ~w[5] : 0};
+  if (mx[0] == mn[0] && mx[1] == mn[1] && (mn[2] == 0 || mn[2] == mx[2])) return HORA_SUCCESS;
+  return gather_and_report(ctx, fn, mine, mx, mn);
+}
