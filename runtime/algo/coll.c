@@ -20,10 +20,11 @@ hora_result_t hora__broadcast_host(hora_ctx_t *ctx, void *buf, size_t bytes, int
   MPI_Datatype t;
   int owned;
   HORA_CHECK(hora__mpi_bytes_type(bytes, &t, &owned));
-  int rc = MPI_Bcast(buf, 1, t, root, ctx->world);
-  if (owned) MPI_Type_free(&t);
-  if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Bcast", __FILE__, __LINE__);
-  return HORA_SUCCESS;
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Ibcast(buf, 1, t, root, ctx->world, &req);
+  if (owned) MPI_Type_free(&t); /* allowed while the request is pending */
+  if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Ibcast", __FILE__, __LINE__);
+  return hora__algo_wait(ctx, 1, &req, "MPI_Ibcast");
 }
 
 hora_result_t hora__allgather_host(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t bytes) {
@@ -34,10 +35,11 @@ hora_result_t hora__allgather_host(hora_ctx_t *ctx, const void *sendbuf, void *r
   MPI_Datatype t;
   int owned;
   HORA_CHECK(hora__mpi_bytes_type(bytes, &t, &owned));
-  int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuf, 1, t, ctx->world);
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuf, 1, t, ctx->world, &req);
   if (owned) MPI_Type_free(&t);
-  if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Allgather", __FILE__, __LINE__);
-  return HORA_SUCCESS;
+  if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Iallgather", __FILE__, __LINE__);
+  return hora__algo_wait(ctx, 1, &req, "MPI_Iallgather");
 }
 
 /* Pairwise exchange: in step s (1..n-1) send to rank+s and receive from rank-s. Used by
@@ -56,11 +58,13 @@ static hora_result_t exchange(hora_ctx_t *ctx, const char *const *sendptr, const
       if (sown) MPI_Type_free(&st);
       return hr;
     }
-    int rc = MPI_Sendrecv(sendptr[to], sendbytes[to] ? 1 : 0, st, to, 77, recvptr[from],
-                          recvbytes[from] ? 1 : 0, rt, from, 77, ctx->world, MPI_STATUS_IGNORE);
+    MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    int rc = MPI_Irecv(recvptr[from], recvbytes[from] ? 1 : 0, rt, from, 77, ctx->world, &req[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Isend(sendptr[to], sendbytes[to] ? 1 : 0, st, to, 77, ctx->world, &req[1]);
     if (sown) MPI_Type_free(&st);
     if (rown) MPI_Type_free(&rt);
-    if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Sendrecv", __FILE__, __LINE__);
+    if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Irecv/MPI_Isend (exchange)", __FILE__, __LINE__);
+    HORA_CHECK(hora__algo_wait(ctx, 2, req, "MPI_Irecv/MPI_Isend (exchange)"));
   }
   return HORA_SUCCESS;
 }
@@ -116,10 +120,11 @@ hora_result_t hora__alltoall_host(hora_ctx_t *ctx, const void *sendbuf, void *re
   MPI_Datatype t;
   int owned;
   HORA_CHECK(hora__mpi_bytes_type(bytes, &t, &owned));
-  int rc = MPI_Alltoall(sendbuf, 1, t, recvbuf, 1, t, ctx->world);
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Ialltoall(sendbuf, 1, t, recvbuf, 1, t, ctx->world, &req);
   if (owned) MPI_Type_free(&t);
-  if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Alltoall", __FILE__, __LINE__);
-  return HORA_SUCCESS;
+  if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Ialltoall", __FILE__, __LINE__);
+  return hora__algo_wait(ctx, 1, &req, "MPI_Ialltoall");
 }
 
 hora_result_t hora__alltoallv_host(hora_ctx_t *ctx, const void *sendbuf, const size_t *sendcounts,
@@ -236,8 +241,9 @@ HORA_EXPORT hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf,
 
 HORA_EXPORT hora_result_t hora_barrier(hora_ctx_t *ctx) {
   HORA_CHECK(hora__ctx_check(ctx, "hora_barrier"));
-  HORA_MPI_CHECK(MPI_Barrier(ctx->world));
-  return HORA_SUCCESS;
+  MPI_Request req = MPI_REQUEST_NULL;
+  HORA_MPI_CHECK(MPI_Ibarrier(ctx->world, &req));
+  return hora__algo_wait(ctx, 1, &req, "hora_barrier");
 }
 
 /* hora__gpu_hooks is defined by runtime/comm/gpu.c (NULL entries in builds without CUDA), so that

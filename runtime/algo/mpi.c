@@ -49,16 +49,20 @@ hora_result_t hora__mpi_dtype_op(hora_dtype_t dtype, hora_op_t op, MPI_Datatype 
   return HORA_SUCCESS;
 }
 
+/* MPI_Iallreduce and a polled wait (hora__algo_wait), not MPI_Allreduce: a blocking MPI call never
+ * returns when a peer is dead or stopped, and the heartbeat's verdict must end it. Cost on the
+ * healthy path: docs/benchmarks.md ("Blocking waits that watch the heartbeat"). */
 hora_result_t hora__allreduce_mpi(hora_ctx_t *ctx, MPI_Comm comm, void *buf, size_t count,
                                   hora_dtype_t dtype, hora_op_t op) {
-  (void)ctx;
   MPI_Datatype t = MPI_DATATYPE_NULL;
   MPI_Op o = MPI_OP_NULL;
   HORA_CHECK(hora__mpi_dtype_op(dtype, op, &t, &o));
   size_t es = hora__dtype_size(dtype);
   for (size_t off = 0; off < count;) {
     size_t n = count - off < (size_t)INT_MAX ? count - off : (size_t)INT_MAX;
-    HORA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * es, (int)n, t, o, comm));
+    MPI_Request req = MPI_REQUEST_NULL;
+    HORA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + off * es, (int)n, t, o, comm, &req));
+    HORA_CHECK(hora__algo_wait(ctx, 1, &req, "MPI_Iallreduce"));
     off += n;
   }
   return HORA_SUCCESS;
