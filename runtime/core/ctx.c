@@ -191,6 +191,10 @@ static hora_result_t check_world(hora_ctx_t *c, const hora_params_t *p, int mpir
 }
 
 static void ctx_free_comms(hora_ctx_t *c) {
+  /* After a failure a wait may have abandoned non-blocking collectives on them (hora__algo_wait),
+   * which MPI still progresses: freeing their communicator would let that progress touch freed
+   * state (a crash in the next context's first MPI call). Leak them. */
+  if (hora__ctx_failed(c)) return;
   if (c->cross != MPI_COMM_NULL) MPI_Comm_free(&c->cross);
   if (c->local != MPI_COMM_NULL) MPI_Comm_free(&c->local);
   if (c->world != MPI_COMM_NULL) MPI_Comm_free(&c->world);
