@@ -188,7 +188,17 @@ hora_result_t hora_device_index(hora_ctx_t *ctx, int *device);
  * (NULL buffer with count > 0, unknown dtype/op/device, root out of range, count * element size
  * overflows size_t, partially overlapping buffers), HORA_ERR_NOT_SUPPORTED (device buffers in a
  * build without CUDA), HORA_ERR_MPI / HORA_ERR_NCCL / HORA_ERR_CUDA (the transport failed),
- * HORA_ERR_REMOTE (a peer died). On HORA_ERR_INVALID_ARGUMENT nothing is written to recvbuf.
+ * HORA_ERR_REMOTE (a peer died or stopped; below). On HORA_ERR_INVALID_ARGUMENT nothing is
+ * written to recvbuf.
+ * A dead or stopped peer (crashed, killed, SIGSTOPped, or so starved that its heartbeat thread
+ * is silent): every blocking collective here, every algorithm (ring, shm, hier, the MPI path)
+ * and device path (staged, NCCL), returns HORA_ERR_REMOTE on every surviving rank, with a
+ * message naming the rank ("rank 3 sent no heartbeat for 30 s (HORA_PEER_TIMEOUT_S)"), within
+ * HORA_PEER_TIMEOUT_S plus about a tenth of a second of the peer falling silent (measured:
+ * docs/design.md). Every wait inside the call watches the heartbeat's verdict; a call made after
+ * the verdict returns it at once. recvbuf (and buf) is then undefined and MPI may still write
+ * it if the peer was only slow: do not reuse it; call hora_finalize, which returns promptly, and
+ * end the program. HORA_PEER_TIMEOUT_S=0 turns the heartbeat off: then a call waits forever.
  * ------------------------------------------------------------------------------------------- */
 
 /* allreduce: recvbuf[i] = postscale * OP_r(prescale * sendbuf_r[i]) for i in [0, count).
@@ -236,7 +246,8 @@ hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf, const size_t 
                              void *recvbuf, const size_t *recvcounts, hora_dtype_t dtype,
                              hora_device_t device);
 
-/* barrier: returns once every rank has entered it. */
+/* barrier: returns once every rank has entered it. Errors: HORA_ERR_NOT_INITIALIZED, HORA_ERR_MPI,
+ * HORA_ERR_REMOTE (a peer died or stopped: within HORA_PEER_TIMEOUT_S, as above). */
 hora_result_t hora_barrier(hora_ctx_t *ctx);
 
 /* ---- async engine (runtime/engine) ----

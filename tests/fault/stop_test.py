@@ -11,6 +11,10 @@ and killed (SIGKILL) in the last one once the others have reported. Every wait i
 that does not report within the bound fails the test (a hang), and the whole job runs under a hard
 limit.
 
+With KILL_LAST=1 among the assignments the last trial's rank is killed (SIGKILL) instead of
+stopped: a dead rank, which the others must report the same way (mpirun then needs
+--enable-recovery, else it ends the job itself when a rank dies).
+
 usage: stop_test.py MPIEXEC PROBE NP KIND TRIALS WORK_ROOT [VAR=VALUE...] [-- mpiexec flags...]"""
 import os
 import random
@@ -78,11 +82,14 @@ try:
         if not wait_for([f"ready.{t}.{r}" for r in range(np_)], STEP_LIMIT_S, f"trial {t}: start"):
             raise StopIteration
         time.sleep(rng.uniform(0.02, 0.25))
-        os.kill(pids[victim], signal.SIGSTOP)
+        kill_now = env.get("KILL_LAST") == "1" and t == trials - 1
+        os.kill(pids[victim], signal.SIGKILL if kill_now else signal.SIGSTOP)
         t_stop = time.monotonic()
         survivors = [r for r in range(np_) if r != victim]
         ok = wait_for([f"res.{t}.{r}" for r in survivors], STEP_LIMIT_S, f"trial {t}: survivors")
-        if t == trials - 1 or not ok:
+        if kill_now:
+            pass
+        elif t == trials - 1 or not ok:
             os.kill(pids[victim], signal.SIGKILL)
         else:
             os.kill(pids[victim], signal.SIGCONT)
@@ -105,7 +112,7 @@ try:
                 errors.append(f"{where}: {bad} wrong values before the stop")
             if int(calls) < 1:
                 errors.append(f"{where}: no successful call before the stop")
-        print(f"trial {t}: rank {victim} stopped; survivors returned after "
+        print(f"trial {t}: rank {victim} {'killed' if kill_now else 'stopped'}; survivors returned after "
               + ", ".join(f"{float(open(path(f'res.{t}.{r}')).read().split()[1]) - t_stop:.2f} s" for r in survivors))
         if t < trials - 1:
             # The resumed rank fails too (its peers went silent) and finalizes.
