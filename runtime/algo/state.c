@@ -9,10 +9,22 @@
 /* Polling, not MPI_Waitall: a blocking MPI wait never returns when a peer is dead or stopped (Open
  * MPI 4.1 has no fault tolerance), and the heartbeat thread's verdict must end it. Open MPI moves
  * data only inside MPI calls, and MPI_Waitall itself spins on its progress engine, so a tight
- * MPI_Testall loop costs the same on the healthy path (docs/benchmarks.md); after WAIT_SPINS polls
- * each poll also yields the core, which a rank sharing it (more ranks than cores) then gets. */
+ * MPI_Testall loop costs the same on the healthy path (docs/benchmarks.md). After WAIT_SPINS polls
+ * and WAIT_SPIN_NS of polling (a peer that is running answers within microseconds) each poll also
+ * yields the core, which a rank sharing it (more ranks than cores) then gets. */
 #define WAIT_SPINS 64
+#define WAIT_SPIN_NS 20000
+int hora__algo_wait_backoff(unsigned i, double *until) {
+  if (i < WAIT_SPINS) return 0;
+  if (i == WAIT_SPINS) *until = hora__now_s() + WAIT_SPIN_NS * 1e-9;
+  if (*until > 0 && ((i & 63) != 0 || hora__now_s() < *until)) return 0;
+  *until = 0; /* spun long enough: yield from now on */
+  sched_yield();
+  return 1;
+}
+
 hora_result_t hora__algo_wait(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what) {
+  double until = 0;
   for (unsigned i = 0;; i++) {
     int flag = 0;
     int mrc = MPI_Testall(n, req, &flag, MPI_STATUSES_IGNORE);
@@ -20,7 +32,7 @@ hora_result_t hora__algo_wait(hora_ctx_t *ctx, int n, MPI_Request *req, const ch
     if (flag) return HORA_SUCCESS;
     /* Leave the requests: MPI may still use their buffers, which the caller therefore leaks. */
     if (hora__ctx_failed(ctx)) return hora__ctx_verdict(ctx, what);
-    if (i >= WAIT_SPINS) sched_yield();
+    hora__algo_wait_backoff(i, &until);
   }
 }
 
