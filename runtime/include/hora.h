@@ -194,9 +194,11 @@ hora_result_t hora_device_index(hora_ctx_t *ctx, int *device);
  * is silent): every blocking collective here, every algorithm (ring, shm, hier, the MPI path)
  * and device path (staged, NCCL), returns HORA_ERR_REMOTE on every surviving rank, with a
  * message naming the rank ("rank 3 sent no heartbeat for 30 s (HORA_PEER_TIMEOUT_S)"), within
- * HORA_PEER_TIMEOUT_S plus about a tenth of a second of the peer falling silent (measured:
- * docs/design.md). Every wait inside the call watches the heartbeat's verdict; a call made after
- * the verdict returns it at once. recvbuf (and buf) is then undefined and MPI may still write
+ * HORA_PEER_TIMEOUT_S plus a fraction of a second of the peer falling silent (measured: 0 to
+ * 0.25 s; seconds more on an overloaded node; docs/design.md). A peer that stops before its first
+ * heartbeat arrived (right after hora_init) is reported after HORA_INIT_TIMEOUT_S instead. Every
+ * wait inside the call watches the heartbeat's verdict; a call made after the verdict returns it
+ * at once. recvbuf (and buf) is then undefined and MPI may still write
  * it if the peer was only slow: do not reuse it; call hora_finalize, which returns promptly, and
  * end the program. HORA_PEER_TIMEOUT_S=0 turns the heartbeat off: then a call waits forever.
  * ------------------------------------------------------------------------------------------- */

@@ -18,7 +18,7 @@
  * Files in WORK_DIR (the driver's protocol; times are CLOCK_MONOTONIC seconds, which Python's
  * time.monotonic() reads too):
  *   pid.R             this rank's pid, written once
- *   ready.T.R         rank R runs trial T's loop (written after its first successful call)
+ *   ready.T.R         rank R runs trial T's loop (written READY_AFTER_S into it)
  *   res.T.R           "RC_NAME T_END CALLS FINALIZE_S BAD" once trial T's failing call returned and
  *                     the context was finalized, then the message on the next line
  *   go.T              written by the driver: every rank may start trial T (after it resumed the
@@ -34,6 +34,10 @@
 #include "hora.h"
 
 enum { COUNT_SMALL = 256, COUNT_LARGE = 1 << 16 };
+/* Ready only after this long in the loop: a peer is watched with HORA_PEER_TIMEOUT_S only once its
+ * first heartbeat has arrived (before that HORA_INIT_TIMEOUT_S applies), and under load the
+ * heartbeat thread of a new context may take a while to send it. */
+#define READY_AFTER_S 0.6
 
 static double now_s(void) {
   struct timespec ts;
@@ -138,12 +142,15 @@ int main(int argc, char **argv) {
     }
     int bad = 0;
     long calls = 0;
-    double t_end = 0;
+    double t_end = 0, t_ready = now_s() + READY_AFTER_S;
+    int ready = 0;
     for (;;) {
       rc = one_call(ctx, kind, rank, n, a, b, count, (int)calls, &bad);
       t_end = now_s();
       if (rc != HORA_SUCCESS) break;
-      if (++calls == 1) {
+      ++calls;
+      if (!ready && t_end >= t_ready) {
+        ready = 1;
         snprintf(name, sizeof name, "ready.%d.%d", t, rank);
         put_file(dir, name, "1\n");
       }
