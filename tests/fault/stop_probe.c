@@ -22,7 +22,8 @@
  *   res.T.R           "RC_NAME T_END CALLS FINALIZE_S BAD" once trial T's failing call returned and
  *                     the context was finalized, then the message on the next line
  *   go.T              written by the driver: every rank may start trial T (after it resumed the
- *                     stopped rank of trial T-1) */
+ *                     stopped rank of trial T-1)
+ *   end               written by the driver once it has the last trial's results: exit now */
 #define _GNU_SOURCE
 #include <mpi.h>
 #include <stdio.h>
@@ -166,7 +167,10 @@ int main(int argc, char **argv) {
     snprintf(text, sizeof text, "%s %.6f %ld %.3f %d\n%s\n", hora_result_name(rc), t_end, calls, fin, bad, msg);
     put_file(dir, name, text);
   }
-  /* The last trial's stopped rank is killed: MPI_Finalize would wait for it. */
+  /* The last trial's stopped rank is killed: MPI_Finalize would wait for it. Leave only when the
+   * driver has every rank's result (a rank that exits without MPI_Finalize makes mpirun end the
+   * others, which may not have written theirs yet). */
   fflush(NULL);
+  wait_file(dir, "end");
   _exit(0);
 }

@@ -87,10 +87,10 @@ try:
         t_stop = time.monotonic()
         survivors = [r for r in range(np_) if r != victim]
         ok = wait_for([f"res.{t}.{r}" for r in survivors], STEP_LIMIT_S, f"trial {t}: survivors")
-        if kill_now:
-            pass
-        elif t == trials - 1 or not ok:
+        if not kill_now and (t == trials - 1 or not ok):
             os.kill(pids[victim], signal.SIGKILL)
+        if t == trials - 1 or not ok:
+            open(path("end"), "w").close()  # the others may exit now
         else:
             os.kill(pids[victim], signal.SIGCONT)
         if not ok:
