@@ -48,7 +48,8 @@ int hora__call_check_on(void) { return hora__params()->check != 0; }
 
 static const char *const kind_names[] = {"none",          "hora_allreduce", "hora_broadcast",
                                          "hora_allgather", "hora_allgatherv", "hora_reducescatter",
-                                         "hora_alltoall",  "hora_alltoallv",  "hora_barrier"};
+                                         "hora_alltoall",  "hora_alltoallv",  "hora_barrier",
+                                         "invalid arguments"};
 
 const char *hora__call_kind_name(int kind) {
   return kind > 0 && kind < (int)(sizeof kind_names / sizeof kind_names[0]) ? kind_names[kind] : "unknown";
@@ -142,9 +143,13 @@ static hora_result_t gather_and_report(hora_ctx_t *ctx, const char *fn, const ui
                                        const uint64_t *mn) {
   uint64_t *all = malloc(3 * (size_t)ctx->size * sizeof *all);
   if (!all) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory reporting a mismatch", fn);
-  int rc = MPI_Allgather(mine, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, ctx->world);
-  hora_result_t r = rc == MPI_SUCCESS ? report(ctx, fn, all, mx, mn)
-                                      : hora__mpi_error(rc, "MPI_Allgather(call descriptors)", __FILE__, __LINE__);
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Iallgather(mine, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, ctx->world, &req);
+  hora_result_t r = rc == MPI_SUCCESS ? hora__algo_wait(ctx, 1, &req, fn)
+                                      : hora__mpi_error(rc, "MPI_Iallgather(call descriptors)", __FILE__, __LINE__);
+  /* After HORA_ERR_REMOTE MPI may still write `all`: leaked, as the ring's buffers (ctx.h). */
+  if (r == HORA_SUCCESS) r = report(ctx, fn, all, mx, mn);
+  else if (hora__ctx_failed(ctx)) return r;
   free(all);
   return r;
 }
@@ -175,8 +180,14 @@ hora_result_t hora__call_agree(hora_ctx_t *ctx, const char *fn, const hora_call_
   uint64_t mine[3] = {pack0(d), d->count, d->shape};
   if (ctx->cross_size == 1) return agree_node(ctx, fn, mine);
   /* Max of the values and of their complements; an unchecked shape (0) takes no part in the min. */
-  uint64_t w[6] = {mine[0], mine[1], mine[2], ~mine[0], ~mine[1], d->shape ? ~d->shape : 0};
-  HORA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, w, 6, MPI_UINT64_T, MPI_MAX, ctx->world));
+  /* Non-blocking and waited on with the heartbeat's verdict watched: a dead or stopped peer ends
+   * the check with HORA_ERR_REMOTE like any other wait (algo/state.c). w lives in a static
+   * per-thread buffer, not on the stack, so that MPI may still write it after such an abandon. */
+  static _Thread_local uint64_t w[6];
+  w[0] = mine[0], w[1] = mine[1], w[2] = mine[2], w[3] = ~mine[0], w[4] = ~mine[1], w[5] = d->shape ? ~d->shape : 0;
+  MPI_Request req = MPI_REQUEST_NULL;
+  HORA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, w, 6, MPI_UINT64_T, MPI_MAX, ctx->world, &req));
+  HORA_CHECK(hora__algo_wait(ctx, 1, &req, fn));
   uint64_t mx[3] = {w[0], w[1], w[2]}, mn[3] = {~w[3], ~w[4], w[5] ? ~w[5] : 0};
   if (mx[0] == mn[0] && mx[1] == mn[1] && (mn[2] == 0 || mn[2] == mx[2])) return HORA_SUCCESS;
   return gather_and_report(ctx, fn, mine, mx, mn);

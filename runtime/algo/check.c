@@ -145,11 +145,14 @@ static hora_result_t check_same_counts(hora_ctx_t *ctx, const char *fn, const si
   if (!mn) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory", fn);
   uint64_t *mx = mn + n;
   for (int i = 0; i < n; i++) mn[i] = mx[i] = counts[i];
-  int rc = MPI_Allreduce(MPI_IN_PLACE, mn, n, MPI_UINT64_T, MPI_MIN, ctx->world);
-  if (rc == MPI_SUCCESS) rc = MPI_Allreduce(MPI_IN_PLACE, mx, n, MPI_UINT64_T, MPI_MAX, ctx->world);
-  if (rc != MPI_SUCCESS) {
-    free(mn);
-    return hora__mpi_error(rc, "MPI_Allreduce(counts)", __FILE__, __LINE__);
+  MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  int rc = MPI_Iallreduce(MPI_IN_PLACE, mn, n, MPI_UINT64_T, MPI_MIN, ctx->world, &req[0]);
+  if (rc == MPI_SUCCESS) rc = MPI_Iallreduce(MPI_IN_PLACE, mx, n, MPI_UINT64_T, MPI_MAX, ctx->world, &req[1]);
+  hora_result_t wrc = rc != MPI_SUCCESS ? hora__mpi_error(rc, "MPI_Iallreduce(counts)", __FILE__, __LINE__)
+                                        : hora__algo_wait(ctx, 2, req, "MPI_Iallreduce(counts)");
+  if (wrc != HORA_SUCCESS) {
+    if (!hora__ctx_failed(ctx)) free(mn); /* else MPI may still write it */
+    return wrc;
   }
   for (int i = 0; i < n; i++)
     if (mn[i] != mx[i]) {
@@ -166,7 +169,16 @@ static hora_result_t check_same_counts(hora_ctx_t *ctx, const char *fn, const si
 /* Agree on an error flag: returns HORA_ERR_MISMATCH/INVALID on every rank if any rank had one. */
 hora_result_t hora__agree(hora_ctx_t *ctx, const char *fn, hora_result_t mine) {
   int bad = mine != HORA_SUCCESS ? (int)mine : 0, any = 0;
-  HORA_MPI_CHECK(MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, ctx->world));
+  int *res = malloc(sizeof *res); /* leaked after a verdict: MPI may still write the result */
+  if (!res) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory", fn);
+  MPI_Request req = MPI_REQUEST_NULL;
+  int mrc = MPI_Iallreduce(&bad, res, 1, MPI_INT, MPI_MAX, ctx->world, &req);
+  hora_result_t wrc = mrc != MPI_SUCCESS ? hora__mpi_error(mrc, "MPI_Iallreduce(argument check)", __FILE__, __LINE__)
+                                         : hora__algo_wait(ctx, 1, &req, fn);
+  if (wrc != HORA_SUCCESS && hora__ctx_failed(ctx)) return wrc;
+  any = *res;
+  free(res);
+  if (wrc != HORA_SUCCESS) return wrc;
   if (mine != HORA_SUCCESS) return mine;
   if (any) return HORA_ERR((hora_result_t)any, "%s: another rank rejected its arguments (%s)", fn,
                            hora_result_name((hora_result_t)any));
@@ -228,10 +240,13 @@ hora_result_t hora__check_alltoallv(hora_ctx_t *ctx, const char *fn, const void 
   uint64_t *peer = malloc((size_t)n * 2 * sizeof *peer);
   if (!peer) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory", fn);
   for (int i = 0; i < n; i++) peer[i] = sendcounts[i];
-  int mrc = MPI_Alltoall(peer, 1, MPI_UINT64_T, peer + n, 1, MPI_UINT64_T, ctx->world);
-  if (mrc != MPI_SUCCESS) {
-    free(peer);
-    return hora__mpi_error(mrc, "MPI_Alltoall(counts)", __FILE__, __LINE__);
+  MPI_Request req = MPI_REQUEST_NULL;
+  int mrc = MPI_Ialltoall(peer, 1, MPI_UINT64_T, peer + n, 1, MPI_UINT64_T, ctx->world, &req);
+  hora_result_t wrc = mrc != MPI_SUCCESS ? hora__mpi_error(mrc, "MPI_Ialltoall(counts)", __FILE__, __LINE__)
+                                         : hora__algo_wait(ctx, 1, &req, "MPI_Ialltoall(counts)");
+  if (wrc != HORA_SUCCESS) {
+    if (!hora__ctx_failed(ctx)) free(peer); /* else MPI may still write it */
+    return wrc;
   }
   for (int i = 0; i < n && local == HORA_SUCCESS; i++)
     if (peer[n + i] != recvcounts[i])

@@ -8,6 +8,7 @@
  * arguments, move bytes with MPI byte datatypes that carry any count (hora__mpi_bytes_type), so
  * counts above 2^31 work, and use only the context's world communicator. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,10 +21,11 @@ hora_result_t hora__broadcast_host(hora_ctx_t *ctx, void *buf, size_t bytes, int
   MPI_Datatype t;
   int owned;
   HORA_CHECK(hora__mpi_bytes_type(bytes, &t, &owned));
-  int rc = MPI_Bcast(buf, 1, t, root, ctx->world);
-  if (owned) MPI_Type_free(&t);
-  if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Bcast", __FILE__, __LINE__);
-  return HORA_SUCCESS;
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Ibcast(buf, 1, t, root, ctx->world, &req);
+  if (owned) MPI_Type_free(&t); /* allowed while the request is pending */
+  if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Ibcast", __FILE__, __LINE__);
+  return hora__algo_wait(ctx, 1, &req, "MPI_Ibcast");
 }
 
 hora_result_t hora__allgather_host(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t bytes) {
@@ -34,10 +36,11 @@ hora_result_t hora__allgather_host(hora_ctx_t *ctx, const void *sendbuf, void *r
   MPI_Datatype t;
   int owned;
   HORA_CHECK(hora__mpi_bytes_type(bytes, &t, &owned));
-  int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuf, 1, t, ctx->world);
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuf, 1, t, ctx->world, &req);
   if (owned) MPI_Type_free(&t);
-  if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Allgather", __FILE__, __LINE__);
-  return HORA_SUCCESS;
+  if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Iallgather", __FILE__, __LINE__);
+  return hora__algo_wait(ctx, 1, &req, "MPI_Iallgather");
 }
 
 /* Pairwise exchange: in step s (1..n-1) send to rank+s and receive from rank-s. Used by
@@ -56,11 +59,13 @@ static hora_result_t exchange(hora_ctx_t *ctx, const char *const *sendptr, const
       if (sown) MPI_Type_free(&st);
       return hr;
     }
-    int rc = MPI_Sendrecv(sendptr[to], sendbytes[to] ? 1 : 0, st, to, 77, recvptr[from],
-                          recvbytes[from] ? 1 : 0, rt, from, 77, ctx->world, MPI_STATUS_IGNORE);
+    MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    int rc = MPI_Irecv(recvptr[from], recvbytes[from] ? 1 : 0, rt, from, 77, ctx->world, &req[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Isend(sendptr[to], sendbytes[to] ? 1 : 0, st, to, 77, ctx->world, &req[1]);
     if (sown) MPI_Type_free(&st);
     if (rown) MPI_Type_free(&rt);
-    if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Sendrecv", __FILE__, __LINE__);
+    if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Irecv/MPI_Isend (exchange)", __FILE__, __LINE__);
+    HORA_CHECK(hora__algo_wait(ctx, 2, req, "MPI_Irecv/MPI_Isend (exchange)"));
   }
   return HORA_SUCCESS;
 }
@@ -116,10 +121,11 @@ hora_result_t hora__alltoall_host(hora_ctx_t *ctx, const void *sendbuf, void *re
   MPI_Datatype t;
   int owned;
   HORA_CHECK(hora__mpi_bytes_type(bytes, &t, &owned));
-  int rc = MPI_Alltoall(sendbuf, 1, t, recvbuf, 1, t, ctx->world);
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Ialltoall(sendbuf, 1, t, recvbuf, 1, t, ctx->world, &req);
   if (owned) MPI_Type_free(&t);
-  if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Alltoall", __FILE__, __LINE__);
-  return HORA_SUCCESS;
+  if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Ialltoall", __FILE__, __LINE__);
+  return hora__algo_wait(ctx, 1, &req, "MPI_Ialltoall");
 }
 
 hora_result_t hora__alltoallv_host(hora_ctx_t *ctx, const void *sendbuf, const size_t *sendcounts,
@@ -154,6 +160,21 @@ hora_result_t hora__reducescatter_host(hora_ctx_t *ctx, const void *sendbuf, voi
   return hora__scale_and_average(ctx, recvbuf, recvcount, dtype, op, 1.0);
 }
 
+/* A rank whose own arguments fail the local checks (rc) still takes part in the call check, as
+ * "invalid arguments", when its context is live: the ranks whose arguments were fine then return
+ * HORA_ERR_MISMATCH naming it ("call sequence") instead of waiting for it forever in the
+ * collective it left. It returns its own error with its own message. When every rank's arguments
+ * fail, the ranks agree on "invalid arguments" and each returns its own error. */
+static hora_result_t refuse(hora_ctx_t *ctx, const char *fn, hora_call_desc_t *d, hora_result_t rc) {
+  if (rc == HORA_SUCCESS || rc == HORA_ERR_NOT_INITIALIZED || !hora__call_check_on()) return rc;
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", hora_last_error());
+  d->kind = HORA_CALL_INVALID;
+  d->count = 0, d->dtype = 0, d->op = 0, d->root = 0, d->device = 0, d->shape = 0;
+  (void)hora__call_agree(ctx, fn, d);
+  return HORA_ERR(rc, "%s", msg);
+}
+
 /* ---- the public blocking calls ----
  * Each takes the shape fingerprint left by hora_set_call_shape (cleared whatever happens), checks
  * its arguments locally, then agrees its call descriptor with every rank (callcheck.c) before any
@@ -164,7 +185,7 @@ HORA_EXPORT hora_result_t hora_allreduce(hora_ctx_t *ctx, const void *sendbuf, v
                                          double prescale, double postscale, hora_device_t device) {
   const char *fn = "hora_allreduce";
   hora_call_desc_t d = {HORA_CALL_ALLREDUCE, count, dtype, op, 0, device, hora__call_shape_take(ctx)};
-  HORA_CHECK(hora__check_allreduce(ctx, fn, sendbuf, recvbuf, count, dtype, op, prescale, postscale, device));
+  HORA_CHECK(refuse(ctx, fn, &d, hora__check_allreduce(ctx, fn, sendbuf, recvbuf, count, dtype, op, prescale, postscale, device)));
   HORA_CHECK(hora__call_agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.allreduce) return hora__device_unsupported(fn);
@@ -180,7 +201,7 @@ HORA_EXPORT hora_result_t hora_broadcast(hora_ctx_t *ctx, void *buf, size_t coun
   const char *fn = "hora_broadcast";
   hora_call_desc_t d = {HORA_CALL_BROADCAST, count, dtype, 0, root, device, hora__call_shape_take(ctx)};
   size_t bytes = 0;
-  HORA_CHECK(hora__check_broadcast(ctx, fn, buf, count, dtype, root, device, &bytes));
+  HORA_CHECK(refuse(ctx, fn, &d, hora__check_broadcast(ctx, fn, buf, count, dtype, root, device, &bytes)));
   HORA_CHECK(hora__call_agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.broadcast) return hora__device_unsupported(fn);
@@ -194,7 +215,7 @@ HORA_EXPORT hora_result_t hora_allgather(hora_ctx_t *ctx, const void *sendbuf, v
   const char *fn = "hora_allgather";
   hora_call_desc_t d = {HORA_CALL_ALLGATHER, count, dtype, 0, 0, device, hora__call_shape_take(ctx)};
   size_t bytes = 0;
-  HORA_CHECK(hora__check_allgather(ctx, fn, sendbuf, recvbuf, count, dtype, device, &bytes));
+  HORA_CHECK(refuse(ctx, fn, &d, hora__check_allgather(ctx, fn, sendbuf, recvbuf, count, dtype, device, &bytes)));
   HORA_CHECK(hora__call_agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.allgather) return hora__device_unsupported(fn);
@@ -216,8 +237,9 @@ HORA_EXPORT hora_result_t hora_allgatherv(hora_ctx_t *ctx, const void *sendbuf, 
                                           hora_dtype_t dtype, hora_device_t device) {
   const char *fn = "hora_allgatherv";
   uint64_t shape = hora__call_shape_take(ctx);
-  HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
-  hora_call_desc_t d = {HORA_CALL_ALLGATHERV, sum_counts(ctx, recvcounts), dtype, 0, 0, device, shape};
+  hora_call_desc_t d = {HORA_CALL_ALLGATHERV, 0, dtype, 0, 0, device, shape};
+  HORA_CHECK(refuse(ctx, fn, &d, hora__check_common(ctx, fn, dtype, device)));
+  d.count = sum_counts(ctx, recvcounts);
   HORA_CHECK(hora__call_agree(ctx, fn, &d));
   HORA_CHECK(hora__check_allgatherv(ctx, fn, sendbuf, sendcount, recvbuf, recvcounts, dtype,
                                     device, hora__gpu_hooks.allgatherv != NULL));
@@ -230,7 +252,7 @@ HORA_EXPORT hora_result_t hora_reducescatter(hora_ctx_t *ctx, const void *sendbu
                                              hora_device_t device) {
   const char *fn = "hora_reducescatter";
   hora_call_desc_t d = {HORA_CALL_REDUCESCATTER, recvcount, dtype, op, 0, device, hora__call_shape_take(ctx)};
-  HORA_CHECK(hora__check_reducescatter(ctx, fn, sendbuf, recvbuf, recvcount, dtype, op, device));
+  HORA_CHECK(refuse(ctx, fn, &d, hora__check_reducescatter(ctx, fn, sendbuf, recvbuf, recvcount, dtype, op, device)));
   HORA_CHECK(hora__call_agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.reducescatter) return hora__device_unsupported(fn);
@@ -243,7 +265,7 @@ HORA_EXPORT hora_result_t hora_alltoall(hora_ctx_t *ctx, const void *sendbuf, vo
                                         size_t count, hora_dtype_t dtype, hora_device_t device) {
   const char *fn = "hora_alltoall";
   hora_call_desc_t d = {HORA_CALL_ALLTOALL, count, dtype, 0, 0, device, hora__call_shape_take(ctx)};
-  HORA_CHECK(hora__check_alltoall(ctx, fn, sendbuf, recvbuf, count, dtype, device));
+  HORA_CHECK(refuse(ctx, fn, &d, hora__check_alltoall(ctx, fn, sendbuf, recvbuf, count, dtype, device)));
   HORA_CHECK(hora__call_agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.alltoall) return hora__device_unsupported(fn);
@@ -258,8 +280,8 @@ HORA_EXPORT hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf,
                                          hora_device_t device) {
   const char *fn = "hora_alltoallv";
   uint64_t shape = hora__call_shape_take(ctx);
-  HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
   hora_call_desc_t d = {HORA_CALL_ALLTOALLV, 0, dtype, 0, 0, device, shape};
+  HORA_CHECK(refuse(ctx, fn, &d, hora__check_common(ctx, fn, dtype, device)));
   HORA_CHECK(hora__call_agree(ctx, fn, &d));
   HORA_CHECK(hora__check_alltoallv(ctx, fn, sendbuf, sendcounts, recvbuf, recvcounts, dtype,
                                    device, hora__gpu_hooks.alltoallv != NULL));
@@ -273,8 +295,9 @@ HORA_EXPORT hora_result_t hora_barrier(hora_ctx_t *ctx) {
   hora_call_desc_t d = {HORA_CALL_BARRIER, 0, 0, 0, 0, 0, hora__call_shape_take(ctx)};
   HORA_CHECK(hora__ctx_check(ctx, "hora_barrier"));
   if (hora__call_check_on()) return hora__call_agree(ctx, "hora_barrier", &d);
-  HORA_MPI_CHECK(MPI_Barrier(ctx->world));
-  return HORA_SUCCESS;
+  MPI_Request req = MPI_REQUEST_NULL;
+  HORA_MPI_CHECK(MPI_Ibarrier(ctx->world, &req));
+  return hora__algo_wait(ctx, 1, &req, "hora_barrier");
 }
 
 /* hora__gpu_hooks is defined by runtime/comm/gpu.c (NULL entries in builds without CUDA), so that

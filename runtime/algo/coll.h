@@ -58,7 +58,8 @@ enum {
   HORA_CALL_REDUCESCATTER,
   HORA_CALL_ALLTOALL,
   HORA_CALL_ALLTOALLV,
-  HORA_CALL_BARRIER
+  HORA_CALL_BARRIER,
+  HORA_CALL_INVALID /* this rank's own arguments failed the local checks (coll.c) */
 };
 typedef struct {
   int kind;

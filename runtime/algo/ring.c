@@ -53,6 +53,7 @@ typedef struct {
   char **out;         /* where the RS step writes the reduction of block b (its first byte) */
   char *ag;           /* AG steps receive block b at ag + off[b]*es; NULL when steps == n-1 */
   const size_t *off, *len; /* block offsets and lengths in elements */
+  hora_ctx_t *ctx;    /* its failure verdict ends a wait (hora__algo_wait) */
 } ring_t;
 
 /* Position in the sequence of (step, segment) messages of one direction. */
@@ -96,6 +97,20 @@ static void cancel_all(MPI_Request *req, int n) {
       MPI_Cancel(&req[i]);
       MPI_Request_free(&req[i]);
     }
+}
+
+/* MPI_Waitsome that also ends when the context gets a failure verdict (a peer declared dead or
+ * stopped): then HORA_ERR_REMOTE (the verdict's code) and the requests are abandoned. The same
+ * polling as hora__algo_wait (state.c): MPI_Waitsome spins in Open MPI's progress engine too. */
+static hora_result_t wait_some(const ring_t *R, int nreq, MPI_Request *req, int *outcount, int *idx) {
+  double until = 0;
+  for (unsigned i = 0;; i++) {
+    int mrc = MPI_Testsome(nreq, req, outcount, idx, MPI_STATUSES_IGNORE);
+    if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Testsome (ring)", __FILE__, __LINE__);
+    if (*outcount != 0) return HORA_SUCCESS; /* some done, or MPI_UNDEFINED: none active */
+    if (hora__ctx_failed(R->ctx)) return hora__ctx_verdict(R->ctx, "ring allreduce");
+    hora__algo_wait_backoff(i, &until);
+  }
 }
 
 /* Run the ring described by R. `slots` holds RING_SLOTS segments of scratch. */
@@ -165,8 +180,11 @@ static hora_result_t ring_run(const ring_t *R, char *slots) {
     for (int i = 0; i < nreq; i++) pending |= req[i] != MPI_REQUEST_NULL;
     if (!pending) break;
     int outcount = 0;
-    mrc = MPI_Waitsome(nreq, req, &outcount, idx, MPI_STATUSES_IGNORE);
-    if (mrc != MPI_SUCCESS) { what = "MPI_Waitsome"; goto fail; }
+    hora_result_t wrc = wait_some(R, nreq, req, &outcount, idx);
+    if (wrc != HORA_SUCCESS) {
+      if (!hora__ctx_failed(R->ctx)) cancel_all(req, nreq);
+      return wrc; /* after a verdict the requests are left to MPI (their buffers are leaked) */
+    }
     for (int i = 0; i < outcount && outcount != MPI_UNDEFINED; i++)
       if (idx[i] < RING_SLOTS) done[idx[i]] = 1;
   }
@@ -211,7 +229,7 @@ hora_result_t hora__ring_allreduce(hora_ctx_t *ctx, MPI_Comm comm, const void *s
     out[b] = (char *)dst + o * es;
     o += len[b];
   }
-  ring_t R = {comm, n, r, 2 * (n - 1), es, hora__ring_segment_elems(es), dtype, op, src, out, dst, off, len};
+  ring_t R = {comm, n, r, 2 * (n - 1), es, hora__ring_segment_elems(es), dtype, op, src, out, dst, off, len, ctx};
   if (R.seg > base + 1) R.seg = base + 1; /* no scratch beyond one block */
   char *slots;
   hora_result_t rc = get_slots(ctx, R.seg * es, &slots);
@@ -249,7 +267,7 @@ hora_result_t hora__ring_reducescatter(hora_ctx_t *ctx, const void *src, void *d
     int t = mod(r - b - 2, n); /* the RS step that receives block b */
     out[b] = b == r ? (char *)dst : t < n - 2 ? partial + (size_t)t * count * es : NULL;
   }
-  ring_t R = {ctx->world, n, r, n - 1, es, hora__ring_segment_elems(es), dtype, op, src, out, NULL, off, len};
+  ring_t R = {ctx->world, n, r, n - 1, es, hora__ring_segment_elems(es), dtype, op, src, out, NULL, off, len, ctx};
   if (R.seg > count) R.seg = count;
   char *slots;
   rc = get_slots(ctx, R.seg * es, &slots);
@@ -257,6 +275,6 @@ hora_result_t hora__ring_reducescatter(hora_ctx_t *ctx, const void *src, void *d
 done:
   free(off);
   free(out);
-  free(partial);
+  if (!hora__ctx_failed(ctx)) free(partial); /* else abandoned sends may still read it */
   return rc;
 }

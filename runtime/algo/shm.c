@@ -76,6 +76,7 @@ typedef struct {
 } shm_ctl_t;
 
 struct hora_shm {
+  hora_ctx_t *ctx;   /* the context it belongs to: its failure verdict ends a barrier wait */
   MPI_Win win;
   int L, l;          /* local size and rank */
   size_t slot_bytes; /* one slot; each rank has two */
@@ -97,7 +98,8 @@ static void cpu_relax(void) {
 }
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t val) {
-  /* A timeout bounds the wait if a wake-up were ever lost; the caller re-checks the value. */
+  /* A timeout bounds the wait if a wake-up were ever lost, and how late a waiter sees a failure
+   * verdict (shm_barrier); the caller re-checks the value. */
   struct timespec ts = {0, 100 * 1000 * 1000};
   syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT, val, &ts, NULL, 0);
 }
@@ -106,29 +108,41 @@ static void futex_wake_all(_Atomic uint32_t *addr) {
   syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Sense-free generation barrier over the local ranks. */
-static void shm_barrier(struct hora_shm *s) {
+/* Sense-free generation barrier over the local ranks. A waiter also watches the context's failure
+ * verdict (a peer declared dead or stopped by the heartbeat thread): then it leaves with the
+ * verdict (HORA_ERR_REMOTE) within one futex timeout, and the barrier is left broken: after a
+ * verdict every later call fails at its first wait, and the window is never freed. */
+static hora_result_t shm_barrier(struct hora_shm *s) {
   shm_ctl_t *c = s->ctl;
+  if (hora__ctx_failed(s->ctx)) return hora__ctx_verdict(s->ctx, "shm allreduce");
   uint32_t g = atomic_load(&c->gen);
   if (atomic_fetch_add(&c->arrived, 1) == (uint32_t)s->L - 1) {
     atomic_store(&c->arrived, 0); /* before the release below: the next generation starts clean */
     atomic_fetch_add(&c->gen, 1);
     if (atomic_load(&c->sleepers)) futex_wake_all(&c->gen);
-    return;
+    return HORA_SUCCESS;
   }
   if (s->spin) {
     /* Spin for at most SPIN_NS: a peer that is running arrives within microseconds; one that
      * was descheduled takes a time slice, and sleeping is then cheaper for everybody. */
     double until = hora__now_s() + SPIN_NS * 1e-9;
     for (unsigned i = 1;; i++) {
-      if (atomic_load_explicit(&c->gen, memory_order_acquire) != g) return;
+      if (atomic_load_explicit(&c->gen, memory_order_acquire) != g) return HORA_SUCCESS;
       cpu_relax();
       if ((i & 63) == 0 && hora__now_s() > until) break;
     }
   }
   atomic_fetch_add(&c->sleepers, 1);
-  while (atomic_load(&c->gen) == g) futex_wait(&c->gen, g);
+  hora_result_t rc = HORA_SUCCESS;
+  while (atomic_load(&c->gen) == g) {
+    if (hora__ctx_failed(s->ctx)) {
+      rc = hora__ctx_verdict(s->ctx, "shm allreduce");
+      break;
+    }
+    futex_wait(&c->gen, g);
+  }
   atomic_fetch_sub(&c->sleepers, 1);
+  return rc;
 }
 
 static int cpus_available(void) {
@@ -145,6 +159,7 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
   struct hora_shm *s = calloc(1, sizeof *s);
   if (!s) return HORA_ERR(HORA_ERR_NO_MEMORY, "shm allreduce: out of memory");
   s->win = MPI_WIN_NULL;
+  s->ctx = ctx;
   s->L = ctx->local_size;
   s->l = ctx->local_rank;
   /* The default depends on ctx->local_cpus (the union of the node's affinity masks), which every
@@ -252,7 +267,7 @@ hora_result_t hora__shm_exchange_words(hora_ctx_t *ctx, const uint64_t *mine, ui
   HORA_CHECK(get_shm(ctx, &s));
   int p = (int)(s->calls++ & 1);
   memcpy(desc_place(s, s->l, p), mine, HORA_SHM_WORDS * sizeof *mine);
-  shm_barrier(s);
+  HORA_CHECK(shm_barrier(s)); /* HORA_ERR_REMOTE: a local peer died or stopped */
   for (int j = 0; j < s->L; j++) memcpy(all + (size_t)j * HORA_SHM_WORDS, desc_place(s, j, p), HORA_SHM_WORDS * sizeof *all);
   return HORA_SUCCESS;
 }
@@ -388,15 +403,21 @@ hora_result_t hora__shm_run_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t 
     piece_t p = {base, count - base < cap ? count - base : cap, 0, at};
     p.sl = round_up((p.pe + (size_t)s->L - 1) / (size_t)s->L, align);
     copy_in(s, &p, es, s->round);
-    shm_barrier(s);
+    hora_result_t brc = shm_barrier(s);
+    if (brc != HORA_SUCCESS) {
+      rc = brc; /* a lost peer: no later barrier would complete */
+      goto out;
+    }
     if (have_prev) copy_out(s, &prev, es, s->round - 1);
     if (rc == HORA_SUCCESS) rc = reduce_own(s, &p, es, dtype, op, s->round, srcs, hook, arg);
     prev = p;
     have_prev = 1;
     s->round++;
   }
-  shm_barrier(s);
-  copy_out(s, &prev, es, s->round - 1);
+  hora_result_t brc = shm_barrier(s);
+  if (brc != HORA_SUCCESS) rc = brc;
+  else copy_out(s, &prev, es, s->round - 1);
+out:
   if (srcs != srcs_stack) free(srcs);
   return rc;
 }

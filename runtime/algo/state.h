@@ -22,6 +22,18 @@ hora_result_t hora__algo_state(hora_ctx_t *ctx, hora_algo_state_t **out);
  * next call on this context. HORA_ERR_NO_MEMORY when it cannot grow (the old one stays). */
 hora_result_t hora__algo_scratch(hora_ctx_t *ctx, size_t bytes, void **out);
 
+/* Wait for n requests like MPI_Waitall, but also end the wait when the context has a failure
+ * verdict (hora__ctx_verdict: a peer declared dead or stopped by the heartbeat thread), whose code
+ * (HORA_ERR_REMOTE for a lost peer) and message it returns, prefixed by `what`. A verdict that is
+ * already set returns at once. After a verdict the requests are abandoned, neither completed nor
+ * freed: their buffers must stay allocated (hora_finalize then skips MPI_Finalize). MPI errors:
+ * HORA_ERR_MPI naming `what`. Use it for every wait of a blocking collective. */
+hora_result_t hora__algo_wait(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what);
+/* The backoff of those polls, for loops that poll otherwise (the ring's MPI_Testsome): call it
+ * after the i-th unsuccessful poll (i from 0, *until 0 at the start); it spins, then yields the
+ * core (returns 1 when it did). */
+int hora__algo_wait_backoff(unsigned i, double *until);
+
 /* Segment/chunk sizes in elements of `es` bytes, from HORA_RING_SEGMENT_BYTES, at least one element
  * and at most 1 GiB so that one MPI message count fits an int. */
 size_t hora__ring_segment_elems(size_t es);

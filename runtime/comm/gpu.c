@@ -87,7 +87,6 @@ hora_result_t hora__gpu_pinned_buf(hora_gpu_t *g, void **buf, size_t *cur, size_
 }
 
 hora_result_t hora__gpu_wait(hora_ctx_t *ctx, hora_gpu_t *g, cudaStream_t s, const char *what) {
-  (void)ctx;
   const double timeout = hora__params()->peer_timeout_s;
   double t0 = 0;
   for (unsigned spin = 0;; spin++) {
@@ -109,6 +108,18 @@ hora_result_t hora__gpu_wait(hora_ctx_t *ctx, hora_gpu_t *g, cudaStream_t s, con
     }
 #endif
     if (spin == 1000) t0 = hora__now_s();
+    if (spin > 1000 && hora__ctx_failed(ctx)) {
+      /* A peer was declared dead or stopped (the heartbeat's verdict): NCCL kernels waiting for
+       * it would never finish, so abort the communicator; other queued work finishes alone. */
+#if HORA_HAVE_NCCL
+      if (g->nccl) {
+        ncclCommAbort(g->nccl);
+        g->nccl = NULL;
+        g->nccl_dead = 1;
+      }
+#endif
+      return hora__ctx_verdict(ctx, what);
+    }
     if (spin > 1000) {
       if (timeout > 0 && (spin & 255) == 0 && hora__now_s() - t0 > timeout) {
 #if HORA_HAVE_NCCL
@@ -426,7 +437,6 @@ hora_result_t hora__gpu_allreduce_start(hora_ctx_t *ctx, const void *sendbuf, vo
 }
 
 hora_result_t hora__gpu_pending_poll(hora_ctx_t *ctx, hora_gpu_pending_t *p, int *done) {
-  (void)ctx;
   if (p->done) {
     *done = 1;
     return p->rc;
@@ -448,13 +458,14 @@ hora_result_t hora__gpu_pending_poll(hora_ctx_t *ctx, hora_gpu_pending_t *p, int
   ncclResult_t ae = ncclSuccess;
   if (g->nccl) ncclCommGetAsyncError(g->nccl, &ae);
   const double timeout = hora__params()->peer_timeout_s;
-  int timed_out = timeout > 0 && hora__now_s() - p->t0 > timeout;
-  if ((ae != ncclSuccess && ae != ncclInProgress) || timed_out || g->nccl_dead) {
+  int timed_out = timeout > 0 && hora__now_s() - p->t0 > timeout, lost = hora__ctx_failed(ctx);
+  if ((ae != ncclSuccess && ae != ncclInProgress) || timed_out || lost || g->nccl_dead) {
     if (g->nccl) ncclCommAbort(g->nccl);
     g->nccl = NULL;
     g->nccl_dead = 1;
     p->done = 1;
     *done = 1;
+    if (lost) return p->rc = hora__ctx_verdict(ctx, "device allreduce (the NCCL communicator was aborted)");
     if (timed_out)
       return p->rc = HORA_ERR(HORA_ERR_TIMEOUT, "device allreduce did not finish within HORA_PEER_TIMEOUT_S=%g s; "
                                                 "the NCCL communicator was aborted", timeout);

@@ -303,6 +303,10 @@ hora_result_t hora__staged_allreduce(hora_ctx_t *ctx, hora_gpu_t *g, void *buf, 
       last = hora__now_s();
       idle = 0;
     } else if (++idle > 64) {
+      if (hora__ctx_failed(ctx)) { /* a peer declared dead or stopped: the heartbeat's verdict */
+        rc = hora__ctx_verdict(ctx, "staged device allreduce");
+        goto fail;
+      }
       if (timeout > 0 && (idle & 255) == 0 && hora__now_s() - last > timeout) {
         rc = HORA_ERR(HORA_ERR_TIMEOUT,
                       "staged device allreduce: no progress for HORA_PEER_TIMEOUT_S=%g s (rank %d or %d "

@@ -191,6 +191,10 @@ static hora_result_t check_world(hora_ctx_t *c, const hora_params_t *p, int mpir
 }
 
 static void ctx_free_comms(hora_ctx_t *c) {
+  /* After a failure a wait may have abandoned non-blocking collectives on them (hora__algo_wait),
+   * which MPI still progresses: freeing their communicator would let that progress touch freed
+   * state (a crash in the next context's first MPI call). Leak them. */
+  if (hora__ctx_failed(c)) return;
   if (c->cross != MPI_COMM_NULL) MPI_Comm_free(&c->cross);
   if (c->local != MPI_COMM_NULL) MPI_Comm_free(&c->local);
   if (c->world != MPI_COMM_NULL) MPI_Comm_free(&c->world);
@@ -272,6 +276,12 @@ hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out) {
   }
   c->world = c->local = c->cross = MPI_COMM_NULL;
   c->device = -1;
+  c->verdict = calloc(1, sizeof *c->verdict);
+  if (!c->verdict) {
+    free(c);
+    rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: out of memory");
+    goto fail_mpi;
+  }
   c->mpi_owned = mpi_owned;
   pthread_mutex_init(&c->lock, NULL);
   MPI_Comm base = (opts && opts->mpi_comm) ? (MPI_Comm)opts->mpi_comm : MPI_COMM_WORLD;
@@ -316,9 +326,26 @@ void hora__ctx_discard(hora_ctx_t *c) {
    * initialized instead. */
   int owned = c->mpi_owned && !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE);
   ctx_free_comms(c);
+  if (!hora__ctx_failed(c)) free(c->verdict); /* else leaked: a thread stuck in MPI may read it */
   pthread_mutex_destroy(&c->lock);
   free(c);
   if (owned) MPI_Finalize();
+}
+
+void hora__ctx_fail(hora_ctx_t *ctx, hora_result_t rc, const char *msg) {
+  struct hora_verdict *v = ctx->verdict;
+  /* The first caller claims it, writes it, then publishes it (no lock: callers hold engine locks). */
+  if (v && !__atomic_exchange_n(&v->claimed, 1, __ATOMIC_ACQ_REL)) {
+    v->rc = rc;
+    snprintf(v->msg, sizeof v->msg, "%s", msg ? msg : "failed");
+    __atomic_store_n(&v->set, 1, __ATOMIC_RELEASE);
+  }
+  __atomic_store_n(&ctx->failed, 1, __ATOMIC_RELEASE);
+}
+
+hora_result_t hora__ctx_verdict(const hora_ctx_t *ctx, const char *what) {
+  if (!hora__ctx_failed(ctx)) return HORA_SUCCESS;
+  return HORA_ERR(ctx->verdict->rc, "%s: %s", what, ctx->verdict->msg);
 }
 
 #define LAYOUT_GETTER(fn, field)                                                  \

@@ -31,6 +31,8 @@ struct hora_ctx {
   int mpi_owned;              /* hora called MPI_Init and must call MPI_Finalize */
   int failed;                 /* a peer was declared dead or the engine failed (__atomic_*): what
                                * would wait for every rank (MPI_Finalize, window frees) is skipped */
+  struct hora_verdict *verdict; /* why it failed (hora__ctx_fail); shared with the engine's shadow
+                                 * context, so that every wait of either sees one verdict */
   pthread_mutex_t lock;       /* guards the finalizer list and module slots */
   struct hora_finalizer *finalizers;
 
@@ -62,6 +64,25 @@ void hora__ctx_discard(hora_ctx_t *ctx);
 /* Validate that ctx is a live context (it is looked up by address, never dereferenced when it is
  * not live). HORA_ERR_NOT_INITIALIZED with a message naming `fn` otherwise. */
 hora_result_t hora__ctx_check(hora_ctx_t *ctx, const char *fn);
+
+/* The failure verdict: the first failure of the job as this rank knows it (a peer declared dead or
+ * stopped by the heartbeat thread, or this rank's engine failed). Set once, never cleared; it
+ * outlives the context after a failure (a thread stuck in MPI may still read it).
+ * - hora__ctx_fail: records rc and msg (the first call wins) and sets ctx->failed. Any thread.
+ * - hora__ctx_failed: nonzero once a verdict is set; one atomic load, for wait loops.
+ * - hora__ctx_verdict: HORA_SUCCESS while there is none, else the verdict's code with the message
+ *   "<what>: <msg>" (hora_last_error). Every wait in a blocking collective calls it while it
+ *   waits, so a dead or stopped peer ends the call within HORA_PEER_TIMEOUT_S plus a poll. */
+struct hora_verdict {
+  int claimed, set; /* __atomic_*: claimed by the first writer, set once rc and msg are written */
+  hora_result_t rc;
+  char msg[256];
+};
+void hora__ctx_fail(hora_ctx_t *ctx, hora_result_t rc, const char *msg);
+static inline int hora__ctx_failed(const hora_ctx_t *ctx) {
+  return ctx->verdict && __atomic_load_n(&ctx->verdict->set, __ATOMIC_ACQUIRE);
+}
+hora_result_t hora__ctx_verdict(const hora_ctx_t *ctx, const char *what);
 
 /* Register fn(ctx, arg) to run in hora_finalize (last registered runs first). */
 hora_result_t hora__ctx_add_finalizer(hora_ctx_t *ctx, hora_finalizer_fn fn, void *arg);

@@ -9,7 +9,9 @@
  *
  * Rank 0 watches every rank, the others watch rank 0. When a rank is declared dead, every live
  * rank completes all its pending handles with HORA_ERR_REMOTE naming that rank, and later async
- * calls fail the same way (hora__engine_fail); the program then exits and launch (or mpirun/srun)
+ * calls fail the same way (hora__engine_fail); that also sets the context's verdict
+ * (hora__ctx_fail), which every wait of a blocking collective watches, so a blocking call in
+ * progress and every later one return it too; the program then exits and launch (or mpirun/srun)
  * ends the job. A rank that is stopped (SIGSTOP) or stuck in a loop with its threads starved
  * looks the same as a dead one: that is intended.
  *
@@ -141,7 +143,7 @@ static void declare_init(eng_hb_t *hb, hb_state_t *s) {
   hora__engine_fail(eng, HORA_ERR_REMOTE,
                     "start-up: no heartbeat from rank%s %s within HORA_INIT_TIMEOUT_S=%g s of "
                     "hora_init (%d of %d ranks): %s did not start, crashed, or cannot send UDP to rank "
-                    "%d (a firewall between the nodes?); every pending and later async operation fails",
+                    "%d (a firewall between the nodes?); every pending and later call fails",
                     count > 1 ? "s" : "", list, hb->init_timeout_s, count, eng->size,
                     count > 1 ? "they" : "it", eng->rank);
 }
@@ -166,12 +168,12 @@ static void on_message(eng_hb_t *hb, hb_state_t *s, const hb_msg_t *m, double no
     if (m->kind == KIND_DEAD)
       hora__engine_fail(eng, HORA_ERR_REMOTE,
                         "rank %d sent no heartbeat to rank 0 for %g s (HORA_PEER_TIMEOUT_S): it died "
-                        "or hangs; every pending and later async operation fails", (int)m->a, hb->timeout_s);
+                        "or hangs; every pending and later call fails", (int)m->a, hb->timeout_s);
     else
       hora__engine_fail(eng, HORA_ERR_REMOTE,
                         "start-up: rank 0 heard nothing from rank %d%s within HORA_INIT_TIMEOUT_S=%g s of "
                         "hora_init (%d rank%s silent; rank 0's log names them): every pending and "
-                        "later async operation fails", (int)m->a, m->b > 1 ? " and others" : "",
+                        "later call fails", (int)m->a, m->b > 1 ? " and others" : "",
                         hb->init_timeout_s, (int)m->b, m->b > 1 ? "s" : "");
   }
 }
@@ -192,7 +194,7 @@ static void check_peers(eng_hb_t *hb, hb_state_t *s, double now) {
     if (eng->rank == 0) tell_others(hb, KIND_DEAD, r, 1);
     hora__engine_fail(eng, HORA_ERR_REMOTE,
                       "rank %d sent no heartbeat for %g s (HORA_PEER_TIMEOUT_S): it died or hangs; "
-                      "every pending and later async operation fails", r, hb->timeout_s);
+                      "every pending and later call fails", r, hb->timeout_s);
     return;
   }
   if (unheard && hb->init_timeout_s > 0 && now - s->t0 > hb->init_timeout_s) declare_init(hb, s);

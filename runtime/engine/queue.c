@@ -106,7 +106,7 @@ void hora__engine_fail(hora_engine_t *eng, hora_result_t rc, const char *fmt, ..
   snprintf(eng->dead_msg, sizeof eng->dead_msg, "%s", msg);
   eng->fail_rc = rc;
   atomic_store(&eng->dead, 1);
-  __atomic_store_n(&eng->ctx->failed, 1, __ATOMIC_RELEASE);
+  hora__ctx_fail(eng->ctx, rc, msg); /* the blocking collectives' waits watch this verdict */
   /* Complete under eng->mu (lock order eng->mu -> h->mu everywhere); unlink all. */
   hora_handle_t *h = eng->handles.next;
   while (h != &eng->handles) {

@@ -188,7 +188,8 @@ hora_result_t hora_device_index(hora_ctx_t *ctx, int *device);
  * (NULL buffer with count > 0, unknown dtype/op/device, root out of range, count * element size
  * overflows size_t, partially overlapping buffers), HORA_ERR_NOT_SUPPORTED (device buffers in a
  * build without CUDA), HORA_ERR_MPI / HORA_ERR_NCCL / HORA_ERR_CUDA (the transport failed),
- * HORA_ERR_REMOTE (a peer died). On HORA_ERR_INVALID_ARGUMENT nothing is written to recvbuf.
+ * HORA_ERR_REMOTE (a peer died or stopped; below). On HORA_ERR_INVALID_ARGUMENT nothing is
+ * written to recvbuf.
  *
  * Cross-rank call check (on unless HORA_CHECK=0): before moving any data, every blocking
  * collective (host and device buffers, every algorithm and GPU path) agrees across ranks on
@@ -207,8 +208,22 @@ hora_result_t hora_device_index(hora_ctx_t *ctx, int *device);
  * node, one barrier of the shared-memory window that the shm allreduce uses (created on the first
  * blocking call; 24 bytes per rank written to it; 0.19 us measured with 2 ranks); across nodes,
  * one MPI_Allreduce of 48 bytes, plus, only on a mismatch, one MPI_Allgather of 24 bytes per
- * rank. HORA_CHECK must be the same on every rank. The local argument checks still come first: a
- * rank whose own arguments are invalid returns HORA_ERR_INVALID_ARGUMENT without communicating.
+ * rank. HORA_CHECK must be the same on every rank. The local argument checks come first: a rank
+ * whose own arguments are invalid returns its HORA_ERR_INVALID_ARGUMENT (or NOT_SUPPORTED), and
+ * still takes part in the check as "invalid arguments", so the ranks whose arguments were fine
+ * return HORA_ERR_MISMATCH naming it ("call sequence") instead of waiting for it.
+ *
+ * A dead or stopped peer (crashed, killed, SIGSTOPped, or so starved that its heartbeat thread
+ * is silent): every blocking collective here, every algorithm (ring, shm, hier, the MPI path)
+ * and device path (staged, NCCL), returns HORA_ERR_REMOTE on every surviving rank, with a
+ * message naming the rank ("rank 3 sent no heartbeat for 30 s (HORA_PEER_TIMEOUT_S)"), within
+ * HORA_PEER_TIMEOUT_S plus a fraction of a second of the peer falling silent (measured: 0 to
+ * 0.25 s; seconds more on an overloaded node; docs/design.md). A peer that stops before its first
+ * heartbeat arrived (right after hora_init) is reported after HORA_INIT_TIMEOUT_S instead. Every
+ * wait inside the call watches the heartbeat's verdict; a call made after the verdict returns it
+ * at once. recvbuf (and buf) is then undefined and MPI may still write
+ * it if the peer was only slow: do not reuse it; call hora_finalize, which returns promptly, and
+ * end the program. HORA_PEER_TIMEOUT_S=0 turns the heartbeat off: then a call waits forever.
  * ------------------------------------------------------------------------------------------- */
 
 /* hora_set_call_shape: tag this thread's NEXT collective on ctx with a fingerprint of the
@@ -269,7 +284,9 @@ hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf, const size_t 
 
 /* barrier: returns once every rank has entered it. With the call check on it is the check's
  * exchange itself: a rank that calls another collective meanwhile gets HORA_ERR_MISMATCH
- * ("call sequence"), and so does this one. */
+ * ("call sequence"), and so does this one. Errors: HORA_ERR_NOT_INITIALIZED, HORA_ERR_MPI,
+ * HORA_ERR_MISMATCH, HORA_ERR_REMOTE (a peer died or stopped: within HORA_PEER_TIMEOUT_S, as
+ * above). */
 hora_result_t hora_barrier(hora_ctx_t *ctx);
 
 /* ---- async engine (runtime/engine) ----

@@ -182,8 +182,35 @@ static int one_case(hora_ctx_t *ctx, const char *algo, int kind, int field, int 
   return 1;
 }
 
+/* The last rank's own arguments are invalid (an unknown dtype: no buffer is touched): it returns
+ * HORA_ERR_INVALID_ARGUMENT, and every other rank HORA_ERR_MISMATCH naming it as "invalid
+ * arguments" instead of waiting for it in the collective it left. */
+static int bad_args_case(hora_ctx_t *ctx, const char *algo, int kind) {
+  if (kind == K_BARRIER) return 0; /* no arguments */
+  call_t a = {kind, A_COUNT, HORA_FLOAT32, HORA_SUM, 0, on_device ? HORA_DEVICE_CUDA : HORA_DEVICE_HOST, 0};
+  call_t b = a;
+  b.dtype = (hora_dtype_t)77;
+  char what[160], want[64];
+  snprintf(what, sizeof what, "[%s blocking %s, invalid arguments on rank %d np %d]", algo, knames[kind], last, size);
+  poison();
+  hora_result_t rc = run_blocking(ctx, rank == last ? &b : &a);
+  const char *msg = hora_last_error();
+  if (rank == last) {
+    EXPECT(rc == HORA_ERR_INVALID_ARGUMENT && strstr(msg, "dtype 77"), "%s: returned %s (%s)", what,
+           hora_result_name(rc), msg);
+  } else {
+    snprintf(want, sizeof want, "invalid arguments on rank %d", last);
+    EXPECT(rc == HORA_ERR_MISMATCH && strstr(msg, want), "%s: returned %s (%s), want MISMATCH naming '%s'", what,
+           hora_result_name(rc), msg, want);
+  }
+  EXPECT(untouched(), "%s: a buffer was written", what);
+  in_step(ctx, what);
+  return 1;
+}
+
 static int matrix(hora_ctx_t *ctx, const char *algo, int with_async) {
   int n = 0;
+  for (int kind = K_ALLREDUCE; kind < K_N; kind++) n += bad_args_case(ctx, algo, kind);
   for (int async = 0; async <= with_async; async++)
     for (int kind = K_ALLREDUCE; kind < K_N; kind++) {
       if (async && (kind == K_ALLGATHERV || kind == K_ALLTOALLV || kind == K_BARRIER)) continue;

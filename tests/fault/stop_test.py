@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""The stopped-rank test: a rank stopped with SIGSTOP (hung, not dead) in the middle of a loop of
+collectives must end the call of every other rank with HORA_ERR_REMOTE naming it, within
+HORA_PEER_TIMEOUT_S plus a second of the stop, and hora_finalize must then return promptly.
+
+Runs stop_probe (see its comment for the protocol) once under mpirun for TRIALS trials. Trial t
+stops rank t % NP (rank 0, which watches every rank, and the others, which watch rank 0, are
+different paths of the heartbeat), after a random delay of 20 to 250 ms into the loop, so that
+the stop lands in any phase of a call. The stopped rank is resumed (SIGCONT) for the next trial,
+and killed (SIGKILL) in the last one once the others have reported. Every wait is bounded: a rank
+that does not report within the bound fails the test (a hang), and the whole job runs under a hard
+limit.
+
+With KILL_LAST=1 among the assignments the last trial's rank is killed (SIGKILL) instead of
+stopped: a dead rank, which the others must report the same way (mpirun then needs
+--enable-recovery, else it ends the job itself when a rank dies).
+
+usage: stop_test.py MPIEXEC PROBE NP KIND TRIALS WORK_ROOT [VAR=VALUE...] [-- mpiexec flags...]"""
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+mpiexec, probe, np_, kind, trials, work_root = sys.argv[1:7]
+rest = sys.argv[7:]
+flags = rest[rest.index("--") + 1:] if "--" in rest else []
+assigns = rest[:rest.index("--")] if "--" in rest else rest
+np_, trials = int(np_), int(trials)
+PEER_S = 1.5
+# The time bound of the brief: the heartbeat's verdict within HORA_PEER_TIMEOUT_S, plus a second.
+BOUND_S = PEER_S + 1.0
+# How long a step of the protocol may take on a loaded 2-core machine before it counts as a hang.
+STEP_LIMIT_S = 30.0
+FINALIZE_LIMIT_S = 5.0
+tag = "_".join([kind] + [a.split("=", 1)[1] for a in assigns])
+work = os.path.join(work_root, f"stop_{tag}_np{np_}")
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+env = dict(os.environ, HORA_PEER_TIMEOUT_S=str(PEER_S), HORA_INIT_TIMEOUT_S="30")
+for a in assigns:
+    k, v = a.split("=", 1)
+    env[k] = v
+rng = random.Random(f"{tag}-{np_}")
+errors = []
+
+
+def path(name):
+    return os.path.join(work, name)
+
+
+def wait_for(names, limit_s, what):
+    """True once every file exists; False (and an error) after limit_s or when the job ended."""
+    t0 = time.monotonic()
+    while not all(os.path.exists(path(n)) for n in names):
+        if job.poll() is not None:
+            errors.append(f"{what}: the job ended (status {job.returncode}) first")
+            return False
+        if time.monotonic() - t0 > limit_s:
+            missing = [n for n in names if not os.path.exists(path(n))]
+            errors.append(f"{what}: hang: {missing} missing after {limit_s:.0f} s")
+            return False
+        time.sleep(0.005)
+    return True
+
+
+log = open(path("job.log"), "wb")
+job = subprocess.Popen([mpiexec, *flags, "-np", str(np_), probe, work, kind, str(trials)], env=env,
+                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+t_start = time.monotonic()
+try:
+    if not wait_for([f"pid.{r}" for r in range(np_)], STEP_LIMIT_S, "start-up"):
+        raise StopIteration
+    pids = [int(open(path(f"pid.{r}")).read()) for r in range(np_)]
+    late = []
+    for t in range(trials):
+        victim = t % np_
+        open(path(f"go.{t}"), "w").close()
+        if not wait_for([f"ready.{t}.{r}" for r in range(np_)], STEP_LIMIT_S, f"trial {t}: start"):
+            raise StopIteration
+        time.sleep(rng.uniform(0.02, 0.25))
+        kill_now = env.get("KILL_LAST") == "1" and t == trials - 1
+        os.kill(pids[victim], signal.SIGKILL if kill_now else signal.SIGSTOP)
+        t_stop = time.monotonic()
+        survivors = [r for r in range(np_) if r != victim]
+        ok = wait_for([f"res.{t}.{r}" for r in survivors], STEP_LIMIT_S, f"trial {t}: survivors")
+        if not kill_now and (t == trials - 1 or not ok):
+            os.kill(pids[victim], signal.SIGKILL)
+        if t == trials - 1 or not ok:
+            open(path("end"), "w").close()  # the others may exit now
+        else:
+            os.kill(pids[victim], signal.SIGCONT)
+        if not ok:
+            raise StopIteration
+        for r in survivors:
+            head, msg = open(path(f"res.{t}.{r}")).read().split("\n", 1)
+            rc, t_end, calls, fin, bad = head.split()
+            took = float(t_end) - t_stop
+            where = f"trial {t} (rank {victim} stopped) rank {r}"
+            if rc != "HORA_ERR_REMOTE":
+                errors.append(f"{where}: {rc}, expected HORA_ERR_REMOTE: {msg.strip()}")
+            elif not re.search(rf"\brank {victim}\b", msg):
+                errors.append(f"{where}: the message does not name rank {victim}: {msg.strip()}")
+            if took > BOUND_S:
+                late.append(f"{where}: returned {took:.2f} s after the stop, bound {BOUND_S:.1f} s")
+            if float(fin) > FINALIZE_LIMIT_S:
+                errors.append(f"{where}: hora_finalize took {fin} s")
+            if int(bad):
+                errors.append(f"{where}: {bad} wrong values before the stop")
+            if int(calls) < 1:
+                errors.append(f"{where}: no successful call before the stop")
+        print(f"trial {t}: rank {victim} {'killed' if kill_now else 'stopped'}; survivors returned after "
+              + ", ".join(f"{float(open(path(f'res.{t}.{r}')).read().split()[1]) - t_stop:.2f} s" for r in survivors))
+        if t < trials - 1:
+            # The resumed rank fails too (its peers went silent) and finalizes.
+            if not wait_for([f"res.{t}.{victim}"], STEP_LIMIT_S, f"trial {t}: resumed rank {victim}"):
+                raise StopIteration
+            rc = open(path(f"res.{t}.{victim}")).read().split()[0]
+            if rc == "HORA_SUCCESS":
+                errors.append(f"trial {t}: the resumed rank {victim} did not fail")
+    errors.extend(late)
+    job.wait(timeout=STEP_LIMIT_S)
+except StopIteration:
+    pass
+except subprocess.TimeoutExpired:
+    errors.append("the job did not end after the last trial")
+finally:
+    if job.poll() is None:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    log.close()
+out = open(path("job.log"), errors="replace").read()
+for bad in ("AddressSanitizer", "LeakSanitizer", "runtime error:", "double free", "corrupted"):
+    if bad in out:
+        errors.append(f"output contains '{bad}'")
+print(f"{kind} {' '.join(assigns)} np {np_}: {trials} trials in {time.monotonic() - t_start:.1f} s")
+if errors:
+    print(out[-6000:])
+    for e in errors:
+        print("ERROR:", e)
+    sys.exit(1)
+shutil.rmtree(work, ignore_errors=True)
+print("OK")
