@@ -178,6 +178,52 @@ hora_result_t hora_cross_size(hora_ctx_t *ctx, int *cross_size); /* number of no
 hora_result_t hora_device_index(hora_ctx_t *ctx, int *device);
 
 /* ---------------------------------------------------------------------------------------------
+ * Process sets (Horovod's add_process_set / remove_process_set).
+ *
+ * A process set is a hora context over a subset of a parent context's ranks: the handle it
+ * returns is a hora_ctx_t, so every blocking collective, every async call (hora_*_async,
+ * hora_join) and the layout getters work on it unchanged, with ranks, sizes and roots counted
+ * within the set (hora_rank gives the rank in the set, 0 for the lowest parent rank listed).
+ * Collectives on different sets, or on a set and its parent, may run at the same time from
+ * different threads (each set has its own communicators and its own engine thread); on one
+ * context the usual rules hold.
+ * Shared with the root context made by hora_init: MPI, the heartbeat (a dead peer fails the
+ * root's engine and every set's engine with HORA_ERR_REMOTE), the timeline (HORA_TIMELINE
+ * records the root's operations only), the GPU monitor, the device (hora_device_index). Each set
+ * has its own communicators, engine thread, fusion buffer, response cache, scratch and
+ * shared-memory window. Checkpoints (hora_ckpt_open) need the root context.
+ * ------------------------------------------------------------------------------------------- */
+
+/* hora_process_set_create: make a process set of the parent ranks `ranks[0..nranks)` (distinct,
+ * each in 0 .. size-1 of ctx, any order: the set's ranks follow the parent's order).
+ * Collective over ctx: every rank of ctx calls it, with the same list, also the ranks outside
+ * the set; blocking. On success every rank gets a handle in *set. Ranks outside the set get a
+ * handle too: every call on it except hora_process_set_destroy and hora_process_set_included
+ * returns HORA_ERR_INVALID_ARGUMENT with a message naming the set's ranks. ctx may itself be a
+ * process set (nested sets). Not concurrent with other collectives on ctx.
+ * Errors (on every rank of ctx, never a hang): HORA_ERR_NOT_INITIALIZED (ctx not live: this one
+ *   rank returns at once, the others block), HORA_ERR_INVALID_ARGUMENT (on the rank that passed
+ *   it: set NULL, ranks NULL, nranks 0 or above the size of ctx, a rank out of range or listed
+ *   twice, or ctx is a set this rank is not in; the other ranks return the same code with a
+ *   message saying another rank rejected its list), HORA_ERR_MISMATCH (ranks passed different
+ *   lists), HORA_ERR_SHUTDOWN (ctx is being finalized), HORA_ERR_REMOTE (a peer died),
+ *   HORA_ERR_MPI, HORA_ERR_NO_MEMORY. On error *set is unchanged and nothing stays allocated. */
+hora_result_t hora_process_set_create(hora_ctx_t *ctx, const int *ranks, size_t nranks,
+                                      hora_ctx_t **set);
+/* hora_process_set_destroy: stop the set's engine (requests still pending fail with
+ * HORA_ERR_SHUTDOWN) and free the set. Collective over the set's members (every member calls it,
+ * in the same order relative to the set's collectives); local on a rank outside the set. The
+ * parent's hora_finalize destroys the sets still live, newest first; a set must not be used after
+ * either. set NULL is a no-op. Errors: HORA_ERR_NOT_INITIALIZED (not a live context),
+ * HORA_ERR_INVALID_ARGUMENT (set was made by hora_init: use hora_finalize), HORA_ERR_REMOTE
+ * (after a peer's death; the set is freed anyway). hora_finalize on a set returns
+ * HORA_ERR_INVALID_ARGUMENT and leaves it alive. */
+hora_result_t hora_process_set_destroy(hora_ctx_t *set);
+/* hora_process_set_included: *included = 1 if this rank is in the set, else 0 (a context made
+ * by hora_init: 1). Local. Errors: HORA_ERR_NOT_INITIALIZED, HORA_ERR_INVALID_ARGUMENT (NULL). */
+hora_result_t hora_process_set_included(hora_ctx_t *set, int *included);
+
+/* ---------------------------------------------------------------------------------------------
  * Blocking collectives.
  *
  * All are collective over the context's world: every rank calls them in the same order with the
