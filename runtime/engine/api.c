@@ -78,6 +78,10 @@ static hora_result_t submit_one(hora_engine_t *eng, const char *fn, const char *
   return HORA_SUCCESS;
 }
 
+static hora_result_t adasum_unsupported(const char *fn) {
+  return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "%s: HORA_ADASUM runs in the blocking hora_allreduce only", fn);
+}
+
 HORA_EXPORT hora_result_t hora_allreduce_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
                                                void *recvbuf, size_t count, hora_dtype_t dtype, hora_op_t op,
                                                double prescale, double postscale, hora_device_t device,
@@ -85,6 +89,7 @@ HORA_EXPORT hora_result_t hora_allreduce_async(hora_ctx_t *ctx, const char *name
   const char *fn = "hora_allreduce_async";
   hora_engine_t *eng;
   HORA_CHECK(hora__check_allreduce(ctx, fn, sendbuf, recvbuf, count, dtype, op, prescale, postscale, device));
+  if (op == HORA_ADASUM) return adasum_unsupported(fn);
   HORA_CHECK(check_name(fn, name));
   HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
   HORA_CHECK(hora__fault_hit("step", eng->rank));
@@ -102,6 +107,7 @@ HORA_EXPORT hora_result_t hora_grouped_allreduce_async(hora_ctx_t *ctx, const ch
   const char *fn = "hora_grouped_allreduce_async";
   hora_engine_t *eng;
   HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
+  if (op == HORA_ADASUM) return adasum_unsupported(fn);
   if (!names || !sendbufs || !recvbufs || !counts)
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
                     !names ? "names" : !sendbufs ? "sendbufs" : !recvbufs ? "recvbufs" : "counts");

@@ -89,9 +89,11 @@ typedef enum {
   HORA_AVERAGE = 1, /* sum, then divide by the world size (integers: truncating division) */
   HORA_MIN = 2,
   HORA_MAX = 3,
-  HORA_PRODUCT = 4
+  HORA_PRODUCT = 4,
+  HORA_ADASUM = 5 /* Adasum (Maleki et al. 2021; Horovod's op=Adasum): blocking hora_allreduce
+                   * only, HORA_FLOAT32/HORA_FLOAT64 host buffers, a power-of-two world size */
 } hora_op_t;
-#define HORA_OP_COUNT 5
+#define HORA_OP_COUNT 5 /* the element-wise ops 0..4, which every reducing collective takes */
 
 typedef enum {
   HORA_DEVICE_HOST = 0, /* host memory (pageable or pinned) */
@@ -239,6 +241,14 @@ hora_result_t hora_process_set_included(hora_ctx_t *set, int *included);
 
 /* allreduce: recvbuf[i] = postscale * OP_r(prescale * sendbuf_r[i]) for i in [0, count).
  * HORA_AVERAGE divides the reduced value by the world size (after prescale, before postscale).
+ * HORA_ADASUM combines the ranks' whole vectors pairwise in a binary tree of log2(size) levels
+ * with adasum(a, b) = (1 - a.b/(2|a|^2)) a + (1 - a.b/(2|b|^2)) b (a coefficient is 1 where
+ * |x|^2 < 1e-8), by recursive vector halving and distance doubling (runtime/algo/adasum.c; at
+ * level d rank r pairs with r xor d, lower rank's vector first); dot products in double. It
+ * needs HORA_FLOAT32 or HORA_FLOAT64 (else HORA_ERR_INVALID_ARGUMENT), host buffers (else
+ * HORA_ERR_NOT_SUPPORTED) and a power-of-two world size (else HORA_ERR_INVALID_ARGUMENT, on
+ * every rank). The async calls and hora_reducescatter refuse it (HORA_ERR_NOT_SUPPORTED and
+ * HORA_ERR_INVALID_ARGUMENT).
  * Scale factors apply to floating-point dtypes; for integer dtypes they must be 1.0.
  * Algorithm: HORA_ALLREDUCE_ALGO (auto, ring, shm, hier, mpi); see docs/design.md. */
 hora_result_t hora_allreduce(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
