@@ -193,7 +193,8 @@ hora_result_t hora_device_index(hora_ctx_t *ctx, int *device);
  * root's engine and every set's engine with HORA_ERR_REMOTE), the timeline (HORA_TIMELINE
  * records the root's operations only), the GPU monitor, the device (hora_device_index). Each set
  * has its own communicators, engine thread, fusion buffer, response cache, scratch and
- * shared-memory window. Checkpoints (hora_ckpt_open) need the root context.
+ * shared-memory window. Checkpoints and signals (hora_ckpt_open, hora_ckpt_on_signal) belong to
+ * the root context: on a set they return HORA_ERR_INVALID_ARGUMENT.
  * ------------------------------------------------------------------------------------------- */
 
 /* hora_process_set_create: make a process set of the parent ranks `ranks[0..nranks)` (distinct,
@@ -517,7 +518,8 @@ typedef struct { const char *key; const char *value; } hora_kv_t;
  * writer thread and, with a persist_dir, the copier thread. hora_finalize closes checkpointers
  * still open. opts NULL means the defaults (see hora_ckpt_opts_t).
  * Errors: HORA_ERR_NOT_INITIALIZED (ctx not live), HORA_ERR_INVALID_ARGUMENT (ck NULL, opts->size
- *   too small, keep 1 or negative, copy_interval_s NaN, an empty directory string),
+ *   too small, keep 1 or negative, copy_interval_s NaN, an empty directory string, ctx is a
+ *   process set: checkpoints belong to the root context),
  *   HORA_ERR_IO (a directory cannot be created or is not a directory, or fails the shared-node
  *   check: a directory on the way owned by another user than the caller or root, writable by
  *   group or others without the sticky bit, or a symlink owned by another user; the message
@@ -617,8 +619,8 @@ hora_result_t hora_ckpt_close(hora_ckpt_t *ck);
 /* hora_ckpt_on_signal: install handlers for SIGUSR1 (Slurm's `--signal=USR1@T`, `scancel -s
  * USR1`) and SIGTERM that only set a process-wide flag; hora_finalize restores the previous
  * handlers. Local; call it on every rank after hora_init. Idempotent.
- * Errors: HORA_ERR_NOT_INITIALIZED (ctx not live), HORA_ERR_INTERNAL (sigaction failed),
- * HORA_ERR_NO_MEMORY. */
+ * Errors: HORA_ERR_NOT_INITIALIZED (ctx not live), HORA_ERR_INVALID_ARGUMENT (ctx is a process
+ * set: call it on the root context), HORA_ERR_INTERNAL (sigaction failed), HORA_ERR_NO_MEMORY. */
 hora_result_t hora_ckpt_on_signal(hora_ctx_t *ctx);
 
 /* hora_should_stop: *stop = 1 on every rank if any rank has received SIGUSR1 or SIGTERM since

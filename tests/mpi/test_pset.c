@@ -96,6 +96,14 @@ static void misuse(hora_ctx_t *ctx) {
   EXPECT_ERR(hora_process_set_destroy(ctx), HORA_ERR_INVALID_ARGUMENT, "hora_finalize");
 }
 
+/* Checkpoints and signals are the root context's. */
+static void root_only(hora_ctx_t *set) {
+  hora_ckpt_t *ck = NULL;
+  EXPECT_ERR(hora_ckpt_open(set, NULL, &ck), HORA_ERR_INVALID_ARGUMENT, "root context");
+  EXPECT(ck == NULL, "checkpointer written on error");
+  EXPECT_ERR(hora_ckpt_on_signal(set), HORA_ERR_INVALID_ARGUMENT, "root context");
+}
+
 int main(int argc, char **argv) {
   setenv("HORA_LOG", "NONE", 1);
   hora_ctx_t *ctx = hora_test_init_mpi(&argc, &argv, &rank, &size);
@@ -135,6 +143,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < N; i++) p_in[i] = rank + i;
   hora_handle_t *ph = NULL;
   EXPECT_OK(hora_allreduce_async(ctx, "parent.ar", p_in, p_out, N, HORA_FLOAT64, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &ph));
+  if (mine) root_only(mine);
   for (int round = 0; round < 3 && mine; round++)
     run_on_set(mine, rank % 2 ? odd : even, rank % 2 ? no : ne, round);
   if (ph) EXPECT_OK(hora_wait(ph));
