@@ -165,7 +165,6 @@ HORA_EXPORT hora_result_t hora_allreduce(hora_ctx_t *ctx, const void *sendbuf, v
     if (!hora__gpu_hooks.allreduce) return hora__device_unsupported("hora_allreduce");
     return hora__gpu_hooks.allreduce(ctx, sendbuf, recvbuf, count, dtype, op, prescale, postscale);
   }
-  if (op == HORA_ADASUM) return hora__adasum_host(ctx, sendbuf, recvbuf, count, dtype, prescale, postscale);
   hora_algo_t algo;
   HORA_CHECK(hora__algo_parse(hora__params()->allreduce_algo, &algo));
   return hora__allreduce_host_full(ctx, sendbuf, recvbuf, count, dtype, op, prescale, postscale, algo);

@@ -90,8 +90,8 @@ typedef enum {
   HORA_MIN = 2,
   HORA_MAX = 3,
   HORA_PRODUCT = 4,
-  HORA_ADASUM = 5 /* Adasum (Maleki et al. 2021; Horovod's op=Adasum): blocking hora_allreduce
-                   * only, HORA_FLOAT32/HORA_FLOAT64 host buffers, a power-of-two world size */
+  HORA_ADASUM = 5 /* Adasum (Maleki et al. 2021; Horovod's op=Adasum): allreduce only (blocking
+                   * and async), HORA_FLOAT32/HORA_FLOAT64 host buffers, power-of-two sizes */
 } hora_op_t;
 #define HORA_OP_COUNT 5 /* the element-wise ops 0..4, which every reducing collective takes */
 
@@ -248,8 +248,9 @@ hora_result_t hora_process_set_included(hora_ctx_t *set, int *included);
  * level d rank r pairs with r xor d, lower rank's vector first); dot products in double. It
  * needs HORA_FLOAT32 or HORA_FLOAT64 (else HORA_ERR_INVALID_ARGUMENT), host buffers (else
  * HORA_ERR_NOT_SUPPORTED) and a power-of-two world size (else HORA_ERR_INVALID_ARGUMENT, on
- * every rank). The async calls and hora_reducescatter refuse it (HORA_ERR_NOT_SUPPORTED and
- * HORA_ERR_INVALID_ARGUMENT).
+ * every rank). hora_allreduce_async and hora_grouped_allreduce_async take it too (checked at
+ * submission; never fused: each tensor is its own Adasum); hora_reducescatter refuses it
+ * (HORA_ERR_INVALID_ARGUMENT).
  * Scale factors apply to floating-point dtypes; for integer dtypes they must be 1.0.
  * Algorithm: HORA_ALLREDUCE_ALGO (auto, ring, shm, hier, mpi); see docs/design.md. */
 hora_result_t hora_allreduce(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
