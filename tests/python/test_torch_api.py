@@ -117,8 +117,9 @@ def test_layout_and_info_calls():
     assert not hvd.nccl_built() or hvd.cuda_built()  # NCCL only comes with CUDA
     with pytest.raises(hvd.NotSupportedError, match="HORA_TIMELINE"):
         hvd.start_timeline("/nonexistent/timeline.json")
-    with pytest.raises(NotImplementedError):
-        hvd.add_process_set([0])
+    ps = hvd.add_process_set([0])  # every rank, ranks outside the set too
+    assert ps.process_set_id > 0 and ps.size() == 1 and ps.included() == (r == 0)
+    assert hvd.remove_process_set(ps) is True and ps.process_set_id is None
 
 
 def inp(dtype, shape, r, seed, lo=-5, hi=9):
