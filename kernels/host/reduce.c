@@ -114,6 +114,7 @@ static void reduce_f32_op(float *dst, const float *a, const float *b, size_t m, 
     case HORA_PRODUCT: prod_f32(dst, a, b, m); break;
     case HORA_MIN: min_f32(dst, a, b, m); break;
     case HORA_MAX: max_f32(dst, a, b, m); break;
+    case HORA_ADASUM: break; /* not element-wise: valid() refuses it */
   }
 }
 
@@ -142,6 +143,7 @@ static int valid(hora_dtype_t dt, hora_op_t op) {
     case HORA_PRODUCT: prod_##sfx((T *)dst, a, b, count); break;                \
     case HORA_MIN: min_##sfx((T *)dst, a, b, count); break;                     \
     case HORA_MAX: max_##sfx((T *)dst, a, b, count); break;                     \
+    case HORA_ADASUM: break; /* not element-wise: valid() refuses it */         \
   }                                                                             \
   break;
 

@@ -19,7 +19,7 @@ from ._errors import (  # noqa: E402,F401
     NotSupportedError, RemoteError, ShutdownError, TimeoutError,
 )
 from ._core import (  # noqa: E402,F401
-    Average, Max, Min, Product, Sum,
+    Adasum, Average, Max, Min, Product, Sum,
     allgather, allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_, cross_rank,
     cross_size, init, is_initialized, local_rank, local_size, rank, reducescatter, shutdown, size,
 )

@@ -143,8 +143,9 @@ def _name(name, kind):
     return b
 
 
-def _submit_allreduce(kind, tensor, out, op, name, prescale_factor, postscale_factor, result):
-    ctx = _ctx()
+def _submit_allreduce(kind, tensor, out, op, name, prescale_factor, postscale_factor, result,
+                      ctx=None):
+    ctx = ctx or _ctx()
     b = B.as_buf(tensor, f"{kind}(tensor)", writable=out is None)
     o = b if out is None else B.as_buf(out, f"{kind} output", writable=True)
     hp = ffi.new("hora_handle_t **")
@@ -171,10 +172,11 @@ def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscal
                              postscale_factor, out)
 
 
-def broadcast_async_(tensor, root_rank, name=None):
+def broadcast_async_(tensor, root_rank, name=None, ctx=None):
     """Start an in-place broadcast of root_rank's tensor into every rank's; returns a Handle
-    whose wait() returns tensor. Matched across ranks by name, like allreduce_async."""
-    ctx = _ctx()
+    whose wait() returns tensor. Matched across ranks by name, like allreduce_async. `ctx`: a
+    process set's context (hora.torch), root_rank then counted within it."""
+    ctx = ctx or _ctx()
     b = B.as_buf(tensor, "broadcast_async_(tensor)", writable=True)
     hp = ffi.new("hora_handle_t **")
     nm, root = _name(name, "broadcast"), _root(root_rank)

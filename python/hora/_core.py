@@ -19,10 +19,12 @@ Average = lib.HORA_AVERAGE
 Min = lib.HORA_MIN
 Max = lib.HORA_MAX
 Product = lib.HORA_PRODUCT
+Adasum = lib.HORA_ADASUM  # float32/float64 host arrays, power-of-two sizes (hora.h)
 _NP_TO_HORA = B.NP_TO_HORA
 _HOST = B.HOST
 _from_buffer = ffi.from_buffer
-_OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
+_OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product",
+             Adasum: "Adasum"}
 
 
 class _State:
@@ -182,7 +184,7 @@ def _op(op):
         op = int(op)
     if op not in _OP_NAMES or isinstance(op, bool) or not isinstance(op, int):
         raise invalid(f"op {op!r} is not one of hora.Sum, hora.Average, hora.Min, hora.Max, "
-                      f"hora.Product")
+                      f"hora.Product, hora.Adasum")
     return op
 
 

@@ -10,24 +10,26 @@ from ._core import rank as _rank
 from ._core import size as _size
 from ._errors import MismatchError, check, invalid
 from ._hora_cffi import ffi, lib
-from ._torch_ops import (TorchHandle, _Chain, _apply_post, _check_op, _check_set, _check_tensor,
-                         _compressor, _int_scaling, _INT_DTYPES, allreduce, global_process_set)
+from ._torch_ops import (TorchHandle, _Chain, _apply_post, _check_op, _check_tensor,
+                         _compressor, _int_scaling, _INT_DTYPES, allreduce)
+from ._torch_psets import _check_set, _view_rank, _view_size, global_process_set
 
 
-def _engine_allgather(name, send, out):
+def _engine_allgather(view, name, send, out):
     """hora_allgather_async of a NumPy or torch buffer into `out` (size * count elements)."""
     b = B.as_buf(send, "allgather")
     o = B.as_buf(out, "allgather output", writable=True)
     hp = ffi.new("hora_handle_t **")
-    check(lib.hora_allgather_async(_async._ctx(), name.encode(), b.ptr, o.ptr, b.count, b.dtype,
+    check(lib.hora_allgather_async(view.ctx, name.encode(), b.ptr, o.ptr, b.count, b.dtype,
                                    b.device, hp), "hora.torch.allgather")
     return _async.Handle(hp[0], (b, o), out)
 
 
-def _meta(name, values):
+def _meta(view, name, values):
     """Start the allgather of a few int64 per rank under `<name>.meta`: result [size, k]."""
     send = np.asarray(values, dtype=np.int64)
-    return _engine_allgather(f"{name}.meta", send, np.empty((_size(), send.size), np.int64))
+    return _engine_allgather(view, f"{name}.meta", send,
+                             np.empty((_view_size(view), send.size), np.int64))
 
 
 def _describe(t):
@@ -54,7 +56,7 @@ def _row(t):
 
 
 # ---- allgather ------------------------------------------------------------------------------
-def _allgather_part(h, tensor, name, kind):
+def _allgather_part(view, h, tensor, name, kind):
     _check_tensor(tensor, f"{kind}(tensor)")
     if tensor.dim() == 0:
         raise invalid(f"{kind}(tensor): a 0-d tensor has no first dimension to concatenate; "
@@ -69,39 +71,40 @@ def _allgather_part(h, tensor, name, kind):
         out = torch.empty((sum(firsts),) + tuple(tensor.shape[1:]), dtype=tensor.dtype,
                           device=tensor.device)
         if all(f == firsts[0] for f in firsts):
-            return _engine_allgather(nm, src, out)
+            return _engine_allgather(view, nm, src, out)
         b = B.as_buf(src, "allgather")
         o = B.as_buf(out, "allgather output", writable=True)
         counts = ffi.new("size_t[]", [f * row for f in firsts])
         hp = ffi.new("hora_handle_t **")
-        check(lib.hora_allgatherv_async(_async._ctx(), nm.encode(), b.ptr, b.count, o.ptr,
+        check(lib.hora_allgatherv_async(view.ctx, nm.encode(), b.ptr, b.count, o.ptr,
                                         counts, b.dtype, b.device, hp), "hora.torch.allgather")
         return _async.Handle(hp[0], (b, o, counts), out)
 
-    return _Chain(_meta(nm, _describe(tensor) + [tensor.shape[0]]), then)
+    return _Chain(_meta(view, nm, _describe(tensor) + [tensor.shape[0]]), then)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Start the concatenation along dim 0 of every rank's tensor (dim 0 may differ between
     ranks; the other dims and the dtype must match, else MismatchError on every rank)."""
-    _check_set(process_set, "allgather_async")
+    view = _check_set(process_set, "allgather_async")
     h = TorchHandle(lambda outs: outs[0])
-    h._parts.append(_allgather_part(h, tensor, name, "allgather_async"))
+    h._parts.append(_allgather_part(view, h, tensor, name, "allgather_async"))
     return h
 
 
 class _AllgatherFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
+    def forward(ctx, tensor, name, process_set):
         ctx.dim = tensor.shape[0]
-        return allgather_async(tensor, name).wait()
+        ctx.ps = process_set
+        return allgather_async(tensor, name, process_set).wait()
 
     @staticmethod
     def backward(ctx, grad):
-        g = allreduce(grad.contiguous(), op=Average)
-        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64))
-        off = int(dims[:_rank()].sum())
-        return g.narrow(0, off, ctx.dim), None
+        g = allreduce(grad.contiguous(), op=Average, process_set=ctx.ps)
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64), process_set=ctx.ps)
+        off = int(dims[:_view_rank(_check_set(ctx.ps, "allgather"))].sum())
+        return g.narrow(0, off, ctx.dim), None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -109,20 +112,20 @@ def allgather(tensor, name=None, process_set=global_process_set):
     _check_set(process_set, "allgather")
     _check_tensor(tensor, "allgather(tensor)")
     if torch.is_grad_enabled() and tensor.requires_grad:
-        return _AllgatherFn.apply(tensor, name)
-    return allgather_async(tensor, name).wait()
+        return _AllgatherFn.apply(tensor, name, process_set)
+    return allgather_async(tensor, name, process_set).wait()
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Start the allgather of each tensor of a list (names `<name>.<index>`)."""
-    _check_set(process_set, "grouped_allgather_async")
+    view = _check_set(process_set, "grouped_allgather_async")
     tensors = list(tensors)
     if not tensors:
         raise invalid("grouped_allgather_async: the list of tensors is empty")
     h = TorchHandle(lambda outs: list(outs))
     base = h._claim(name, "grouped_allgather")
     for i, t in enumerate(tensors):
-        h._parts.append(_allgather_part(h, t, f"{base}.{i}", "grouped_allgather_async"))
+        h._parts.append(_allgather_part(view, h, t, f"{base}.{i}", "grouped_allgather_async"))
     return h
 
 
@@ -133,11 +136,12 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 # ---- broadcast ------------------------------------------------------------------------------
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """Start an in-place broadcast of root_rank's tensor; synchronize returns `tensor`."""
-    _check_set(process_set, "broadcast_async_")
+    view = _check_set(process_set, "broadcast_async_")
     _check_tensor(tensor, "broadcast_async_(tensor)")
+    root = view.root(_root(root_rank), "broadcast_async_")
     h = TorchHandle(lambda outs: tensor)
     nm = h._claim(name, "broadcast")
-    h._parts.append(_async.broadcast_async_(tensor.detach(), _root(root_rank), name=nm))
+    h._parts.append(_async.broadcast_async_(tensor.detach(), root, name=nm, ctx=view.ctx))
     return h
 
 
@@ -154,16 +158,17 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 
 class _BroadcastFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
+    def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root = root_rank
-        return broadcast_async(tensor, root_rank, name).wait()
+        ctx.ps = process_set
+        return broadcast_async(tensor, root_rank, name, process_set).wait()
 
     @staticmethod
     def backward(ctx, grad):
-        g = allreduce(grad.contiguous(), op=Average)
-        if _rank() != ctx.root:
+        g = allreduce(grad.contiguous(), op=Average, process_set=ctx.ps)
+        if _rank() != ctx.root:  # roots are global ranks, as in Horovod
             g = torch.zeros_like(g)
-        return g, None, None
+        return g, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
@@ -171,8 +176,8 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     _check_set(process_set, "broadcast")
     _check_tensor(tensor, "broadcast(tensor)")
     if torch.is_grad_enabled() and tensor.requires_grad:
-        return _BroadcastFn.apply(tensor, _root(root_rank), name)
-    return broadcast_async(tensor, root_rank, name).wait()
+        return _BroadcastFn.apply(tensor, _root(root_rank), name, process_set)
+    return broadcast_async(tensor, root_rank, name, process_set).wait()
 
 
 # ---- alltoall -------------------------------------------------------------------------------
@@ -194,11 +199,11 @@ def _splits_of(splits, n, rows, kind):
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Start an alltoall: splits[p] rows of dim 0 go to rank p (splits None: an even split).
     synchronize(handle) returns (output, received_splits), received_splits an int32 tensor."""
-    _check_set(process_set, "alltoall_async")
+    view = _check_set(process_set, "alltoall_async")
     _check_tensor(tensor, "alltoall_async(tensor)")
     if tensor.dim() == 0:
         raise invalid("alltoall_async(tensor): a 0-d tensor cannot be split across ranks")
-    n, me = _size(), _rank()
+    n, me = _view_size(view), _view_rank(view)
     sp = _splits_of(splits, n, tensor.shape[0], "alltoall_async")
     h = TorchHandle(lambda outs: outs[0])
     nm = h._claim(name, "alltoall")
@@ -224,7 +229,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         b = B.as_buf(send, "alltoall")
         o = B.as_buf(buf, "alltoall output", writable=True)
         hp = ffi.new("hora_handle_t **")
-        check(lib.hora_alltoall_async(_async._ctx(), nm.encode(), b.ptr, o.ptr, m * row,
+        check(lib.hora_alltoall_async(view.ctx, nm.encode(), b.ptr, o.ptr, m * row,
                                       b.dtype, b.device, hp), "hora.torch.alltoall")
         if send is src:
             result = (buf, rsplits)
@@ -232,7 +237,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
             result = _Unpad(buf, recv, m)
         return _async.Handle(hp[0], (b, o, send), result)
 
-    h._parts.append(_Chain(_meta(nm, _describe(tensor) + sp), then))
+    h._parts.append(_Chain(_meta(view, nm, _describe(tensor) + sp), then))
     h._finish = lambda outs: outs[0].get() if isinstance(outs[0], _Unpad) else outs[0]
     return h
 
@@ -248,16 +253,17 @@ class _Unpad:
 
 class _AlltoallFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):
-        out, rsplits = alltoall_async(tensor, splits, name).wait()
+    def forward(ctx, tensor, splits, name, process_set):
+        out, rsplits = alltoall_async(tensor, splits, name, process_set).wait()
         ctx.rsplits = rsplits
+        ctx.ps = process_set
         ctx.mark_non_differentiable(rsplits)
         return out, rsplits
 
     @staticmethod
     def backward(ctx, grad, _):
-        g, _ = alltoall(grad.contiguous(), splits=ctx.rsplits)
-        return g, None, None
+        g, _ = alltoall(grad.contiguous(), splits=ctx.rsplits, process_set=ctx.ps)
+        return g, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
@@ -266,21 +272,21 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     _check_set(process_set, "alltoall")
     _check_tensor(tensor, "alltoall(tensor)")
     if torch.is_grad_enabled() and tensor.requires_grad:
-        out, rsplits = _AlltoallFn.apply(tensor, splits, name)
+        out, rsplits = _AlltoallFn.apply(tensor, splits, name, process_set)
     else:
-        out, rsplits = alltoall_async(tensor, splits, name).wait()
+        out, rsplits = alltoall_async(tensor, splits, name, process_set).wait()
     return out if splits is None else (out, rsplits)
 
 
 # ---- reducescatter --------------------------------------------------------------------------
-def _reducescatter_part(h, tensor, name, op, pre, post, kind):
+def _reducescatter_part(view, h, tensor, name, op, pre, post, kind):
     _check_tensor(tensor, f"{kind}(tensor)")
     if tensor.dim() == 0:
         raise invalid(f"{kind}(tensor): a 0-d tensor cannot be split across ranks")
-    op = _check_op(op, kind)
+    op = _check_op(op, kind, adasum=False)
     pre, post = float(pre), float(post)
     nm = h._claim(name, "reducescatter")
-    n, me = _size(), _rank()
+    n, me = _view_size(view), _view_rank(view)
     rows = tensor.shape[0]
     sizes = [rows // n + (1 if p < rows % n else 0) for p in range(n)]
     m = sizes[0]
@@ -299,7 +305,7 @@ def _reducescatter_part(h, tensor, name, op, pre, post, kind):
             if op == Average or pre != 1.0 or post != 1.0:
                 if rows % n == 0:
                     send = send.clone()  # scaled in place below: never the caller's tensor
-                op, ipost = _int_scaling(send, op, pre, post)
+                op, ipost = _int_scaling(send, op, pre, post, n)
         else:
             if pre != 1.0:
                 send = send * pre
@@ -308,7 +314,7 @@ def _reducescatter_part(h, tensor, name, op, pre, post, kind):
     b = B.as_buf(send, kind)
     o = B.as_buf(out, f"{kind} output", writable=True)
     hp = ffi.new("hora_handle_t **")
-    check(lib.hora_reducescatter_async(_async._ctx(), nm.encode(), b.ptr, o.ptr, m * _row(tensor),
+    check(lib.hora_reducescatter_async(view.ctx, nm.encode(), b.ptr, o.ptr, m * _row(tensor),
                                        b.dtype, op, b.device, hp), f"hora.torch.{kind}")
     is_int = tensor.dtype in _INT_DTYPES
 
@@ -326,9 +332,9 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0):
     """Start a reduce-scatter: rank r gets its block of rows of the reduction (the first
     rows % size ranks get one row more, as in Horovod)."""
-    _check_set(process_set, "reducescatter_async")
+    view = _check_set(process_set, "reducescatter_async")
     h = TorchHandle()
-    part, fin = _reducescatter_part(h, tensor, name, op, prescale_factor, postscale_factor,
+    part, fin = _reducescatter_part(view, h, tensor, name, op, prescale_factor, postscale_factor,
                                     "reducescatter_async")
     h._parts.append(part)
     h._finish = lambda outs: fin(outs[0])
@@ -337,19 +343,19 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 class _ReducescatterFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, pre, post):
-        ctx.args = (op, pre * post)
-        return reducescatter_async(tensor, name, op, global_process_set, pre, post).wait()
+    def forward(ctx, tensor, name, op, pre, post, process_set):
+        ctx.args = (op, pre * post, process_set)
+        return reducescatter_async(tensor, name, op, process_set, pre, post).wait()
 
     @staticmethod
     def backward(ctx, grad):
-        op, scale = ctx.args
-        g = allgather(grad.contiguous())
+        op, scale, ps = ctx.args
+        g = allgather(grad.contiguous(), process_set=ps)
         if op == Average:
-            g = g / _size()
+            g = g / _view_size(_check_set(ps, "reducescatter"))
         if scale != 1.0:
             g = g * scale
-        return g, None, None, None, None
+        return g, None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=None, op=Average,
@@ -362,7 +368,7 @@ def reducescatter(tensor, name=None, compression=None, op=Average,
     t = t.contiguous()
     if torch.is_grad_enabled() and t.requires_grad:
         out = _ReducescatterFn.apply(t, name, op, float(prescale_factor),
-                                     float(postscale_factor))
+                                     float(postscale_factor), process_set)
     else:
         out = reducescatter_async(t, name, op, process_set, prescale_factor,
                                   postscale_factor).wait()
@@ -372,7 +378,7 @@ def reducescatter(tensor, name=None, compression=None, op=Average,
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
     """Start the reduce-scatter of each tensor of a list (names `<name>.<index>`)."""
-    _check_set(process_set, "grouped_reducescatter_async")
+    view = _check_set(process_set, "grouped_reducescatter_async")
     tensors = list(tensors)
     if not tensors:
         raise invalid("grouped_reducescatter_async: the list of tensors is empty")
@@ -380,7 +386,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     base = h._claim(name, "grouped_reducescatter")
     fins = []
     for i, t in enumerate(tensors):
-        part, fin = _reducescatter_part(h, t, f"{base}.{i}", op, prescale_factor,
+        part, fin = _reducescatter_part(view, h, t, f"{base}.{i}", op, prescale_factor,
                                         postscale_factor, "grouped_reducescatter_async")
         h._parts.append(part)
         fins.append(fin)
@@ -401,8 +407,8 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
 # ---- barrier, join --------------------------------------------------------------------------
 def barrier(process_set=global_process_set):
     """Return once every rank has entered barrier()."""
-    _check_set(process_set, "barrier")
-    check(lib.hora_barrier(_async._ctx()), "hora.torch.barrier")
+    view = _check_set(process_set, "barrier")
+    check(lib.hora_barrier(view.ctx), "hora.torch.barrier")
 
 
 def join(device=-1):

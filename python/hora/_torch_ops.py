@@ -23,50 +23,14 @@ from ._core import size as _size
 from ._errors import MismatchError, NotSupportedError, invalid
 from ._hora_cffi import lib
 
-Adasum = 5  # Horovod's constant; hora does not implement Adasum (NotSupportedError)
-_OPS = (Sum, Average, Min, Max, Product)
+Adasum = lib.HORA_ADASUM  # Horovod's constant: CPU float tensors (see _adasum_part)
+_OPS = (Sum, Average, Min, Max, Product, Adasum)
 _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)
 
 
-class ProcessSet:
-    """Horovod's process set. hora has only the global one (every rank); see docs/horovod.md."""
-
-    process_set_id = 0
-
-    def __init__(self, ranks=None):
-        self.ranks = None if ranks is None else list(ranks)
-
-    def size(self):
-        return _size()
-
-    def rank(self):
-        return _rank()
-
-    def included(self):
-        return True
-
-    def __repr__(self):
-        return "ProcessSet(process_set_id=0, ranks=all)"
-
-
-global_process_set = ProcessSet()
-
-
-def add_process_set(process_set):
-    raise NotSupportedError("add_process_set: hora.torch has only the global process set "
-                            "(sub-communicators are not implemented yet)",
-                            lib.HORA_ERR_NOT_SUPPORTED)
-
-
-def remove_process_set(process_set):
-    raise NotSupportedError("remove_process_set: hora.torch has only the global process set",
-                            lib.HORA_ERR_NOT_SUPPORTED)
-
-
-def _check_set(process_set, what):
-    if process_set is not global_process_set:
-        raise NotSupportedError(f"{what}: process_set={process_set!r}: hora.torch supports only "
-                                "hora.torch.global_process_set", lib.HORA_ERR_NOT_SUPPORTED)
+from ._torch_psets import (  # noqa: E402,F401
+    ProcessSet, _check_set, _view_size, add_process_set, global_process_set, remove_process_set,
+)
 
 
 def _resolve_op(op, average, what):
@@ -84,12 +48,12 @@ def _resolve_op(op, average, what):
     return _check_op(op, what)
 
 
-def _check_op(op, what):
-    if op == Adasum and not isinstance(op, bool):
-        raise NotSupportedError(f"{what}: op=Adasum is not implemented in hora",
-                                lib.HORA_ERR_NOT_SUPPORTED)
+def _check_op(op, what, adasum=True):
+    if not adasum and not isinstance(op, bool) and op == Adasum:
+        raise invalid(f"{what}: op=Adasum is supported by allreduce only")
     if isinstance(op, bool) or op not in _OPS:
-        raise invalid(f"{what}: op {op!r} is not one of Sum, Average, Min, Max, Product")
+        raise invalid(f"{what}: op {op!r} is not one of Sum, Average, Min, Max, Product"
+                      + (", Adasum" if adasum else ""))
     return int(op)
 
 
@@ -263,7 +227,7 @@ def synchronize(handle):
 
 
 # ---- allreduce ----------------------------------------------------------------------------------
-def _int_scaling(t, op, pre, post):
+def _int_scaling(t, op, pre, post, n=None):
     """Horovod scales integer tensors through double and truncates toward zero; Average is a
     postscale of 1/size. hora's C layer takes scale factors for floating dtypes only, so for
     integers the scaling happens here around a Sum (or the op). Returns (c_op, post or None)."""
@@ -273,7 +237,7 @@ def _int_scaling(t, op, pre, post):
         raise invalid("Average and scale factors are not defined for bool tensors; use op=Sum "
                       "or Max (logical OR), Min or Product (logical AND)")
     if op == Average:
-        op, post = Sum, post / _size()
+        op, post = Sum, post / (_size() if n is None else n)
     if pre != 1.0:
         with torch.no_grad():
             t.copy_((t.to(torch.float64) * pre).trunc().to(t.dtype))
@@ -287,10 +251,41 @@ def _apply_post(t, post):
     return t
 
 
+def _adasum_part(kind, view, tensor, output, name, pre, post):
+    """op=Adasum through the engine (hora's HORA_ADASUM: CPU float32/float64; float16 and
+    bfloat16 go through a float32 copy). Returns (engine handle, finish) where finish() writes
+    the result into `output` and returns it."""
+    if not tensor.is_floating_point():
+        raise invalid(f"{kind}: op=Adasum needs a floating-point tensor, got {tensor.dtype}")
+    wide = tensor.dtype in (torch.float16, torch.bfloat16)
+    with torch.no_grad():
+        src = tensor.detach().to(torch.float32) if wide else tensor.detach()
+    dst = src if wide else (None if output is tensor else output.detach())
+    part = _async._submit_allreduce(kind, src, dst, Adasum, name, pre, post, None, ctx=view.ctx)
+
+    def finish():
+        if wide:
+            with torch.no_grad():
+                output.copy_(src)
+        return output
+    return part, finish
+
+
+def _adasum_submit(kind, view, tensor, output, name, pre, post):
+    h = TorchHandle()
+    nm = h._claim(name, "allreduce")
+    part, fin = _adasum_part(kind, view, tensor, output, nm, pre, post)
+    h._parts.append(part)
+    h._finish = lambda outs: fin()
+    return h
+
+
 def _allreduce_submit(kind, tensor, output, name, op, pre, post, process_set):
-    _check_set(process_set, kind)
+    view = _check_set(process_set, kind)
     _check_tensor(tensor, f"{kind}(tensor)")
     pre, post = float(pre), float(post)
+    if op == Adasum:
+        return _adasum_submit(kind, view, tensor, output, name, pre, post)
     h = TorchHandle()
     nm = h._claim(name, "allreduce")
     src = tensor
@@ -301,10 +296,11 @@ def _allreduce_submit(kind, tensor, output, name, op, pre, post, process_set):
                 with torch.no_grad():
                     output.copy_(tensor)
                 src = output
-            c_op, ipost = _int_scaling(src, op, pre, post)
+            c_op, ipost = _int_scaling(src, op, pre, post, _view_size(view))
         pre = post = 1.0
     h._parts.append(_async._submit_allreduce(kind, src.detach(), None if src is output
-                                             else output.detach(), c_op, nm, pre, post, None))
+                                             else output.detach(), c_op, nm, pre, post, None,
+                                             ctx=view.ctx))
     h._finish = lambda outs: _apply_post(output, ipost)
     return h
 
@@ -336,17 +332,17 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 class _AllreduceFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, pre, post):
-        ctx.args = (op, pre, post)
+    def forward(ctx, tensor, name, op, pre, post, process_set):
+        ctx.args = (op, pre, post, process_set)
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
         return _allreduce_submit("allreduce", tensor, out, name, op, pre, post,
-                                 global_process_set).wait()
+                                 process_set).wait()
 
     @staticmethod
     def backward(ctx, grad):
-        op, pre, post = ctx.args
+        op, pre, post, ps = ctx.args
         return allreduce(grad.contiguous(), op=op, prescale_factor=pre,
-                         postscale_factor=post), None, None, None, None
+                         postscale_factor=post, process_set=ps), None, None, None, None, None
 
 
 def _compressor(compression):
@@ -364,18 +360,29 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None,
     comp = _compressor(compression)
     t, cctx = comp.compress(tensor)
     t = t.contiguous()
-    out = _AllreduceFn.apply(t, name, op, float(prescale_factor), float(postscale_factor))
+    out = _AllreduceFn.apply(t, name, op, float(prescale_factor), float(postscale_factor),
+                             process_set)
     return comp.decompress(out, cctx)
 
 
 # ---- grouped allreduce ------------------------------------------------------------------------
 def _grouped_submit(kind, tensors, outputs, name, op, pre, post, process_set):
-    _check_set(process_set, kind)
+    view = _check_set(process_set, kind)
     tensors = list(tensors)
     if not tensors:
         raise invalid(f"{kind}: the list of tensors is empty")
     for i, t in enumerate(tensors):
         _check_tensor(t, f"{kind}(tensors[{i}])")
+    if op == Adasum:  # one Adasum per tensor (each has its own dot products)
+        h = TorchHandle()
+        base = h._claim(name, "grouped_allreduce")
+        fins = []
+        for i, (t, o) in enumerate(zip(tensors, outputs)):
+            part, fin = _adasum_part(kind, view, t, o, f"{base}.{i}", pre, post)
+            h._parts.append(part)
+            fins.append(fin)
+        h._finish = lambda outs: [f() for f in fins]
+        return h
     h = TorchHandle()
     base = h._claim(name, "grouped_allreduce")
     posts = [None] * len(tensors)
@@ -393,13 +400,13 @@ def _grouped_submit(kind, tensors, outputs, name, op, pre, post, process_set):
                     with torch.no_grad():
                         outputs[i].copy_(src)
                     src = outputs[i]
-                c_op, posts[i] = _int_scaling(src, op, float(pre), float(post))
+                c_op, posts[i] = _int_scaling(src, op, float(pre), float(post), _view_size(view))
             srcs.append(src)
         if dtype in _INT_DTYPES:
             cpre = cpost = 1.0
         h._parts.append(_grouped_c(kind, [s.detach() for s in srcs],
                                    [outputs[i].detach() for i in idx], idx, base, c_op, cpre,
-                                   cpost))
+                                   cpost, view.ctx))
 
     def finish(_):
         return [_apply_post(o, p) for o, p in zip(outputs, posts)]
@@ -407,7 +414,7 @@ def _grouped_submit(kind, tensors, outputs, name, op, pre, post, process_set):
     return h
 
 
-def _grouped_c(kind, srcs, outs, idx, base, op, pre, post):
+def _grouped_c(kind, srcs, outs, idx, base, op, pre, post, ctx):
     from ._hora_cffi import ffi
     bufs = [B.as_buf(s, f"{kind}(tensors[{i}])") for s, i in zip(srcs, idx)]
     obufs = [b if s is o else B.as_buf(o, f"{kind} output", writable=True)
@@ -419,7 +426,7 @@ def _grouped_c(kind, srcs, outs, idx, base, op, pre, post):
     c_counts = ffi.new("size_t[]", [b.count for b in bufs])
     hp = ffi.new("hora_handle_t **")
     from ._errors import check
-    check(lib.hora_grouped_allreduce_async(_async._ctx(), c_names, c_send, c_recv, c_counts,
+    check(lib.hora_grouped_allreduce_async(ctx, c_names, c_send, c_recv, c_counts,
                                            len(bufs), bufs[0].dtype, op, pre, post,
                                            bufs[0].device, hp), f"hora.torch.{kind}")
     return _async.Handle(hp[0], (bufs, obufs, names, c_names, c_send, c_recv, c_counts), outs)
@@ -461,7 +468,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
     sent = [p[0].contiguous() for p in pairs]
     if torch.is_grad_enabled() and any(t.requires_grad for t in sent):
         outs = _GroupedAllreduceFn.apply(name, op, float(prescale_factor),
-                                         float(postscale_factor), *sent)
+                                         float(postscale_factor), process_set, *sent)
     else:
         outs = grouped_allreduce_async(sent, None, name, op, prescale_factor, postscale_factor,
                                        process_set).wait()
@@ -470,13 +477,14 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
 
 class _GroupedAllreduceFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, pre, post, *tensors):
-        ctx.args = (op, pre, post)
-        return tuple(grouped_allreduce_async(list(tensors), None, name, op, pre, post).wait())
+    def forward(ctx, name, op, pre, post, process_set, *tensors):
+        ctx.args = (op, pre, post, process_set)
+        return tuple(grouped_allreduce_async(list(tensors), None, name, op, pre, post,
+                                             process_set).wait())
 
     @staticmethod
     def backward(ctx, *grads):
-        op, pre, post = ctx.args
+        op, pre, post, ps = ctx.args
         g = grouped_allreduce([x.contiguous() for x in grads], op=op, prescale_factor=pre,
-                              postscale_factor=post)
-        return (None, None, None, None, *g)
+                              postscale_factor=post, process_set=ps)
+        return (None, None, None, None, None, *g)

@@ -12,8 +12,9 @@ from ._compression import Compression
 from ._core import Average, rank, size
 from ._errors import invalid
 from ._torch_gather import allgather, allgather_async, broadcast_, broadcast_async_
-from ._torch_ops import (_check_op, _check_set, allreduce_async_, global_process_set,
-                         grouped_allreduce_async_, synchronize)
+from ._torch_ops import (Adasum, _check_op, allreduce_async_, grouped_allreduce_async_,
+                         synchronize)
+from ._torch_psets import _check_set, _view_size, global_process_set
 
 
 def _named_items(params, what):
@@ -72,10 +73,10 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
         n = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
         payload, n = None, torch.zeros(1, dtype=torch.int64)
-    broadcast_(n, root_rank, name=f"{name}.sz")
+    broadcast_(n, root_rank, name=f"{name}.sz", process_set=process_set)
     if payload is None:
         payload = torch.empty(int(n[0]), dtype=torch.uint8)
-    broadcast_(payload, root_rank, name=f"{name}.t")
+    broadcast_(payload, root_rank, name=f"{name}.t", process_set=process_set)
     return obj if rank() == root_rank else _loads(payload)
 
 
@@ -84,8 +85,9 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     _check_set(process_set, "allgather_object")
     name = "allgather_object" if name is None else name
     payload = _dumps(obj)
-    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=f"{name}.sz")
-    data = allgather(payload, name=f"{name}.t")
+    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=f"{name}.sz",
+                      process_set=process_set)
+    data = allgather(payload, name=f"{name}.t", process_set=process_set)
     out, off = [], 0
     for s in sizes.tolist():
         out.append(_loads(data[off:off + s]))
@@ -157,9 +159,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
             raise ValueError("DistributedOptimizer: backward_passes_per_step must be an int >= 1")
         self._hora_op = _check_op(op, "DistributedOptimizer")
+        if self._hora_op == Adasum:
+            from ._errors import NotSupportedError
+            from ._hora_cffi import lib
+            raise NotSupportedError("DistributedOptimizer(op=Adasum): Horovod's Adasum optimizer "
+                                    "(Adasum of the update deltas) is not implemented in hora; "
+                                    "hvd.allreduce(op=hvd.Adasum) is", lib.HORA_ERR_NOT_SUPPORTED)
         if gradient_predivide_factor != 1.0 and self._hora_op != Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
-        _check_set(process_set, "DistributedOptimizer")
+        self._hora_view = _check_set(process_set, "DistributedOptimizer")
+        self._hora_set = process_set
         self._hora_names = {p: "grad." + names[id(p)] for p in all_params}
         self._hora_compression = compression
         self._hora_passes = backward_passes_per_step
@@ -216,7 +225,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             comp = [self._hora_compression.compress(p.grad.detach()) for p in dense]
             bufs = [c[0].contiguous() for c in comp]
             kw = dict(op=self._hora_op, prescale_factor=self._hora_pre,
-                      postscale_factor=self._hora_post)
+                      postscale_factor=self._hora_post, process_set=self._hora_set)
             if len(dense) == 1:
                 h = allreduce_async_(bufs[0], name=name if len(params) == 1 else f"{name}.d",
                                      **kw)
@@ -234,13 +243,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _hora_sparse(self, p):
         g = p.grad.coalesce()
         name = self._hora_names[p]
-        hi = allgather_async(g.indices().t().contiguous(), name=f"{name}.indices")
-        hv = allgather_async(g.values().contiguous(), name=f"{name}.values")
+        hi = allgather_async(g.indices().t().contiguous(), name=f"{name}.indices",
+                             process_set=self._hora_set)
+        hv = allgather_async(g.values().contiguous(), name=f"{name}.values",
+                             process_set=self._hora_set)
 
         def finish():
             values, indices = synchronize(hv), synchronize(hi)
             if self._hora_op == Average:
-                values = values / size()
+                values = values / _view_size(self._hora_view)
             p.grad = torch.sparse_coo_tensor(indices.t(), values, g.shape)
         return finish
 
@@ -360,7 +371,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     by 1/f before the sum and by f/size after it (op Average only). num_groups (deprecated) /
     groups: an int n (n groups, each one grouped allreduce) or a list of lists of parameters.
     sparse_as_dense: sparse gradients become dense before the allreduce (else they are
-    allgathered). process_set: the global one only.
+    allgathered). process_set: the ranks that average their gradients together (a registered
+    ProcessSet; only its members may create the optimizer and step). op=Adasum is
+    NotSupportedError (Horovod's Adasum optimizer is not implemented; hvd.allreduce takes it).
     """
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "

@@ -57,19 +57,23 @@ from ._torch_optim import (  # noqa: E402,F401
 
 def init(comm=None, process_sets=None):
     """Start hora (collective). `comm`: None, or an mpi4py communicator (or a list of world
-    ranks, as Horovod takes, which must then be every rank). `process_sets` other than None is
-    NotSupportedError (hora has only the global process set)."""
-    if process_sets is not None:
-        raise NotSupportedError("init(process_sets=...): hora.torch has only the global process "
-                                "set", lib.HORA_ERR_NOT_SUPPORTED)
+    ranks, as Horovod takes, which must then be every rank). `process_sets`: ProcessSet objects
+    (or lists of ranks) to register at once, as add_process_set does on every rank."""
     if isinstance(comm, (list, tuple)):
         hora.init()
         if sorted(comm) != list(range(size())):
             raise NotSupportedError(f"init(comm={list(comm)}): hora.torch runs on every rank of "
                                     "the job; a list of some ranks is not supported",
                                     lib.HORA_ERR_NOT_SUPPORTED)
-        return
-    hora.init(comm)
+    else:
+        hora.init(comm)
+    global_process_set.ranks = list(range(size()))
+    for ps in process_sets or []:
+        if isinstance(ps, ProcessSet) and ps.process_set_id == 0:
+            continue
+        if isinstance(ps, ProcessSet) and ps.process_set_id is not None:
+            continue  # registered by an earlier init() in this process
+        add_process_set(ps)
 
 
 def _built(feature):

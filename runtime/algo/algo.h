@@ -77,6 +77,11 @@ typedef struct {
  * a hook reduces across nodes. hora__shm_run is this with one segment. */
 hora_result_t hora__shm_run_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
                                  hora_op_t op, hora_shm_hook_fn hook, void *arg);
+/* algo/adasum.c: Adasum allreduce (hora.h's HORA_ADASUM) of float32/float64 host buffers over
+ * ctx->world, dst = adasum over ranks of prescale * src, times postscale (src == dst in place).
+ * HORA_ERR_INVALID_ARGUMENT when the world size is not a power of two (on every rank). */
+hora_result_t hora__adasum_host(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                hora_dtype_t dtype, double prescale, double postscale);
 /* algo/hier.c: needs ctx->uniform_local_size. */
 hora_result_t hora__hier_allreduce(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
                                    hora_dtype_t dtype, hora_op_t op);

@@ -53,8 +53,13 @@ hora_result_t hora__check_allreduce(hora_ctx_t *ctx, const char *fn, const void 
                                     void *recvbuf, size_t count, hora_dtype_t dtype, hora_op_t op,
                                     double prescale, double postscale, hora_device_t device) {
   HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
-  if ((unsigned)op >= HORA_OP_COUNT)
+  if ((unsigned)op >= HORA_OP_COUNT && op != HORA_ADASUM)
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: op %d is not a hora_op_t", fn, (int)op);
+  if (op == HORA_ADASUM && dtype != HORA_FLOAT32 && dtype != HORA_FLOAT64)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: HORA_ADASUM needs HORA_FLOAT32 or HORA_FLOAT64, not %s",
+                    fn, hora__dtype_name(dtype));
+  if (op == HORA_ADASUM && device != HORA_DEVICE_HOST)
+    return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "%s: HORA_ADASUM runs on host buffers only", fn);
   size_t bytes = 0;
   HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, count, dtype, &bytes));
   HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, count, dtype, NULL));

@@ -155,6 +155,7 @@ hora_result_t hora__scale_and_average(hora_ctx_t *ctx, void *buf, size_t count,
 hora_result_t hora__allreduce_host_full(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                         size_t count, hora_dtype_t dtype, hora_op_t op,
                                         double prescale, double postscale, hora_algo_t algo) {
+  if (op == HORA_ADASUM) return hora__adasum_host(ctx, sendbuf, recvbuf, count, dtype, prescale, postscale);
   if (count == 0) return HORA_SUCCESS;
   if (prescale == 1.0) {
     /* The algorithms read sendbuf and write recvbuf directly: no extra copy. */

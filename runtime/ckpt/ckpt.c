@@ -148,6 +148,9 @@ static hora_result_t open_root(hora_ckpt_t *ck) {
 
 HORA_EXPORT hora_result_t hora_ckpt_open(hora_ctx_t *ctx, const hora_ckpt_opts_t *opts, hora_ckpt_t **out) {
   HORA_CHECK(hora__ctx_check(ctx, "hora_ckpt_open"));
+  if (ctx->parent)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_open: the context is a process set: "
+                    "checkpoints belong to the root context (the one hora_init made)");
   if (!out) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_open: ck (output pointer) is NULL");
   hora_ckpt_opts_t o;
   hora_ckpt_opts_init(&o);

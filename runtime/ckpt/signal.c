@@ -57,6 +57,9 @@ static hora_result_t get_state(hora_ctx_t *ctx, signal_state_t **out) {
 
 HORA_EXPORT hora_result_t hora_ckpt_on_signal(hora_ctx_t *ctx) {
   HORA_CHECK(hora__ctx_check(ctx, "hora_ckpt_on_signal"));
+  if (ctx->parent)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_on_signal: the context is a process set: "
+                    "signals are handled for the root context (the one hora_init made)");
   signal_state_t *st;
   HORA_CHECK(get_state(ctx, &st));
   if (st->installed) return HORA_SUCCESS;

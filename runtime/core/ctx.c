@@ -37,19 +37,35 @@ static void live_remove(hora_ctx_t *c) {
   pthread_mutex_unlock(&live_lock);
 }
 
-hora_result_t hora__ctx_check(hora_ctx_t *ctx, const char *fn) {
-  if (ctx) {
-    pthread_mutex_lock(&live_lock);
-    for (int i = 0; i < MAX_LIVE; i++)
-      if (live[i] == ctx) {
-        pthread_mutex_unlock(&live_lock);
-        return HORA_SUCCESS;
-      }
-    pthread_mutex_unlock(&live_lock);
-  }
+static int live_has(hora_ctx_t *ctx) {
+  int found = 0;
+  pthread_mutex_lock(&live_lock);
+  for (int i = 0; i < MAX_LIVE && ctx; i++)
+    if (live[i] == ctx) found = 1;
+  pthread_mutex_unlock(&live_lock);
+  return found;
+}
+
+hora_result_t hora__ctx_check_live(hora_ctx_t *ctx, const char *fn) {
+  if (live_has(ctx)) return HORA_SUCCESS;
   return HORA_ERR(HORA_ERR_NOT_INITIALIZED,
                   "%s: the context is %s: call hora_init first (and not after hora_finalize)", fn,
                   ctx ? "not a live hora context" : "NULL");
+}
+
+hora_result_t hora__ctx_check(hora_ctx_t *ctx, const char *fn) {
+  HORA_CHECK(hora__ctx_check_live(ctx, fn));
+  if (ctx->excluded) {
+    char list[96] = "";
+    size_t len = 0;
+    for (int i = 0; i < ctx->set_nranks && len + 16 < sizeof list; i++)
+      len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", i ? "," : "", ctx->set_ranks[i]);
+    if (len + 16 >= sizeof list) snprintf(list + len, sizeof list - len, ",...");
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
+                    "%s: this rank (%d of the parent context) is not in the process set of ranks "
+                    "{%s}: only its members may use it", fn, ctx->parent ? ctx->parent->rank : -1, list);
+  }
+  return HORA_SUCCESS;
 }
 
 hora_result_t hora__ctx_add_finalizer(hora_ctx_t *ctx, hora_finalizer_fn fn, void *arg) {
@@ -62,6 +78,19 @@ hora_result_t hora__ctx_add_finalizer(hora_ctx_t *ctx, hora_finalizer_fn fn, voi
   ctx->finalizers = f;
   pthread_mutex_unlock(&ctx->lock);
   return HORA_SUCCESS;
+}
+
+void hora__ctx_remove_finalizer(hora_ctx_t *ctx, hora_finalizer_fn fn, void *arg) {
+  pthread_mutex_lock(&ctx->lock);
+  for (struct hora_finalizer **pp = &ctx->finalizers; *pp; pp = &(*pp)->next) {
+    if ((*pp)->fn == fn && (*pp)->arg == arg) {
+      struct hora_finalizer *f = *pp;
+      *pp = f->next;
+      free(f);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&ctx->lock);
 }
 
 hora_result_t hora__mpi_error(int mpi_rc, const char *what, const char *file, int line) {
@@ -309,9 +338,42 @@ fail_mpi:
   return rc;
 }
 
+hora_result_t hora__ctx_open_sub(hora_ctx_t *parent, MPI_Comm comm, int *ranks, int nranks,
+                                 hora_ctx_t **out) {
+  hora_result_t rc = HORA_SUCCESS;
+  hora_ctx_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    free(ranks);
+    return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_process_set_create: out of memory");
+  }
+  c->world = comm;
+  c->local = c->cross = MPI_COMM_NULL;
+  c->device = parent->device;
+  c->parent = parent;
+  c->set_ranks = ranks;
+  c->set_nranks = nranks;
+  c->rank = c->size = -1;
+  pthread_mutex_init(&c->lock, NULL);
+  if (comm == MPI_COMM_NULL) {
+    c->excluded = 1;
+    *out = c;
+    return HORA_SUCCESS;
+  }
+  MPI_Comm_set_errhandler(c->world, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(c->world, &c->rank);
+  MPI_Comm_size(c->world, &c->size);
+  HORA_CHECK_GOTO(build_layout(c, hora__params()), rc, fail);
+  *out = c;
+  return HORA_SUCCESS;
+fail:
+  hora__ctx_discard(c);
+  return rc;
+}
+
 hora_result_t hora__ctx_publish(hora_ctx_t *c) {
   if (!live_add(c)) return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: more than %d live contexts", MAX_LIVE);
-  if (c->rank == 0) {
+  if (c->rank == 0 && !c->parent) {
     HORA_INFO(INIT, "hora %s: %d ranks on %d node%s (local size %d)", HORA_VERSION_STRING,
               c->size, c->cross_size, c->cross_size == 1 ? "" : "s", c->local_size);
     log_nondefault_params();
@@ -328,6 +390,7 @@ void hora__ctx_discard(hora_ctx_t *c) {
   ctx_free_comms(c);
   if (!hora__ctx_failed(c)) free(c->verdict); /* else leaked: a thread stuck in MPI may read it */
   pthread_mutex_destroy(&c->lock);
+  free(c->set_ranks);
   free(c);
   if (owned) MPI_Finalize();
 }

@@ -43,6 +43,13 @@ struct hora_ctx {
   void *ckpt;   /* runtime/ckpt: open checkpointers (for flush at finalize) */
   void *trace;  /* runtime/trace: GPU monitor */
   void *signal; /* runtime/ckpt: preemption signal state */
+
+  /* Process sets (hora_process_set_create, runtime/init/pset.c): a set is a context whose world is
+   * a sub-communicator of its parent's world. NULL/0 for a context made by hora_init. */
+  struct hora_ctx *parent; /* the context the set was made from */
+  int excluded;            /* this rank is not in the set: every use but destroy is refused */
+  int *set_ranks;          /* the set's parent ranks, ascending (messages, hora__ctx_check) */
+  int set_nranks;
 };
 
 /* The context's life, driven by hora_init / hora_finalize (runtime/init/init.c), which start the
@@ -57,6 +64,13 @@ struct hora_ctx {
  * - hora__ctx_discard: no longer live; frees the communicators and the context, and finalizes MPI
  *   if hora initialized it. Run the finalizers first. */
 hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out);
+/* A process set's context (runtime/init/pset.c): takes ownership of `comm` (a sub-communicator of
+ * parent->world; MPI_COMM_NULL on ranks outside the set, which get an `excluded` context with
+ * rank -1 and no communicators) and of `ranks` (the set's parent ranks, ascending; freed with
+ * the context). Members build the layout on `comm` (collective over the set). The device is the
+ * parent's; MPI is never the set's to finalize. On error nothing is left (comm and ranks freed). */
+hora_result_t hora__ctx_open_sub(hora_ctx_t *parent, MPI_Comm comm, int *ranks, int nranks,
+                                 hora_ctx_t **out);
 hora_result_t hora__ctx_publish(hora_ctx_t *ctx);
 hora_result_t hora__ctx_run_finalizers(hora_ctx_t *ctx);
 void hora__ctx_discard(hora_ctx_t *ctx);
@@ -64,6 +78,10 @@ void hora__ctx_discard(hora_ctx_t *ctx);
 /* Validate that ctx is a live context (it is looked up by address, never dereferenced when it is
  * not live). HORA_ERR_NOT_INITIALIZED with a message naming `fn` otherwise. */
 hora_result_t hora__ctx_check(hora_ctx_t *ctx, const char *fn);
+/* The same check, but also accepting a process set this rank is not in (for its destroy).
+ * HORA_ERR_NOT_INITIALIZED naming `fn` when ctx is not live. Note hora__ctx_check refuses an
+ * excluded set with HORA_ERR_INVALID_ARGUMENT naming `fn` and the set's ranks. */
+hora_result_t hora__ctx_check_live(hora_ctx_t *ctx, const char *fn);
 
 /* The failure verdict: the first failure of the job as this rank knows it (a peer declared dead or
  * stopped by the heartbeat thread, or this rank's engine failed). Set once, never cleared; it
@@ -86,6 +104,8 @@ hora_result_t hora__ctx_verdict(const hora_ctx_t *ctx, const char *what);
 
 /* Register fn(ctx, arg) to run in hora_finalize (last registered runs first). */
 hora_result_t hora__ctx_add_finalizer(hora_ctx_t *ctx, hora_finalizer_fn fn, void *arg);
+/* Unregister fn(ctx, arg) without running it (no-op if it is not registered). */
+void hora__ctx_remove_finalizer(hora_ctx_t *ctx, hora_finalizer_fn fn, void *arg);
 
 /* Map an MPI error code to HORA_ERR_MPI with MPI's error string and the call's name. */
 hora_result_t hora__mpi_error(int mpi_rc, const char *what, const char *file, int line);

@@ -76,5 +76,6 @@ const char *hora__dtype_name(hora_dtype_t dtype) {
 
 const char *hora__op_name(hora_op_t op) {
   static const char *const names[] = {"sum", "avg", "min", "max", "prod"};
+  if (op == HORA_ADASUM) return "adasum";
   return ((unsigned)op < HORA_OP_COUNT) ? names[op] : "unknown";
 }

@@ -234,6 +234,8 @@ static void engine_free(hora_engine_t *eng, int collective) {
   free(eng->pending.b);
   free(eng->fusion);
   free(eng->zeros);
+  free(eng->subs);
+  eng->subs = NULL;
   if (collective) {
     if (eng->shadow) shadow_destroy(eng->shadow, 1);
     if (eng->comm != MPI_COMM_NULL) MPI_Comm_free(&eng->comm);
@@ -244,9 +246,45 @@ static void engine_free(hora_engine_t *eng, int collective) {
   }
 }
 
+/* A process set's engine (ctx->parent set): share the parent engine's heartbeat and be failed
+ * with it. HORA_ERR_SHUTDOWN when the parent's engine is stopping, its failure when it failed. */
+static hora_result_t sub_register(hora_engine_t *eng, hora_ctx_t *parent) {
+  pthread_mutex_lock(&parent->lock);
+  hora_engine_t *up = parent->engine;
+  pthread_mutex_unlock(&parent->lock);
+  if (!up) return HORA_ERR(HORA_ERR_SHUTDOWN, "hora_process_set_create: the parent's async engine is stopped");
+  hora_result_t rc = HORA_SUCCESS;
+  pthread_mutex_lock(&up->mu);
+  if (atomic_load(&up->dead)) {
+    rc = HORA_ERR(up->fail_rc, "hora_process_set_create: %s", up->dead_msg);
+  } else if (up->nsubs == up->capsubs) {
+    size_t cap = up->capsubs ? 2 * up->capsubs : 4;
+    hora_engine_t **n = realloc(up->subs, cap * sizeof *n);
+    if (!n) rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_process_set_create: out of memory");
+    else up->subs = n, up->capsubs = cap;
+  }
+  if (rc == HORA_SUCCESS) {
+    up->subs[up->nsubs++] = eng;
+    eng->up = up;
+    eng->hb = up->hb;
+  }
+  pthread_mutex_unlock(&up->mu);
+  return rc;
+}
+
+static void sub_unregister(hora_engine_t *eng) {
+  hora_engine_t *up = eng->up;
+  if (!up) return;
+  pthread_mutex_lock(&up->mu);
+  for (size_t i = 0; i < up->nsubs; i++)
+    if (up->subs[i] == eng) up->subs[i] = up->subs[--up->nsubs];
+  pthread_mutex_unlock(&up->mu);
+  eng->up = NULL;
+}
+
 static hora_result_t engine_finalize(hora_ctx_t *ctx, void *arg) {
   hora_engine_t *eng = arg;
-  hora_result_t frc = hora__fault_hit("finalize", eng->rank);
+  hora_result_t frc = eng->up ? HORA_SUCCESS : hora__fault_hit("finalize", eng->rank);
   if (frc != HORA_SUCCESS) hora__engine_fail(eng, frc, "hora_finalize: %s", hora_last_error());
   pthread_mutex_lock(&ctx->lock);
   ctx->engine = NULL; /* later async calls get HORA_ERR_SHUTDOWN */
@@ -272,8 +310,9 @@ static hora_result_t engine_finalize(hora_ctx_t *ctx, void *arg) {
   char msg[256];
   snprintf(msg, sizeof msg, "%s", eng->dead_msg);
   pthread_mutex_unlock(&eng->mu);
-  hora__hb_stop(eng->hb);
+  if (eng->hb_owned) hora__hb_stop(eng->hb);
   eng->hb = NULL;
+  sub_unregister(eng);
   if (!exited) {
     /* Stuck in MPI with a dead peer: leave it (and the memory it may touch) alone. */
     pthread_detach(eng->thread);
@@ -287,6 +326,13 @@ static hora_result_t engine_finalize(hora_ctx_t *ctx, void *arg) {
   engine_free(eng, !dead);
   if (dead) return HORA_ERR(fail_rc, "hora_finalize: %s", msg);
   return HORA_SUCCESS;
+}
+
+void hora__engine_abort(hora_ctx_t *ctx, hora_result_t rc, const char *msg) {
+  pthread_mutex_lock(&ctx->lock);
+  hora_engine_t *eng = ctx->engine;
+  pthread_mutex_unlock(&ctx->lock);
+  if (eng) hora__engine_fail(eng, rc, "%s", msg);
 }
 
 hora_result_t hora__engine_on_init(hora_ctx_t *ctx) {
@@ -311,6 +357,7 @@ hora_result_t hora__engine_on_init(hora_ctx_t *ctx) {
   MPI_Comm_set_errhandler(eng->comm, MPI_ERRORS_RETURN);
   HORA_CHECK_GOTO(shadow_create(ctx, &eng->shadow), rc, fail);
   HORA_CHECK_GOTO(hora__cache_init(&eng->cache, (int)eng->prm.cache_capacity), rc, fail);
+  if (ctx->parent) HORA_CHECK_GOTO(sub_register(eng, ctx->parent), rc, fail);
   if (eng->rank == 0) {
     eng->coord_joined = calloc((size_t)eng->size, 1);
     eng->coord_join_seq = calloc((size_t)eng->size, sizeof *eng->coord_join_seq);
@@ -318,7 +365,7 @@ hora_result_t hora__engine_on_init(hora_ctx_t *ctx) {
       rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: out of memory for the async engine");
       goto fail;
     }
-    if (eng->prm.timeline && *eng->prm.timeline) {
+    if (!ctx->parent && eng->prm.timeline && *eng->prm.timeline) { /* the root context's only */
       /* The timeline is optional: a bad path is logged, not fatal. */
       if (hora__timeline_open(eng->prm.timeline, eng->prm.timeline_max_bytes, &eng->tl) != HORA_SUCCESS)
         eng->tl = NULL;
@@ -327,8 +374,11 @@ hora_result_t hora__engine_on_init(hora_ctx_t *ctx) {
   double w = eng->prm.stall_warning_s, s = eng->prm.stall_shutdown_s;
   double m = w > 0 && s > 0 ? (w < s ? w : s) : (w > 0 ? w : s);
   eng->stall_fallback_s = m > 0 ? m / 2 : 0;
-  HORA_CHECK_GOTO(hora__fault_hit("init", eng->rank), rc, fail); /* before any heartbeat */
-  HORA_CHECK_GOTO(hora__hb_start(eng, &eng->hb), rc, fail);
+  if (!ctx->parent) {
+    HORA_CHECK_GOTO(hora__fault_hit("init", eng->rank), rc, fail); /* before any heartbeat */
+    HORA_CHECK_GOTO(hora__hb_start(eng, &eng->hb), rc, fail);
+    eng->hb_owned = 1;
+  }
   if (pthread_create(&eng->thread, NULL, engine_main, eng) != 0) {
     rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: cannot create the async engine thread");
     goto fail;
@@ -349,8 +399,12 @@ fail_thread:
   pthread_detach(eng->thread);
   return rc;
 fail:
-  hora__hb_mute(eng->hb); /* no BYE: the peers must see this rank go, not leave cleanly */
-  hora__hb_stop(eng->hb);
+  if (eng->hb_owned) {
+    hora__hb_mute(eng->hb); /* no BYE: the peers must see this rank go, not leave cleanly */
+    hora__hb_stop(eng->hb);
+  } /* a process set's creation agrees on the result over the parent instead */
+  eng->hb = NULL;
+  sub_unregister(eng);
   if (eng->tl) hora__timeline_close(eng->tl);
   eng->tl = NULL;
   engine_free(eng, 1);

@@ -179,6 +179,13 @@ typedef struct hora_engine {
   char dead_msg[256];
   hora_result_t fail_rc; /* REMOTE, or MPI/INTERNAL if the engine itself failed */
   eng_hb_t *hb;
+  int hb_owned; /* 0 on a process set's engine: hb is its root engine's, which it never stops */
+  /* Process sets: a set's engine has no heartbeat or timeline of its own; it is registered with
+   * its parent context's engine (`up`), whose failure (hora__engine_fail) fails it too. The parent
+   * lists its sets' engines in `subs` (guarded by the parent's mu). */
+  struct hora_engine *up;
+  struct hora_engine **subs;
+  size_t nsubs, capsubs;
   /* hora__engine_mpi_wait gave up on a request after the failure: MPI may still read or write
    * its buffers (a nonblocking collective cannot be cancelled, and a peer declared dead may be
    * alive and send). Engine thread only; whoever owns such buffers leaks them instead of freeing. */

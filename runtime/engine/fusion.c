@@ -43,7 +43,8 @@
 static size_t resp_bytes(const eng_resp_t *x) { return (size_t)x->p.count * hora__dtype_size((hora_dtype_t)x->p.dtype); }
 
 static int fusable(const eng_resp_t *a, const eng_resp_t *b) {
-  return b->p.kind == ENG_ALLREDUCE && a->p.dtype == b->p.dtype && a->p.op == b->p.op &&
+  /* Adasum's dot products are per tensor: it never fuses. */
+  return b->p.kind == ENG_ALLREDUCE && a->p.op != HORA_ADASUM && a->p.dtype == b->p.dtype && a->p.op == b->p.op &&
          a->p.prescale == b->p.prescale && a->p.postscale == b->p.postscale && a->p.device == b->p.device;
 }
 
@@ -260,7 +261,7 @@ hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
     /* Where a group of big tensors would take the scatter-gather path, nothing is copied and big
      * tensors join the group (fewer barriers); elsewhere they are reduced on their own. A group
      * that holds one is at least FUSION_DIRECT_MIN_BYTES long, so it does take that path. */
-    int allreduce = x->p.kind == ENG_ALLREDUCE;
+    int allreduce = x->p.kind == ENG_ALLREDUCE && x->p.op != HORA_ADASUM;
     size_t direct = allreduce && sg_possible(eng, &x->p, FUSION_DIRECT_MIN_BYTES, algo) ? SIZE_MAX : FUSION_DIRECT_MIN_BYTES;
     if (allreduce && threshold > 0 && b < direct && b <= threshold) {
       for (size_t j = i + 1; j < n; j++) {

@@ -123,6 +123,9 @@ void hora__engine_fail(hora_engine_t *eng, hora_result_t rc, const char *fmt, ..
   /* A failure of our own (not a dead peer): go silent so that the peers, which may be waiting
    * for us inside a collective, time out instead of hanging. */
   if (rc != HORA_ERR_REMOTE) hora__hb_mute(eng->hb);
+  /* The process sets' engines share this rank's fate (they have no heartbeat of their own).
+   * Under eng->mu, so that none is freed meanwhile (lock order: parent's mu, then a set's). */
+  for (size_t i = 0; i < eng->nsubs; i++) hora__engine_fail(eng->subs[i], rc, "%s", msg);
   pthread_mutex_unlock(&eng->mu);
   HORA_WARN(ENGINE, "%s", msg);
 }

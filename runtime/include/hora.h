@@ -89,9 +89,11 @@ typedef enum {
   HORA_AVERAGE = 1, /* sum, then divide by the world size (integers: truncating division) */
   HORA_MIN = 2,
   HORA_MAX = 3,
-  HORA_PRODUCT = 4
+  HORA_PRODUCT = 4,
+  HORA_ADASUM = 5 /* Adasum (Maleki et al. 2021; Horovod's op=Adasum): allreduce only (blocking
+                   * and async), HORA_FLOAT32/HORA_FLOAT64 host buffers, power-of-two sizes */
 } hora_op_t;
-#define HORA_OP_COUNT 5
+#define HORA_OP_COUNT 5 /* the element-wise ops 0..4, which every reducing collective takes */
 
 typedef enum {
   HORA_DEVICE_HOST = 0, /* host memory (pageable or pinned) */
@@ -178,6 +180,53 @@ hora_result_t hora_cross_size(hora_ctx_t *ctx, int *cross_size); /* number of no
 hora_result_t hora_device_index(hora_ctx_t *ctx, int *device);
 
 /* ---------------------------------------------------------------------------------------------
+ * Process sets (Horovod's add_process_set / remove_process_set).
+ *
+ * A process set is a hora context over a subset of a parent context's ranks: the handle it
+ * returns is a hora_ctx_t, so every blocking collective, every async call (hora_*_async,
+ * hora_join) and the layout getters work on it unchanged, with ranks, sizes and roots counted
+ * within the set (hora_rank gives the rank in the set, 0 for the lowest parent rank listed).
+ * Collectives on different sets, or on a set and its parent, may run at the same time from
+ * different threads (each set has its own communicators and its own engine thread); on one
+ * context the usual rules hold.
+ * Shared with the root context made by hora_init: MPI, the heartbeat (a dead peer fails the
+ * root's engine and every set's engine with HORA_ERR_REMOTE), the timeline (HORA_TIMELINE
+ * records the root's operations only), the GPU monitor, the device (hora_device_index). Each set
+ * has its own communicators, engine thread, fusion buffer, response cache, scratch and
+ * shared-memory window. Checkpoints and signals (hora_ckpt_open, hora_ckpt_on_signal) belong to
+ * the root context: on a set they return HORA_ERR_INVALID_ARGUMENT.
+ * ------------------------------------------------------------------------------------------- */
+
+/* hora_process_set_create: make a process set of the parent ranks `ranks[0..nranks)` (distinct,
+ * each in 0 .. size-1 of ctx, any order: the set's ranks follow the parent's order).
+ * Collective over ctx: every rank of ctx calls it, with the same list, also the ranks outside
+ * the set; blocking. On success every rank gets a handle in *set. Ranks outside the set get a
+ * handle too: every call on it except hora_process_set_destroy and hora_process_set_included
+ * returns HORA_ERR_INVALID_ARGUMENT with a message naming the set's ranks. ctx may itself be a
+ * process set (nested sets). Not concurrent with other collectives on ctx.
+ * Errors (on every rank of ctx, never a hang): HORA_ERR_NOT_INITIALIZED (ctx not live: this one
+ *   rank returns at once, the others block), HORA_ERR_INVALID_ARGUMENT (on the rank that passed
+ *   it: set NULL, ranks NULL, nranks 0 or above the size of ctx, a rank out of range or listed
+ *   twice, or ctx is a set this rank is not in; the other ranks return the same code with a
+ *   message saying another rank rejected its list), HORA_ERR_MISMATCH (ranks passed different
+ *   lists), HORA_ERR_SHUTDOWN (ctx is being finalized), HORA_ERR_REMOTE (a peer died),
+ *   HORA_ERR_MPI, HORA_ERR_NO_MEMORY. On error *set is unchanged and nothing stays allocated. */
+hora_result_t hora_process_set_create(hora_ctx_t *ctx, const int *ranks, size_t nranks,
+                                      hora_ctx_t **set);
+/* hora_process_set_destroy: stop the set's engine (requests still pending fail with
+ * HORA_ERR_SHUTDOWN) and free the set. Collective over the set's members (every member calls it,
+ * in the same order relative to the set's collectives); local on a rank outside the set. The
+ * parent's hora_finalize destroys the sets still live, newest first; a set must not be used after
+ * either. set NULL is a no-op. Errors: HORA_ERR_NOT_INITIALIZED (not a live context),
+ * HORA_ERR_INVALID_ARGUMENT (set was made by hora_init: use hora_finalize), HORA_ERR_REMOTE
+ * (after a peer's death; the set is freed anyway). hora_finalize on a set returns
+ * HORA_ERR_INVALID_ARGUMENT and leaves it alive. */
+hora_result_t hora_process_set_destroy(hora_ctx_t *set);
+/* hora_process_set_included: *included = 1 if this rank is in the set, else 0 (a context made
+ * by hora_init: 1). Local. Errors: HORA_ERR_NOT_INITIALIZED, HORA_ERR_INVALID_ARGUMENT (NULL). */
+hora_result_t hora_process_set_included(hora_ctx_t *set, int *included);
+
+/* ---------------------------------------------------------------------------------------------
  * Blocking collectives.
  *
  * All are collective over the context's world: every rank calls them in the same order with the
@@ -239,6 +288,15 @@ hora_result_t hora_set_call_shape(hora_ctx_t *ctx, uint64_t fingerprint);
 
 /* allreduce: recvbuf[i] = postscale * OP_r(prescale * sendbuf_r[i]) for i in [0, count).
  * HORA_AVERAGE divides the reduced value by the world size (after prescale, before postscale).
+ * HORA_ADASUM combines the ranks' whole vectors pairwise in a binary tree of log2(size) levels
+ * with adasum(a, b) = (1 - a.b/(2|a|^2)) a + (1 - a.b/(2|b|^2)) b (a coefficient is 1 where
+ * |x|^2 < 1e-8), by recursive vector halving and distance doubling (runtime/algo/adasum.c; at
+ * level d rank r pairs with r xor d, lower rank's vector first); dot products in double. It
+ * needs HORA_FLOAT32 or HORA_FLOAT64 (else HORA_ERR_INVALID_ARGUMENT), host buffers (else
+ * HORA_ERR_NOT_SUPPORTED) and a power-of-two world size (else HORA_ERR_INVALID_ARGUMENT, on
+ * every rank). hora_allreduce_async and hora_grouped_allreduce_async take it too (checked at
+ * submission; never fused: each tensor is its own Adasum); hora_reducescatter refuses it
+ * (HORA_ERR_INVALID_ARGUMENT).
  * Scale factors apply to floating-point dtypes; for integer dtypes they must be 1.0.
  * Algorithm: HORA_ALLREDUCE_ALGO (auto, ring, shm, hier, mpi); see docs/design.md. */
 hora_result_t hora_allreduce(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t count,
@@ -512,7 +570,8 @@ typedef struct { const char *key; const char *value; } hora_kv_t;
  * writer thread and, with a persist_dir, the copier thread. hora_finalize closes checkpointers
  * still open. opts NULL means the defaults (see hora_ckpt_opts_t).
  * Errors: HORA_ERR_NOT_INITIALIZED (ctx not live), HORA_ERR_INVALID_ARGUMENT (ck NULL, opts->size
- *   too small, keep 1 or negative, copy_interval_s NaN, an empty directory string),
+ *   too small, keep 1 or negative, copy_interval_s NaN, an empty directory string, ctx is a
+ *   process set: checkpoints belong to the root context),
  *   HORA_ERR_IO (a directory cannot be created or is not a directory, or fails the shared-node
  *   check: a directory on the way owned by another user than the caller or root, writable by
  *   group or others without the sticky bit, or a symlink owned by another user; the message
@@ -612,8 +671,8 @@ hora_result_t hora_ckpt_close(hora_ckpt_t *ck);
 /* hora_ckpt_on_signal: install handlers for SIGUSR1 (Slurm's `--signal=USR1@T`, `scancel -s
  * USR1`) and SIGTERM that only set a process-wide flag; hora_finalize restores the previous
  * handlers. Local; call it on every rank after hora_init. Idempotent.
- * Errors: HORA_ERR_NOT_INITIALIZED (ctx not live), HORA_ERR_INTERNAL (sigaction failed),
- * HORA_ERR_NO_MEMORY. */
+ * Errors: HORA_ERR_NOT_INITIALIZED (ctx not live), HORA_ERR_INVALID_ARGUMENT (ctx is a process
+ * set: call it on the root context), HORA_ERR_INTERNAL (sigaction failed), HORA_ERR_NO_MEMORY. */
 hora_result_t hora_ckpt_on_signal(hora_ctx_t *ctx);
 
 /* hora_should_stop: *stop = 1 on every rank if any rank has received SIGUSR1 or SIGTERM since

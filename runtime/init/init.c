@@ -45,7 +45,10 @@ HORA_EXPORT hora_result_t hora_init(hora_ctx_t **ctx) { return hora_init_ex(NULL
 
 HORA_EXPORT hora_result_t hora_finalize(hora_ctx_t *ctx) {
   if (!ctx) return HORA_SUCCESS;
-  HORA_CHECK(hora__ctx_check(ctx, "hora_finalize"));
+  HORA_CHECK(hora__ctx_check_live(ctx, "hora_finalize"));
+  if (ctx->parent)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_finalize: the context is a process set: release "
+                    "it with hora_process_set_destroy");
   /* Module finalizers, newest first, while the context is still live for them. */
   hora_result_t first = hora__ctx_run_finalizers(ctx);
   hora__ctx_discard(ctx);

@@ -1,0 +1,141 @@
+/* Adasum allreduce on host buffers (Maleki et al., "Scaling Distributed Training with Adaptive
+ * Summation", MLSys 2021; Horovod's op=Adasum): recursive vector halving, distance doubling.
+ *
+ * Two gradients a and b are combined by the adaptive sum
+ *     adasum(a, b) = (1 - a.b / (2 |a|^2)) a + (1 - a.b / (2 |b|^2)) b
+ * (a coefficient is 1 when its |x|^2 < 1e-8, as Horovod does): orthogonal gradients add, equal
+ * ones average. n = 2^k ranks combine pairwise in a binary tree of k levels. With 4 ranks holding
+ * a, b, c, d (one row per rank, "|" = the part of the vector a rank keeps):
+ *
+ *   level 0 (d=1)  0:[a0 a1] 1:[b0 b1]  0 keeps half 0, 1 keeps half 1; they swap the other half
+ *                  → 0:[ab0 .] 1:[. ab1]  ab = adasum(a, b), dots summed over ranks {0,1}
+ *                  2:[c0 c1] 3:[d0 d1]  → 2:[cd0 .] 3:[. cd1]
+ *   level 1 (d=2)  0 and 2 split half 0 again, 1 and 3 half 1, and swap quarters
+ *                  → each rank holds one quarter of adasum(ab, cd); the dot products a.b, |a|^2,
+ *                    |b|^2 of the whole vectors are the sum of every rank's part over the group of
+ *                    2d ranks that hold them (a recursive-doubling sum of 3 doubles, bitwise
+ *                    identical on every rank of the group since each step adds two partials)
+ *   allgather      the halvings are undone in reverse order (distance halving, vector doubling):
+ *                  each rank swaps the part it holds with its partner of that level
+ *
+ * Cost model (N bytes, n = 2^k ranks, latency a, per-byte time b): the reduce phase sends
+ * N/2 + N/4 + ... = (n-1)/n N bytes in k messages plus k(k+1)/2 small dot-product messages, the
+ * allgather phase the same N(n-1)/n in k messages: T = (2k + k(k+1)/2) a + 2 (n-1)/n N b, as
+ * the ring's bandwidth term with log-n latency. Dot products and the combination run in double.
+ * Memory: scratch for ceil(count/2) elements. Non-power-of-two sizes are refused (as Horovod). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo/algo.h"
+
+#define ADASUM_TAG 4141
+#define ADASUM_EPS 1e-8
+#define MAX_LEVELS 32
+
+/* Send `sbytes` at sbuf to partner and receive `rbytes` into rbuf (either may be 0). */
+static hora_result_t swap(MPI_Comm comm, int partner, const void *sbuf, size_t sbytes, void *rbuf,
+                          size_t rbytes) {
+  MPI_Datatype st, rt;
+  int sown = 0, rown = 0;
+  HORA_CHECK(hora__mpi_bytes_type(sbytes, &st, &sown));
+  hora_result_t rc = hora__mpi_bytes_type(rbytes, &rt, &rown);
+  if (rc != HORA_SUCCESS) {
+    if (sown) MPI_Type_free(&st);
+    return rc;
+  }
+  int mrc = MPI_Sendrecv(sbuf, sbytes ? 1 : 0, st, partner, ADASUM_TAG, rbuf, rbytes ? 1 : 0, rt, partner,
+                         ADASUM_TAG, comm, MPI_STATUS_IGNORE);
+  if (sown) MPI_Type_free(&st);
+  if (rown) MPI_Type_free(&rt);
+  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Sendrecv(adasum)", __FILE__, __LINE__);
+  return HORA_SUCCESS;
+}
+
+/* dots[0..3) = {lo.hi, |lo|^2, |hi|^2} over n elements of lo and hi. */
+#define DOTS(T)                                                                              \
+  static void dots_##T(const T *lo, const T *hi, size_t n, double *dots) {                  \
+    double ab = 0, aa = 0, bb = 0;                                                           \
+    for (size_t i = 0; i < n; i++) {                                                         \
+      double a = lo[i], b = hi[i];                                                           \
+      ab += a * b;                                                                           \
+      aa += a * a;                                                                           \
+      bb += b * b;                                                                           \
+    }                                                                                        \
+    dots[0] = ab, dots[1] = aa, dots[2] = bb;                                                \
+  }                                                                                          \
+  static void combine_##T(T *dst, const T *lo, const T *hi, size_t n, double ca, double cb) { \
+    for (size_t i = 0; i < n; i++) dst[i] = (T)(ca * (double)lo[i] + cb * (double)hi[i]);  \
+  }
+DOTS(float)
+DOTS(double)
+
+/* Sum 3 doubles over the 2d ranks of this rank's group (aligned, ranks g*2d .. g*2d+2d-1). */
+static hora_result_t group_sum(MPI_Comm comm, int rank, int d, double *s) {
+  for (int dd = 1; dd <= d; dd <<= 1) {
+    double r[3];
+    int partner = rank ^ dd;
+    int mrc = MPI_Sendrecv(s, 3, MPI_DOUBLE, partner, ADASUM_TAG + 1, r, 3, MPI_DOUBLE, partner,
+                           ADASUM_TAG + 1, comm, MPI_STATUS_IGNORE);
+    if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Sendrecv(adasum dots)", __FILE__, __LINE__);
+    /* The lower rank's partial first, so both ranks compute the same sum bit for bit. */
+    for (int k = 0; k < 3; k++) s[k] = rank < partner ? s[k] + r[k] : r[k] + s[k];
+  }
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__adasum_host(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                hora_dtype_t dtype, double prescale, double postscale) {
+  const int n = ctx->size, rank = ctx->rank;
+  if (n & (n - 1))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
+                    "hora_allreduce: HORA_ADASUM needs a power-of-two number of ranks (this context "
+                    "has %d), as Horovod's Adasum does", n);
+  const int is64 = dtype == HORA_FLOAT64;
+  const size_t es = is64 ? sizeof(double) : sizeof(float);
+  if (src != dst && count) memmove(dst, src, count * es);
+  if (prescale != 1.0) {
+    for (size_t i = 0; i < count; i++)
+      if (is64) ((double *)dst)[i] *= prescale;
+      else ((float *)dst)[i] = (float)(((float *)dst)[i] * prescale);
+  }
+  void *tmp = NULL;
+  if (n > 1) HORA_CHECK(hora__algo_scratch(ctx, (count / 2 + 1) * es, &tmp));
+  char *buf = dst;
+  size_t off[MAX_LEVELS + 1], len[MAX_LEVELS + 1];
+  off[0] = 0, len[0] = count;
+  int level = 0;
+  /* Reduce phase: halve the part held, combine it with the partner's copy of that part. */
+  for (int d = 1; d < n; d <<= 1, level++) {
+    int partner = rank ^ d, lower = !(rank & d);
+    size_t left = len[level] / 2, right = len[level] - left;
+    size_t koff = lower ? off[level] : off[level] + left, klen = lower ? left : right;
+    size_t soff = lower ? off[level] + left : off[level], slen = lower ? right : left;
+    HORA_CHECK(swap(ctx->world, partner, buf + soff * es, slen * es, tmp, klen * es));
+    const void *mine = buf + koff * es;
+    const void *lo = lower ? mine : tmp, *hi = lower ? tmp : mine;
+    double s[3];
+    if (is64) dots_double(lo, hi, klen, s);
+    else dots_float(lo, hi, klen, s);
+    HORA_CHECK(group_sum(ctx->world, rank, d, s));
+    double ca = s[1] >= ADASUM_EPS ? 1.0 - s[0] / (2.0 * s[1]) : 1.0;
+    double cb = s[2] >= ADASUM_EPS ? 1.0 - s[0] / (2.0 * s[2]) : 1.0;
+    if (is64) combine_double((double *)(buf + koff * es), lo, hi, klen, ca, cb);
+    else combine_float((float *)(buf + koff * es), lo, hi, klen, ca, cb);
+    off[level + 1] = koff, len[level + 1] = klen;
+  }
+  /* Allgather phase: undo the halvings, newest first. */
+  for (int d = n >> 1; d >= 1; d >>= 1) {
+    level--;
+    int partner = rank ^ d, lower = !(rank & d);
+    size_t left = len[level] / 2;
+    size_t poff = lower ? off[level] + left : off[level], plen = len[level] - len[level + 1];
+    HORA_CHECK(swap(ctx->world, partner, buf + off[level + 1] * es, len[level + 1] * es, buf + poff * es,
+                    plen * es));
+  }
+  if (postscale != 1.0) {
+    for (size_t i = 0; i < count; i++)
+      if (is64) ((double *)dst)[i] *= postscale;
+      else ((float *)dst)[i] = (float)(((float *)dst)[i] * postscale);
+  }
+  return HORA_SUCCESS;
+}
