@@ -32,8 +32,10 @@
 #define ADASUM_EPS 1e-8
 #define MAX_LEVELS 32
 
-/* Send `sbytes` at sbuf to partner and receive `rbytes` into rbuf (either may be 0). */
-static hora_result_t swap(MPI_Comm comm, int partner, const void *sbuf, size_t sbytes, void *rbuf,
+/* Send `sbytes` at sbuf to partner and receive `rbytes` into rbuf (either may be 0). The wait
+ * watches the heartbeat's verdict (algo/state.c): a dead or stopped partner ends it with
+ * HORA_ERR_REMOTE instead of a hang. */
+static hora_result_t swap(hora_ctx_t *ctx, int partner, const void *sbuf, size_t sbytes, void *rbuf,
                           size_t rbytes) {
   MPI_Datatype st, rt;
   int sown = 0, rown = 0;
@@ -43,12 +45,13 @@ static hora_result_t swap(MPI_Comm comm, int partner, const void *sbuf, size_t s
     if (sown) MPI_Type_free(&st);
     return rc;
   }
-  int mrc = MPI_Sendrecv(sbuf, sbytes ? 1 : 0, st, partner, ADASUM_TAG, rbuf, rbytes ? 1 : 0, rt, partner,
-                         ADASUM_TAG, comm, MPI_STATUS_IGNORE);
-  if (sown) MPI_Type_free(&st);
+  MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  int mrc = MPI_Irecv(rbuf, rbytes ? 1 : 0, rt, partner, ADASUM_TAG, ctx->world, &req[0]);
+  if (mrc == MPI_SUCCESS) mrc = MPI_Isend(sbuf, sbytes ? 1 : 0, st, partner, ADASUM_TAG, ctx->world, &req[1]);
+  if (sown) MPI_Type_free(&st); /* MPI keeps a type alive until the requests using it end */
   if (rown) MPI_Type_free(&rt);
-  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Sendrecv(adasum)", __FILE__, __LINE__);
-  return HORA_SUCCESS;
+  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Isend/Irecv(adasum)", __FILE__, __LINE__);
+  return hora__algo_wait(ctx, 2, req, "hora_allreduce (adasum)");
 }
 
 /* dots[0..3) = {lo.hi, |lo|^2, |hi|^2} over n elements of lo and hi. */
@@ -69,14 +72,18 @@ static hora_result_t swap(MPI_Comm comm, int partner, const void *sbuf, size_t s
 DOTS(float)
 DOTS(double)
 
-/* Sum 3 doubles over the 2d ranks of this rank's group (aligned, ranks g*2d .. g*2d+2d-1). */
-static hora_result_t group_sum(MPI_Comm comm, int rank, int d, double *s) {
+/* Sum 3 doubles over the 2d ranks of this rank's group (aligned, ranks g*2d .. g*2d+2d-1). The
+ * received partials live in a per-thread buffer, not on the stack: after HORA_ERR_REMOTE MPI may
+ * still write them. */
+static hora_result_t group_sum(hora_ctx_t *ctx, int rank, int d, double *s) {
+  static _Thread_local double r[3];
   for (int dd = 1; dd <= d; dd <<= 1) {
-    double r[3];
     int partner = rank ^ dd;
-    int mrc = MPI_Sendrecv(s, 3, MPI_DOUBLE, partner, ADASUM_TAG + 1, r, 3, MPI_DOUBLE, partner,
-                           ADASUM_TAG + 1, comm, MPI_STATUS_IGNORE);
-    if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Sendrecv(adasum dots)", __FILE__, __LINE__);
+    MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    int mrc = MPI_Irecv(r, 3, MPI_DOUBLE, partner, ADASUM_TAG + 1, ctx->world, &req[0]);
+    if (mrc == MPI_SUCCESS) mrc = MPI_Isend(s, 3, MPI_DOUBLE, partner, ADASUM_TAG + 1, ctx->world, &req[1]);
+    if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Isend/Irecv(adasum dots)", __FILE__, __LINE__);
+    HORA_CHECK(hora__algo_wait(ctx, 2, req, "hora_allreduce (adasum dots)"));
     /* The lower rank's partial first, so both ranks compute the same sum bit for bit. */
     for (int k = 0; k < 3; k++) s[k] = rank < partner ? s[k] + r[k] : r[k] + s[k];
   }
@@ -110,13 +117,13 @@ hora_result_t hora__adasum_host(hora_ctx_t *ctx, const void *src, void *dst, siz
     size_t left = len[level] / 2, right = len[level] - left;
     size_t koff = lower ? off[level] : off[level] + left, klen = lower ? left : right;
     size_t soff = lower ? off[level] + left : off[level], slen = lower ? right : left;
-    HORA_CHECK(swap(ctx->world, partner, buf + soff * es, slen * es, tmp, klen * es));
+    HORA_CHECK(swap(ctx, partner, buf + soff * es, slen * es, tmp, klen * es));
     const void *mine = buf + koff * es;
     const void *lo = lower ? mine : tmp, *hi = lower ? tmp : mine;
     double s[3];
     if (is64) dots_double(lo, hi, klen, s);
     else dots_float(lo, hi, klen, s);
-    HORA_CHECK(group_sum(ctx->world, rank, d, s));
+    HORA_CHECK(group_sum(ctx, rank, d, s));
     double ca = s[1] >= ADASUM_EPS ? 1.0 - s[0] / (2.0 * s[1]) : 1.0;
     double cb = s[2] >= ADASUM_EPS ? 1.0 - s[0] / (2.0 * s[2]) : 1.0;
     if (is64) combine_double((double *)(buf + koff * es), lo, hi, klen, ca, cb);
@@ -129,7 +136,7 @@ hora_result_t hora__adasum_host(hora_ctx_t *ctx, const void *src, void *dst, siz
     int partner = rank ^ d, lower = !(rank & d);
     size_t left = len[level] / 2;
     size_t poff = lower ? off[level] + left : off[level], plen = len[level] - len[level + 1];
-    HORA_CHECK(swap(ctx->world, partner, buf + off[level + 1] * es, len[level + 1] * es, buf + poff * es,
+    HORA_CHECK(swap(ctx, partner, buf + off[level + 1] * es, len[level + 1] * es, buf + poff * es,
                     plen * es));
   }
   if (postscale != 1.0) {
