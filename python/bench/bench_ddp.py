@@ -150,6 +150,59 @@ class Mode:
         return dt, (self.state.seconds if self.name == "ddp_timed" else comm)
 
 
+def alone(a, x, y, iters):
+    """The averaging alone, without forward/backward, interleaved iteration by iteration (less
+    exposed to the load than the training modes): the gradients of one backward, averaged
+    `iters` times by each method. Returns {method: [seconds per iteration, slowest rank]}."""
+    torch.manual_seed(a.seed)
+    model = build_model(a.model, a.num_classes)
+    params = list(model.parameters())
+    F.cross_entropy(model(x), y).backward()
+    opts = {}
+    for name, cap in (("hora_opt", None), ("hora_opt_pertensor", 0)):
+        saved = _torch_optim._BUCKET_BYTES
+        if cap is not None:
+            _torch_optim._BUCKET_BYTES = cap
+        try:
+            opts[name] = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.01),
+                                                  named_parameters=model.named_parameters())
+        finally:
+            _torch_optim._BUCKET_BYTES = saved
+        for h in opts[name]._hora_hooks:
+            h.remove()
+    # gloo: DDP's buckets (25 MB, reverse order) as flat buffers, one all_reduce each.
+    buckets, cur, used = [], [], 0
+    for p in reversed(params):
+        if cur and used + p.numel() * 4 > 25 * 1024 * 1024:
+            buckets.append(torch.cat(cur))
+            cur, used = [], 0
+        cur.append(p.grad.reshape(-1))
+        used += p.numel() * 4
+    buckets.append(torch.cat(cur))
+
+    def gloo():
+        for b in buckets:
+            dist.all_reduce(b)
+            b.div_(dist.get_world_size())
+    methods = {
+        "hora_opt": lambda: opts["hora_opt"].synchronize(),
+        "hora_opt_pertensor": lambda: opts["hora_opt_pertensor"].synchronize(),
+        "hora_grouped": lambda: hvd.grouped_allreduce_([p.grad for p in params], op=hvd.Average,
+                                                       name="grads"),
+        "gloo_buckets": gloo,
+    }
+    out = {m: [] for m in methods}
+    for it in range(iters + 1):
+        for m, f in methods.items():
+            hvd.barrier()
+            t0 = time.perf_counter()
+            f()
+            dt = slowest(time.perf_counter() - t0)
+            if it:  # the first iteration warms up
+                out[m].append(dt)
+    return out, len(buckets)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="resnet50", help="a torchvision.models constructor")
@@ -164,8 +217,10 @@ def main():
                     help="DistributedOptimizer's groups= (default: None, Horovod's default)")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--alone", type=int, default=0,
+                    help="then N interleaved iterations of the averaging alone (no compute)")
     a = ap.parse_args()
-    modes = a.modes.split(",")
+    modes = [m for m in a.modes.split(",") if m]
     torch.set_num_threads(a.threads)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -191,9 +246,23 @@ def main():
             dt, c = runs[m].run(a.steps)
             step[m].append(slowest(dt) / a.steps)
             comm[m].append(mean(c) / a.steps)
+    if a.alone:
+        times, nb = alone(a, x, y, a.alone)
     dist.destroy_process_group()
-    if rank == 0:
+    if rank == 0 and modes:
         report(a, size, modes, step, comm, n_tensors, n_values)
+    if rank == 0 and a.alone:
+        g = statistics.median(times["gloo_buckets"])
+        print(f"# averaging alone: {a.model}'s {n_tensors} gradients ({n_values * 4 / 1e6:.1f} "
+              f"MB) on {size} ranks, {a.alone} interleaved iterations, slowest rank, median; "
+              f"gloo: {nb} flat 25 MB buckets (DDP's), one all_reduce each; load average "
+              f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+        print("| method | ms (median) | gloo / method | iterations (ms) |")
+        print("|---|---:|---:|---|")
+        for m, v in times.items():
+            med = statistics.median(v)
+            print(f"| {m} | {med * 1e3:.1f} | {g / med:.2f}x | "
+                  f"{' '.join(f'{t * 1e3:.0f}' for t in v)} |")
     hvd.shutdown()
 
 
