@@ -2,7 +2,8 @@
 DistributedDataParallel over gloo: the same model, batch, seed and ranks, in one run.
 
     mpirun --oversubscribe --bind-to none -np N python3 python/bench/bench_ddp.py \
-        [--model resnet50] [--image-size 32] [--batch-size 4] [--steps 6] [--repeat 3]
+        [--model resnet50] [--image-size 32] [--batch-size 4] [--steps 6] [--repeat 3] \
+        [--modes local,hora_opt,...] [--alone N]
 
 Modes, each with its own model built from the same seed, run interleaved: every repeat runs
 --steps steps of each mode in turn (medians over the repeats reported):
@@ -29,6 +30,13 @@ Communication per step is reported two ways:
           what the averaging adds to a training step, overlap included (noisy on a loaded host)
 Step times are the slowest rank's; timed communication is the mean over ranks. Rank 0 prints
 a Markdown table and the ratios gloo / hora.
+
+--alone N (with --modes "" to skip the training modes) then averages one backward's gradients N
+times by each method in turn, without forward/backward between them (on a loaded host the
+compute of the training modes swamps the communication): hora_opt (DistributedOptimizer's
+synchronize() with its hooks removed: buckets), hora_opt_pertensor (one request per gradient),
+hora_grouped (one grouped_allreduce_) and gloo_buckets (DDP's 25 MB buckets as flat buffers, one
+gloo all_reduce each, then the division: gloo's part of a DDP step, without DDP's copies).
 """
 import argparse
 import os
