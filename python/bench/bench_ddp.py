@@ -11,11 +11,11 @@ Modes, each with its own model built from the same seed, run interleaved: every 
   hora_opt       hora.torch.DistributedOptimizer as a Horovod user runs it (hooks start each
                  gradient's allreduce during backward; opt.synchronize() waits, timed; the
                  wrapped SGD steps inside skip_synchronize())
-  hora_opt_pertensor  the same with one allreduce request per gradient (Horovod's way, and
+  hora_opt_pertensor  the same, one allreduce request per gradient (Horovod's way, and
                  hora.torch's before its buckets): the optimizer layer before/after
-  hora_opt_alone the same optimizer as hora_opt with its gradient hooks removed: synchronize() submits all
-                 the gradients after backward and waits (timed): the optimizer layer's
-                 averaging alone, not overlapped with backward
+  hora_opt_alone the optimizer of hora_opt with its gradient hooks removed: synchronize()
+                 submits all the gradients after backward and waits (timed): the optimizer
+                 layer's averaging alone, not overlapped with backward
   hora_grouped   forward, backward, one hora.torch.grouped_allreduce_ of all gradients (op
                  Average; timed), SGD step: the raw grouped allreduce, without the optimizer
   ddp            DistributedDataParallel over gloo (25 MB buckets, allreduce overlapped with

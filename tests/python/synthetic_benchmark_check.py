@@ -31,9 +31,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, os.pardir, os.pardir, "examples", "pytorch",
                        "pytorch_synthetic_benchmark.py")
 SEED = 1234
-ARGS = ["--model", "mobilenet_v3_small", "--image-size", "32", "--num-classes", "10", "--batch-size", "4",
-        "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2",
-        "--no-cuda"]
+ARGS = ["--model", "mobilenet_v3_small", "--image-size", "32", "--num-classes", "10",
+        "--batch-size", "4", "--num-warmup-batches", "1", "--num-batches-per-iter", "2",
+        "--num-iters", "2", "--no-cuda"]
 
 
 def main():
