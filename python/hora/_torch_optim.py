@@ -175,7 +175,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hora_pre = 1.0 / gradient_predivide_factor
         self._hora_post = float(gradient_predivide_factor)
         self._hora_sparse_as_dense = bool(sparse_as_dense)
-        self._hora_group_of, self._hora_groups = _param_groups(all_params, groups)
+        if groups is None:
+            self._hora_group_of, self._hora_groups = _buckets(all_params, _BUCKET_BYTES)
+        else:
+            self._hora_group_of, self._hora_groups = _param_groups(all_params, groups)
         self._hora_delay = {p: backward_passes_per_step for p in all_params}
         self._hora_ready = {}  # group index -> parameters whose gradient is ready
         self._hora_handles = {}  # parameter -> (handle, finish) or group index -> ...
@@ -299,7 +302,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none=True):
-        if self._hora_handles:
+        if self._hora_handles or any(self._hora_ready.values()):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
                                  "before optimizer.step() or optimizer.synchronize(). This is "
                                  "prohibited as it can cause a race condition.")
@@ -325,6 +328,38 @@ def _param_names(all_params, named_parameters):
                          f"were not named ({len(missing)} of them). Python object ids: "
                          f"{', '.join(str(id(all_params[i])) for i in missing)}")
     return names
+
+
+# Without `groups`, gradients are averaged in buckets of about this many bytes (as DDP's
+# bucket_cap_mb): one grouped allreduce per bucket, submitted from the hook of its last gradient
+# to become ready. One allreduce_async_ per gradient (Horovod's way; 0 here) costs a Python call,
+# a name and an engine request per tensor, and the engine then negotiates and reduces the
+# gradients in as many groups as backward spreads them over cycles (ResNet-50: 161 tensors);
+# docs/benchmarks.md ("ResNet-50 gradients") measures the two.
+_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+def _buckets(all_params, cap_bytes):
+    """Static buckets of the trainable parameters, in reverse order of registration (about the
+    order in which backward produces their gradients; the same on every rank, so the grouped
+    requests match), each closed when the next parameter would take it past cap_bytes (a larger
+    parameter gets a bucket of its own). cap_bytes <= 0: no buckets (one request per gradient).
+    Returns ({param: bucket index}, buckets), the shape of _param_groups'."""
+    if cap_bytes <= 0:
+        return {}, []
+    out, cur, used = [], [], 0
+    for p in reversed(all_params):
+        if not p.requires_grad:
+            continue
+        nbytes = p.numel() * p.element_size()
+        if cur and used + nbytes > cap_bytes:
+            out.append(cur)
+            cur, used = [], 0
+        cur.append(p)
+        used += nbytes
+    if cur:
+        out.append(cur)
+    return {p: i for i, b in enumerate(out) for p in b}, out
 
 
 def _param_groups(all_params, groups):
@@ -361,15 +396,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          process_set=global_process_set):
     """Wrap a torch.optim optimizer so that gradients are averaged (op) across ranks.
 
-    During backward a hook on each parameter starts the asynchronous allreduce of its gradient
-    once it has been accumulated backward_passes_per_step times (the engine fuses small ones);
-    step() waits for all of them (synchronize()) and applies the wrapped optimizer's update. The
+    During backward a hook on each parameter marks its gradient ready once it has been
+    accumulated backward_passes_per_step times; when every gradient of a bucket (about 25 MB of
+    parameters in reverse registration order, as DDP's buckets; or a group given by `groups`) is
+    ready, one grouped asynchronous allreduce of the bucket starts. step() waits for all of them
+    (synchronize()) and applies the wrapped optimizer's update. The results are Horovod's (each
+    gradient averaged over the ranks); only the requests are fewer than Horovod's one per
+    gradient. The
     returned object is an instance of a subclass of the optimizer's class; the wrapped
     optimizer's state is not carried over, as in Horovod.
 
     compression: Compression.none/fp16/bf16. gradient_predivide_factor f: gradients are scaled
     by 1/f before the sum and by f/size after it (op Average only). num_groups (deprecated) /
-    groups: an int n (n groups, each one grouped allreduce) or a list of lists of parameters.
+    groups: an int n (n groups, each one grouped allreduce) or a list of lists of parameters
+    (the others then each get their own request, as in Horovod).
     sparse_as_dense: sparse gradients become dense before the allreduce (else they are
     allgathered). process_set: the ranks that average their gradients together (a registered
     ProcessSet; only its members may create the optimizer and step). op=Adasum is

@@ -10,7 +10,7 @@
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     for x, y in data:              # this rank's shard
         opt.zero_grad()
-        loss_fn(model(x), y).backward()   # each gradient's allreduce starts as soon as it is ready
+        loss_fn(model(x), y).backward()   # each bucket's allreduce starts as soon as it is ready
         opt.step()                        # waits for them, then updates
 
 Every collective has Horovod 0.28's signature, defaults and results, goes through hora's async

@@ -75,6 +75,41 @@ def test_distributed_optimizer_matches_single_process(opt_name):
         assert torch.equal(model.unused.detach(), torch.ones(5, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("bucket_bytes,sizes", [(None, [5]), (0, []), (500, [2, 1, 1, 1])])
+def test_gradient_buckets(monkeypatch, bucket_bytes, sizes):
+    """Gradients averaged in buckets (the default: one bucket of 25 MB holds this model), one
+    request per gradient (0: Horovod's way) or in several buckets closed at 500 bytes reach the
+    single-process weights, bit-identical on every rank."""
+    from hora import _torch_optim
+    if bucket_bytes is not None:
+        monkeypatch.setattr(_torch_optim, "_BUCKET_BYTES", bucket_bytes)
+    r, n = rank_size()
+    model, ref = make_model(seed=5), make_model(seed=5)
+    opt = ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                  named_parameters=model.named_parameters())
+    # Reverse registration order (a module's own parameters come first, so `unused` is last),
+    # float64: fc2.bias 24 B, fc2.weight 384 B | fc1.bias 128 B | fc1.weight 1024 B | unused 40 B.
+    assert [len(b) for b in opt._hora_groups] == sizes
+    if sizes:
+        assert opt._hora_groups[0][0] is model.fc2.bias
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for step in range(3):
+        x, y = global_batch(step, n)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[r * 4:(r + 1) * 4]), y[r * 4:(r + 1) * 4]) \
+            .backward()
+        opt.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-9, atol=1e-10, msg=name)
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hora.allgather(weights.reshape(1, -1))
+    assert (gathered == gathered[0]).all()
+    assert torch.equal(model.unused.detach(), torch.ones(5, dtype=torch.float64))
+
+
 def test_backward_passes_per_step_and_errors():
     r, n = rank_size()
     model = make_model(seed=7)
