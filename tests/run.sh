@@ -14,9 +14,23 @@ JOBS=${JOBS:-$(nproc)}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export PATH=/usr/local/cuda/bin:$PATH
 
+# Scheduling (docs/testing.md, "Time budget"): CPU-bound tests share CTEST_JOBS `cpus` slots (one
+# per core, at least 2), tests labelled `wait` (mostly sleeping on timeouts) WAIT_JOBS `waits`
+# slots beside them, in one ctest run per build tree.
+CPUS=${CTEST_JOBS:-$JOBS}
+[ "$CPUS" -ge 2 ] || CPUS=2
+WAITS=${WAIT_JOBS:-4}
+# ctest_sched ARGS...: ctest in the current (build) folder with that resource spec.
+ctest_sched() {
+  printf '{"version": {"major": 1, "minor": 0}, "local": [{"cpus": [{"id": "0", "slots": %d}], "waits": [{"id": "0", "slots": %d}]}]}\n' \
+    "$CPUS" "$WAITS" >ctest-resources.json
+  ctest --resource-spec-file "$PWD/ctest-resources.json" -j $((2 * (CPUS + WAITS))) "$@"
+}
+phase() { echo "== $* (at $((SECONDS / 60)) min $((SECONDS % 60)) s)"; }
+
 bash tests/install-deps.sh
 
-echo "== python venv ($BUILD_DIR/venv)"
+phase "python venv ($BUILD_DIR/venv)"
 mkdir -p "$BUILD_DIR"
 VENV=$(cd "$BUILD_DIR" && pwd)/venv
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
@@ -27,16 +41,16 @@ if ! cmp -s tests/python/requirements.txt "$stamp"; then
   cp tests/python/requirements.txt "$stamp"
 fi
 
-echo "== configure and build ($BUILD_DIR)"
+phase "configure and build ($BUILD_DIR)"
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHORA_PYTHON="$VENV/bin/python" \
   -DPython3_EXECUTABLE="$VENV/bin/python" >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS"
 
-echo "== tests"
+phase tests
 status=0
-(cd "$BUILD_DIR" && ctest --output-on-failure -j "${CTEST_JOBS:-2}" --timeout 600) || status=1
+(cd "$BUILD_DIR" && ctest_sched --output-on-failure --timeout 600) || status=1
 
-echo "== tests under AddressSanitizer + UndefinedBehaviorSanitizer (unit and mpi labels)"
+phase "tests under AddressSanitizer + UndefinedBehaviorSanitizer (labels unit and mpi, less nosan)"
 cmake -S . -B "$BUILD_DIR-asan" -DCMAKE_BUILD_TYPE=Debug -DHORA_SANITIZE=ON -DHORA_WITH_CUDA=OFF \
   -DPython3_EXECUTABLE="$VENV/bin/python" >/dev/null
 cmake --build "$BUILD_DIR-asan" -j "$JOBS"
@@ -45,10 +59,11 @@ cmake --build "$BUILD_DIR-asan" -j "$JOBS"
 # Sanitized ranks run several times slower: a longer peer timeout keeps a slow rank from being
 # declared dead (the peer-death tests set their own short timeouts).
 (cd "$BUILD_DIR-asan" && HORA_PEER_TIMEOUT_S=120 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --output-on-failure -j "${CTEST_JOBS:-2}" -L 'unit|mpi' -LE 'slow|slurm' --timeout 600) || status=1
+  ctest_sched --output-on-failure -L 'unit|mpi' -LE 'slow|slurm|nosan' --timeout 600) || status=1
 
-echo "== engine tests under ThreadSanitizer"
+phase "engine tests under ThreadSanitizer"
 sh tests/engine/tsan.sh "$BUILD_DIR-tsan" || status=1
 
+phase done
 if [ $status = 0 ]; then echo "== all tests passed"; else echo "== SOME TESTS FAILED"; fi
 exit $status
