@@ -166,7 +166,11 @@ hora_result_t hora__reducescatter_host(hora_ctx_t *ctx, const void *sendbuf, voi
  * collective it left. It returns its own error with its own message. When every rank's arguments
  * fail, the ranks agree on "invalid arguments" and each returns its own error. */
 static hora_result_t refuse(hora_ctx_t *ctx, const char *fn, hora_call_desc_t *d, hora_result_t rc) {
-  if (rc == HORA_SUCCESS || rc == HORA_ERR_NOT_INITIALIZED || !hora__call_check_on()) return rc;
+  /* Not with a context that is not live (NOT_INITIALIZED), not on a rank outside a process set
+   * (no communicator), not after a verdict. */
+  if (rc == HORA_SUCCESS || rc == HORA_ERR_NOT_INITIALIZED || !hora__call_check_on() || ctx->excluded ||
+      hora__ctx_failed(ctx))
+    return rc;
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", hora_last_error());
   d->kind = HORA_CALL_INVALID;
