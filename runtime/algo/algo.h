@@ -89,9 +89,11 @@ hora_result_t hora__hier_allreduce(hora_ctx_t *ctx, const void *src, void *dst, 
 /* algo/shm.c, for the call check (callcheck.c) on one node: every local rank publishes
  * HORA_SHM_WORDS words and gets all of them (all: local size x HORA_SHM_WORDS, in local-rank
  * order) after one barrier of the shared window (created on first use, collective over
- * ctx->local). Collective over ctx->local. */
+ * ctx->local). Collective over ctx->local. Errors: HORA_ERR_REMOTE (the heartbeat's verdict);
+ * HORA_ERR_TIMEOUT when a live rank has not come within HORA_STALL_SHUTDOWN_S (named in the
+ * message, as `fn`; after HORA_STALL_WARNING_S a warning names it). */
 #define HORA_SHM_WORDS 3
-hora_result_t hora__shm_exchange_words(hora_ctx_t *ctx, const uint64_t *mine, uint64_t *all);
+hora_result_t hora__shm_exchange_words(hora_ctx_t *ctx, const uint64_t *mine, uint64_t *all, const char *fn);
 
 /* shm.c: free the window (collective over ctx->local; called by the state's finalizer). */
 hora_result_t hora__shm_free(hora_ctx_t *ctx, struct hora_shm *shm);

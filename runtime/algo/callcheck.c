@@ -160,7 +160,7 @@ static hora_result_t gather_and_report(hora_ctx_t *ctx, const char *fn, const ui
 static hora_result_t agree_node(hora_ctx_t *ctx, const char *fn, const uint64_t mine[3]) {
   uint64_t stack[3 * 16], *all = ctx->size <= 16 ? stack : malloc(3 * (size_t)ctx->size * sizeof *all);
   if (!all) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory for the call check", fn);
-  hora_result_t r = hora__shm_exchange_words(ctx, mine, all);
+  hora_result_t r = hora__shm_exchange_words(ctx, mine, all, fn);
   uint64_t mx[3] = {0, 0, 0}, mn[3] = {UINT64_MAX, UINT64_MAX, UINT64_MAX};
   for (int j = 0; j < ctx->size && r == HORA_SUCCESS; j++)
     for (int w = 0; w < 3; w++) {

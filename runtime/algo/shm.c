@@ -55,6 +55,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -64,6 +65,9 @@
 #include "hora_kernels.h"
 
 #define HDR_BYTES 4096 /* window header before each rank's slots; rank 0's holds the barrier */
+/* In each rank's header: the number of the last call check it entered (1, 2, ...), which the
+ * stall inspection reads to name the ranks that have not come (hora__shm_exchange_words). */
+#define ENTERED_OFF 512
 #define SLICE_ALIGN 64
 #ifndef SPIN_NS
 #define SPIN_NS 20000 /* spin budget of a barrier wait when every local rank has a core */
@@ -112,7 +116,28 @@ static void futex_wake_all(_Atomic uint32_t *addr) {
  * verdict (a peer declared dead or stopped by the heartbeat thread): then it leaves with the
  * verdict (HORA_ERR_REMOTE) within one futex timeout, and the barrier is left broken: after a
  * verdict every later call fails at its first wait, and the window is never freed. */
-static hora_result_t shm_barrier(struct hora_shm *s) {
+static hora_result_t stall_check(struct hora_shm *s, const char *fn, uint64_t call, double t0, int *warned);
+
+/* Take back this rank's arrival at generation g of the barrier (after a stall timeout), so the
+ * barrier stays whole for the next call. 1: left; 0: the barrier completed first (then this rank
+ * passed it). The last rank to arrive resets `arrived` to 0 before it bumps `gen`: a 0 seen while
+ * gen is still g is that moment, and it ends at once. */
+static int leave_barrier(shm_ctl_t *c, uint32_t g) {
+  for (;;) {
+    if (atomic_load(&c->gen) != g) return 0;
+    uint32_t a = atomic_load(&c->arrived);
+    if (a == 0) {
+      cpu_relax();
+      continue;
+    }
+    if (atomic_compare_exchange_weak(&c->arrived, &a, a - 1)) return 1;
+  }
+}
+
+/* stall_fn: NULL for the algorithms' barriers; the call check's barrier (hora__shm_exchange_words)
+ * passes its collective's name and call number, and a sleeping waiter then also runs the stall
+ * inspection (stall_check). */
+static hora_result_t shm_barrier_at(struct hora_shm *s, const char *stall_fn, uint64_t call) {
   shm_ctl_t *c = s->ctl;
   if (hora__ctx_failed(s->ctx)) return hora__ctx_verdict(s->ctx, "shm allreduce");
   uint32_t g = atomic_load(&c->gen);
@@ -134,9 +159,15 @@ static hora_result_t shm_barrier(struct hora_shm *s) {
   }
   atomic_fetch_add(&c->sleepers, 1);
   hora_result_t rc = HORA_SUCCESS;
+  double t0 = stall_fn ? hora__now_s() : 0;
+  int warned = 0;
   while (atomic_load(&c->gen) == g) {
     if (hora__ctx_failed(s->ctx)) {
       rc = hora__ctx_verdict(s->ctx, "shm allreduce");
+      break;
+    }
+    if (stall_fn && (rc = stall_check(s, stall_fn, call, t0, &warned)) != HORA_SUCCESS) {
+      if (!leave_barrier(c, g)) rc = HORA_SUCCESS; /* everyone came meanwhile: passed after all */
       break;
     }
     futex_wait(&c->gen, g);
@@ -144,6 +175,8 @@ static hora_result_t shm_barrier(struct hora_shm *s) {
   atomic_fetch_sub(&c->sleepers, 1);
   return rc;
 }
+
+static hora_result_t shm_barrier(struct hora_shm *s) { return shm_barrier_at(s, NULL, 0); }
 
 static int cpus_available(void) {
   cpu_set_t set;
@@ -205,6 +238,7 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
     s->slot[j] = base + HDR_BYTES;
     if (j == 0) s->ctl = (shm_ctl_t *)base;
   }
+  *(uint64_t *)(mine + ENTERED_OFF) = 0; /* no call check entered yet (stall_check) */
   if (s->l == 0) {
     atomic_init(&s->ctl->arrived, 0);
     atomic_init(&s->ctl->gen, 0);
@@ -262,12 +296,51 @@ static uint64_t *desc_place(const struct hora_shm *s, int j, int p) {
   return (uint64_t *)(s->slot[j] - HDR_BYTES + DESC_OFF) + (size_t)p * HORA_SHM_WORDS;
 }
 
-hora_result_t hora__shm_exchange_words(hora_ctx_t *ctx, const uint64_t *mine, uint64_t *all) {
+static uint64_t *entered_word(const struct hora_shm *s, int j) {
+  return (uint64_t *)(s->slot[j] - HDR_BYTES + ENTERED_OFF);
+}
+
+/* The stall inspection of the call check, run by a sleeping waiter (every futex timeout, 100 ms):
+ * the ranks it waits for are alive (else the heartbeat's verdict ends the wait) but have not
+ * entered this call: one skipped it, or is still computing. After HORA_STALL_WARNING_S it logs
+ * the missing ranks once; after HORA_STALL_SHUTDOWN_S (0: never) it ends the call with
+ * HORA_ERR_TIMEOUT naming them; the caller then takes back its arrival (leave_barrier) and its
+ * call number, so the context stays usable and a later call is never paired with this one. One
+ * node: local ranks are world ranks (ctx.c). */
+static hora_result_t stall_check(struct hora_shm *s, const char *fn, uint64_t call, double t0, int *warned) {
+  double waited = hora__now_s() - t0, warn = hora__params()->stall_warning_s, stop = hora__params()->stall_shutdown_s;
+  int over_warn = warn > 0 && waited >= warn && !*warned, over_stop = stop > 0 && waited >= stop;
+  if (!over_warn && !over_stop) return HORA_SUCCESS;
+  char missing[200] = "";
+  size_t len = 0;
+  for (int j = 0; j < s->L && len + 16 < sizeof missing; j++)
+    if (__atomic_load_n(entered_word(s, j), __ATOMIC_ACQUIRE) < call)
+      len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? "," : "", j);
+  if (over_warn) {
+    *warned = 1;
+    HORA_WARN(SHM, "%s: waited %.0f s for rank(s) %s to call it too (alive, but they skipped this call or are "
+              "still busy; HORA_STALL_SHUTDOWN_S ends such a wait with an error)", fn, waited, missing);
+  }
+  if (!over_stop) return HORA_SUCCESS;
+  char msg[256];
+  snprintf(msg, sizeof msg, "%s: rank(s) %s did not call it within HORA_STALL_SHUTDOWN_S=%g s (alive, but they "
+           "skipped this call or are stuck elsewhere)", fn, missing, stop);
+  return HORA_ERR(HORA_ERR_TIMEOUT, "%s", msg);
+}
+
+hora_result_t hora__shm_exchange_words(hora_ctx_t *ctx, const uint64_t *mine, uint64_t *all, const char *fn) {
   struct hora_shm *s;
   HORA_CHECK(get_shm(ctx, &s));
-  int p = (int)(s->calls++ & 1);
+  uint64_t call = ++s->calls;
+  int p = (int)(call & 1);
   memcpy(desc_place(s, s->l, p), mine, HORA_SHM_WORDS * sizeof *mine);
-  HORA_CHECK(shm_barrier(s)); /* HORA_ERR_REMOTE: a local peer died or stopped */
+  __atomic_store_n(entered_word(s, s->l), call, __ATOMIC_RELEASE);
+  hora_result_t rc = shm_barrier_at(s, fn, call); /* HORA_ERR_REMOTE: a peer died or stopped */
+  if (rc == HORA_ERR_TIMEOUT) { /* left the barrier (stall_check): this call never happened */
+    s->calls--;
+    __atomic_store_n(entered_word(s, s->l), call - 1, __ATOMIC_RELEASE);
+  }
+  HORA_CHECK(rc);
   for (int j = 0; j < s->L; j++) memcpy(all + (size_t)j * HORA_SHM_WORDS, desc_place(s, j, p), HORA_SHM_WORDS * sizeof *all);
   return HORA_SUCCESS;
 }

@@ -261,6 +261,10 @@ hora_result_t hora_process_set_included(hora_ctx_t *set, int *included);
  * whose own arguments are invalid returns its HORA_ERR_INVALID_ARGUMENT (or NOT_SUPPORTED), and
  * still takes part in the check as "invalid arguments", so the ranks whose arguments were fine
  * return HORA_ERR_MISMATCH naming it ("call sequence") instead of waiting for it.
+ * A live rank that never calls (it skipped the call, or is stuck elsewhere) is named by the check's
+ * stall inspection on one node: a warning after HORA_STALL_WARNING_S (60 s), and with
+ * HORA_STALL_SHUTDOWN_S > 0 the call returns HORA_ERR_TIMEOUT naming it after that long, nothing
+ * written, the context still usable (across nodes the check waits without it: not done yet).
  *
  * A dead or stopped peer (crashed, killed, SIGSTOPped, or so starved that its heartbeat thread
  * is silent): every blocking collective here, every algorithm (ring, shm, hier, the MPI path)

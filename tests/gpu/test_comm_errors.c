@@ -48,9 +48,13 @@ int main(int argc, char **argv) {
   EXPECT(v == 3, "host allreduce after device errors: %d", v);
   EXPECT_OK(hora_finalize(ctx));
 
-  /* 3. Rank 1 never joins: rank 0's staged allreduce times out. */
+  /* 3. Rank 1 (alive) never joins: rank 0's allreduce ends with HORA_ERR_TIMEOUT instead of
+   * hanging. With the call check on (the default) rank 0 waits in the check, whose stall
+   * inspection ends it after HORA_STALL_SHUTDOWN_S naming rank 1; with it off, in the staged
+   * ring, whose no-progress limit is HORA_PEER_TIMEOUT_S. The check run here. */
   setenv("HORA_GPU_PATH", "staged", 1);
   setenv("HORA_PEER_TIMEOUT_S", "1", 1);
+  setenv("HORA_STALL_SHUTDOWN_S", "1", 1);
   EXPECT_OK(hora_init(&ctx));
   /* Create the GPU state on both ranks (collective) with a first allreduce that both join. */
   EXPECT_OK(hora_allreduce(ctx, d, d, 16, HORA_FLOAT32, HORA_SUM, 1.0, 1.0, HORA_DEVICE_CUDA));
@@ -59,6 +63,8 @@ int main(int argc, char **argv) {
     rc = hora_allreduce(ctx, d, d, 4096, HORA_FLOAT32, HORA_SUM, 1.0, 1.0, HORA_DEVICE_CUDA);
     double dt = MPI_Wtime() - t0;
     EXPECT(rc == HORA_ERR_TIMEOUT, "staged allreduce without its peer: %s (%s)", hora_result_name(rc), hora_last_error());
+    EXPECT(strstr(hora_last_error(), "rank(s) 1 did not call it"), "the message does not name rank 1: %s",
+           hora_last_error());
     EXPECT(dt >= 0.9 && dt < 30, "timed out after %.2f s, want about 1 s", dt);
   }
   MPI_Barrier(MPI_COMM_WORLD);
