@@ -66,6 +66,20 @@ hora_result_t hora__gpu_dev_buf(hora_gpu_t *g, void **buf, size_t *cur, size_t b
   return HORA_SUCCESS;
 }
 
+/* Abort this GPU's NCCL communicator (its kernels wait for a peer that will never come) and mark
+ * it dead, so no later call uses it. */
+static void abort_nccl(hora_gpu_t *g) {
+#if HORA_HAVE_NCCL
+  if (g->nccl) {
+    ncclCommAbort(g->nccl);
+    g->nccl = NULL;
+    g->nccl_dead = 1;
+  }
+#else
+  (void)g;
+#endif
+}
+
 hora_result_t hora__gpu_pinned_buf(hora_gpu_t *g, void **buf, size_t *cur, size_t bytes) {
   if (*cur >= bytes && *buf) return HORA_SUCCESS;
   if (*buf) {
@@ -111,24 +125,12 @@ hora_result_t hora__gpu_wait(hora_ctx_t *ctx, hora_gpu_t *g, cudaStream_t s, con
     if (spin > 1000 && hora__ctx_failed(ctx)) {
       /* A peer was declared dead or stopped (the heartbeat's verdict): NCCL kernels waiting for
        * it would never finish, so abort the communicator; other queued work finishes alone. */
-#if HORA_HAVE_NCCL
-      if (g->nccl) {
-        ncclCommAbort(g->nccl);
-        g->nccl = NULL;
-        g->nccl_dead = 1;
-      }
-#endif
+      abort_nccl(g);
       return hora__ctx_verdict(ctx, what);
     }
     if (spin > 1000) {
       if (timeout > 0 && (spin & 255) == 0 && hora__now_s() - t0 > timeout) {
-#if HORA_HAVE_NCCL
-        if (g->nccl) {
-          ncclCommAbort(g->nccl);
-          g->nccl = NULL;
-          g->nccl_dead = 1;
-        }
-#endif
+        abort_nccl(g);
         return HORA_ERR(HORA_ERR_TIMEOUT,
                         "%s: the GPU work did not finish within HORA_PEER_TIMEOUT_S=%g s (a peer is "
                         "dead or stuck)%s", what, timeout,

@@ -30,6 +30,16 @@ static long hora_test_errors = 0;
     }                                                                  \
   } while (0)
 
+/* call must return `want`, and hora_last_error() must contain `word`. */
+#define EXPECT_ERR(call, want, word)                                                           \
+  do {                                                                                         \
+    hora_result_t got_ = (call);                                                               \
+    EXPECT(got_ == (want), "%s returned %s, want %s (%s)", #call, hora_result_name(got_),      \
+           hora_result_name(want), hora_last_error());                                         \
+    EXPECT(strstr(hora_last_error(), word) != NULL, "%s: message '%s' does not name '%s'", #call, \
+           hora_last_error(), word);                                                           \
+  } while (0)
+
 #ifndef HORA_TEST_NO_MPI
 #define EXPECT_RC(call, want)                                                          \
   do {                                                                                 \

@@ -15,14 +15,6 @@ static int untouched(const void *p, size_t n) {
 }
 
 /* The call returns `want` and hora_last_error() mentions `word`. */
-#define EXPECT_ERR(call, want, word)                                                           \
-  do {                                                                                         \
-    hora_result_t got_ = (call);                                                               \
-    EXPECT(got_ == (want), "%s returned %s, want %s (%s)", #call, hora_result_name(got_),      \
-           hora_result_name(want), hora_last_error());                                         \
-    EXPECT(strstr(hora_last_error(), word) != NULL, "%s: message '%s' does not name '%s'", #call, \
-           hora_last_error(), word);                                                           \
-  } while (0)
 
 int main(int argc, char **argv) {
   int provided;

@@ -10,15 +10,6 @@
 
 static int rank, size;
 
-#define EXPECT_ERR(call, want, word)                                                              \
-  do {                                                                                            \
-    hora_result_t got_ = (call);                                                                  \
-    EXPECT(got_ == (want), "%s returned %s, want %s (%s)", #call, hora_result_name(got_),         \
-           hora_result_name(want), hora_last_error());                                            \
-    EXPECT(strstr(hora_last_error(), word) != NULL, "%s: message '%s' does not name '%s'", #call, \
-           hora_last_error(), word);                                                              \
-  } while (0)
-
 #define N 37
 
 /* The collectives on one set of which this rank is a member; `members` lists the set's parent
