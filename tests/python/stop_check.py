@@ -20,6 +20,10 @@ pids = hora.allgather(np.array([os.getpid()], dtype=np.int64)).tolist()
 x = np.full(1000, me + 1, dtype=np.float32)
 for _ in range(20):
     assert hora.allreduce(x, op=hora.Sum).tolist() == [3.0] * 1000
+# Let the heartbeats flow first: a peer never heard from is watched with HORA_INIT_TIMEOUT_S
+# (300 s), not HORA_PEER_TIMEOUT_S (hora.h), and 20 small allreduces can take less than one
+# heartbeat period.
+time.sleep(1.0)
 hora.barrier()
 errors = []
 if me == 1:
