@@ -163,7 +163,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             from ._errors import NotSupportedError
             from ._hora_cffi import lib
             raise NotSupportedError("DistributedOptimizer(op=Adasum): Horovod's Adasum optimizer "
-                                    "(Adasum of the update deltas) is not implemented in hora; "
+                                    "(Adasum of the update deltas) is not supported by hora yet; "
                                     "hvd.allreduce(op=hvd.Adasum) is", lib.HORA_ERR_NOT_SUPPORTED)
         if gradient_predivide_factor != 1.0 and self._hora_op != Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
@@ -413,7 +413,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     sparse_as_dense: sparse gradients become dense before the allreduce (else they are
     allgathered). process_set: the ranks that average their gradients together (a registered
     ProcessSet; only its members may create the optimizer and step). op=Adasum is
-    NotSupportedError (Horovod's Adasum optimizer is not implemented; hvd.allreduce takes it).
+    NotSupportedError (Horovod's Adasum optimizer is not supported yet; hvd.allreduce takes it).
     """
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
