@@ -38,6 +38,21 @@ def global_batch(step, n, local=4):
     return x, y
 
 
+def train_steps(model, opt, ref, ref_opt, steps, local=4):
+    """`steps` steps of opt on this rank's shard of each global batch and of ref_opt on the whole
+    batch (the single-process reference the distributed run must match)."""
+    r, n = rank_size()
+    mine = slice(r * local, (r + 1) * local)
+    for step in range(steps):
+        x, y = global_batch(step, n, local)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[mine]), y[mine]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+
+
 @pytest.mark.parametrize("opt_name", ["sgd", "adam"])
 def test_distributed_optimizer_matches_single_process(opt_name):
     r, n = rank_size()
@@ -54,15 +69,7 @@ def test_distributed_optimizer_matches_single_process(opt_name):
                                   named_parameters=model.named_parameters())
     ht.broadcast_parameters(model.state_dict(), root_rank=0)
     ref_opt = build(ref.parameters())
-    for step in range(6):
-        x, y = global_batch(step, n, local)
-        opt.zero_grad()
-        mine = slice(r * local, (r + 1) * local)
-        torch.nn.functional.cross_entropy(model(x[mine]), y[mine]).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        torch.nn.functional.cross_entropy(ref(x), y).backward()
-        ref_opt.step()
+    train_steps(model, opt, ref, ref_opt, 6, local)
     weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     gathered = hora.allgather(weights.reshape(1, -1))
     assert isinstance(opt, type(build([torch.zeros(1, requires_grad=True)])))
@@ -93,15 +100,7 @@ def test_gradient_buckets(monkeypatch, bucket_bytes, sizes):
     if sizes:
         assert opt._hora_groups[0][0] is model.fc2.bias
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    for step in range(3):
-        x, y = global_batch(step, n)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x[r * 4:(r + 1) * 4]), y[r * 4:(r + 1) * 4]) \
-            .backward()
-        opt.step()
-        ref_opt.zero_grad()
-        torch.nn.functional.cross_entropy(ref(x), y).backward()
-        ref_opt.step()
+    train_steps(model, opt, ref, ref_opt, 3)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-9, atol=1e-10, msg=name)
     weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -182,15 +181,7 @@ def _train_against_reference(steps=3, **kw):
     opt = ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5),
                                   named_parameters=model.named_parameters(), **kw)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.2, momentum=0.5)
-    for step in range(steps):
-        x, y = global_batch(step, n)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x[r * 4:(r + 1) * 4]), y[r * 4:(r + 1) * 4]) \
-            .backward()
-        opt.step()
-        ref_opt.zero_grad()
-        torch.nn.functional.cross_entropy(ref(x), y).backward()
-        ref_opt.step()
+    train_steps(model, opt, ref, ref_opt, steps)
     return max(float((p - q).detach().abs().max()) for p, q in zip(model.parameters(),
                                                           ref.parameters()))
 
