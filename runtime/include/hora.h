@@ -253,9 +253,13 @@ hora_result_t hora_process_set_included(hora_ctx_t *set, int *included);
  * "ranks disagree on the call sequence (collective): hora_allreduce on rank 0; hora_broadcast on
  * rank 1", or for each differing field "ranks disagree on count: 100 on ranks 0,2; 50 on rank 1"
  * (fields joined by " | "). A call is never paired with a later one: the check is the first
- * communication of every blocking call. Cost per call (docs/benchmarks.md "Call check"): on one
- * node, one barrier of the shared-memory window that the shm allreduce uses (created on the first
- * blocking call; 24 bytes per rank written to it; 0.19 us measured with 2 ranks); across nodes,
+ * communication of every blocking call. For hora_allreduce the resolved algorithm
+ * (HORA_ALLREDUCE_ALGO) is compared too ("allreduce algorithm", named only when count and dtype
+ * agree). Cost per call (docs/benchmarks.md "Call check"): a host allreduce on one node carries the
+ * 24-byte descriptor in the first barrier of the shared-memory algorithm it runs anyway (every
+ * size, with the check on: messages up to HORA_SHM_FLAT_BYTES take its one-barrier flat form),
+ * so the check adds no round trip, only the descriptor's writes and reads; the other collectives
+ * on one node pay one barrier of that window (created on the first blocking call); across nodes,
  * one MPI_Allreduce of 48 bytes, plus, only on a mismatch, one MPI_Allgather of 24 bytes per
  * rank. HORA_CHECK must be the same on every rank. The local argument checks come first: a rank
  * whose own arguments are invalid returns its HORA_ERR_INVALID_ARGUMENT (or NOT_SUPPORTED), and
