@@ -254,6 +254,27 @@ static int algo_case(void) {
   return 1;
 }
 
+/* Local ranks whose HORA_SHM_FLAT_BYTES differs would use the window's slots differently: every
+ * rank's first allreduce that needs the window returns HORA_ERR_INVALID_ARGUMENT naming it. */
+static int shm_params_case(int fake_nodes) {
+  if (on_device || fake_nodes) return 0;
+  setenv("HORA_ALLREDUCE_ALGO", "shm", 1);
+  setenv("HORA_SHM_FLAT_BYTES", rank == last ? "0" : "16K", 1);
+  hora_ctx_t *ctx = NULL;
+  hora_result_t rc = hora_init(&ctx);
+  EXPECT(rc == HORA_SUCCESS, "hora_init (mixed HORA_SHM_FLAT_BYTES): %s", hora_last_error());
+  unsetenv("HORA_SHM_FLAT_BYTES");
+  if (rc != HORA_SUCCESS) return 0;
+  poison();
+  rc = hora_allreduce(ctx, dsend, drecv, A_COUNT, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST);
+  const char *msg = hora_last_error();
+  EXPECT(rc == HORA_ERR_INVALID_ARGUMENT && strstr(msg, "HORA_SHM_FLAT_BYTES"),
+         "mixed HORA_SHM_FLAT_BYTES: returned %s (%s)", hora_result_name(rc), msg);
+  EXPECT(untouched(), "mixed HORA_SHM_FLAT_BYTES: a buffer was written");
+  EXPECT_OK(hora_finalize(ctx));
+  return 1;
+}
+
 int main(int argc, char **argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -309,6 +330,7 @@ int main(int argc, char **argv) {
     EXPECT_OK(hora_finalize(ctx));
   }
   cases += algo_case();
+  cases += shm_params_case(fake_nodes);
   if (rank == 0) printf("test_call_check: %d cases on %d ranks%s\n", cases, size, on_device ? " (device buffers)" : "");
 #ifdef HORA_TEST_CUDA
   if (on_device) {
