@@ -77,9 +77,6 @@
 /* In each rank's header: the number of the last call check it entered (1, 2, ...), which the
  * stall inspection reads to name the ranks that have not come (hora__shm_exchange_words). */
 #define ENTERED_OFF 512
-/* In each rank's header: the settings that decide the slot layout and the form of a call, which
- * every local rank must share (compared once, when the window is created: params_agree). */
-#define PARAMS_OFF 768
 #define SLICE_ALIGN 64
 #ifndef SPIN_NS
 #define SPIN_NS 20000 /* spin budget of a barrier wait when every local rank has a core */
@@ -199,24 +196,6 @@ static int cpus_available(void) {
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-/* The settings that decide how a call uses the slots, the same on every local rank or results
- * would be wrong: each rank published its own at PARAMS_OFF before the creation's barrier; every
- * rank compares all of them, so all return the same error. */
-static hora_result_t params_agree(const struct hora_shm *s, const char *mine) {
-  static const char *const names[3] = {"HORA_SHM_CHUNK_BYTES (as slot bytes)", "HORA_SHM_FLAT_BYTES", "HORA_SHM_STREAM_BYTES"};
-  const uint64_t *own = (const uint64_t *)(mine + PARAMS_OFF);
-  for (int j = 0; j < s->L; j++) {
-    const uint64_t *w = (const uint64_t *)(s->slot[j] - HDR_BYTES + PARAMS_OFF);
-    for (int k = 0; k < 3; k++)
-      if (w[k] != ((const uint64_t *)(s->slot[0] - HDR_BYTES + PARAMS_OFF))[k])
-        return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "shm allreduce: the ranks of this node disagree on %s: %llu on "
-                        "local rank 0, %llu on local rank %d (this rank: %llu); set it alike for every rank", names[k],
-                        (unsigned long long)((const uint64_t *)(s->slot[0] - HDR_BYTES + PARAMS_OFF))[k],
-                        (unsigned long long)w[k], j, (unsigned long long)own[k]);
-  }
-  return HORA_SUCCESS;
-}
-
 /* Create the window (collective over ctx->local). */
 static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
   struct hora_shm *s = calloc(1, sizeof *s);
@@ -269,8 +248,6 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
     if (j == 0) s->ctl = (shm_ctl_t *)base;
   }
   *(uint64_t *)(mine + ENTERED_OFF) = 0; /* no call check entered yet (stall_check) */
-  uint64_t *pw = (uint64_t *)(mine + PARAMS_OFF);
-  pw[0] = s->slot_bytes, pw[1] = hora__params()->shm_flat_bytes, pw[2] = hora__params()->shm_stream_bytes;
   if (s->l == 0) {
     atomic_init(&s->ctl->arrived, 0);
     atomic_init(&s->ctl->gen, 0);
@@ -283,10 +260,6 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
   if (mrc == MPI_SUCCESS) mrc = MPI_Barrier(ctx->local);
   if (mrc != MPI_SUCCESS) {
     rc = hora__mpi_error(mrc, "MPI_Win_lock_all/MPI_Barrier", __FILE__, __LINE__);
-    goto fail;
-  }
-  if ((rc = params_agree(s, mine)) != HORA_SUCCESS) {
-    MPI_Win_unlock_all(s->win);
     goto fail;
   }
   s->spin = s->L <= cpus_available();

@@ -137,8 +137,13 @@ typedef struct {
  * CUDA builds: picks this rank's GPU (HORA_DEVICE, else local rank modulo the number of visible
  * GPUs), makes it current on the calling thread (cudaSetDevice) and logs it at INFO; a rank that
  * sees no GPU starts normally (its device collectives return HORA_ERR_NOT_SUPPORTED).
+ * Compares across ranks the settings that decide how ranks exchange data (docs/env.md: HORA_CHECK,
+ * HORA_ALLREDUCE_ALGO, the ring/shm/staged chunk sizes, HORA_SHM_FLAT_BYTES, HORA_FUSION_THRESHOLD,
+ * HORA_CACHE_CAPACITY, HORA_GPU_PATH, HORA_COMPRESSION; one MPI_Allreduce): a rank whose value
+ * differs would run another algorithm or protocol, and its peers would get wrong data or hang.
  * Errors: HORA_ERR_INVALID_ARGUMENT (ctx NULL, a malformed HORA_* variable: the message names it;
- *   HORA_DEVICE at or beyond the number of visible GPUs), HORA_ERR_CUDA (cudaSetDevice failed),
+ *   HORA_DEVICE at or beyond the number of visible GPUs; on every rank, one of the settings above
+ *   differs between ranks: the message names it, the values and the ranks holding each), HORA_ERR_CUDA (cudaSetDevice failed),
  *   HORA_ERR_LAYOUT (world size differs from SLURM_NTASKS or HORA_SIZE; the message says how to
  *   start the job), HORA_ERR_MPI (MPI could not start or lacks MPI_THREAD_MULTIPLE),
  *   HORA_ERR_NO_MEMORY, HORA_ERR_INTERNAL (HORA_TEST_FAULT injected a failure). On error *ctx is
