@@ -266,3 +266,21 @@ done:
   free(c.data);
   return rc;
 }
+
+HORA_EXPORT hora_result_t hora_elastic_hosts_changed(hora_elastic_t *es, int *changed) {
+  if (!es || !changed) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_elastic_hosts_changed: NULL argument");
+  int v[2] = {0, 0}; /* changed, nodes available */
+  const char *path = hora__params()->elastic_hosts_file;
+  if (es->rank == 0 && path && *path) {
+    FILE *f = fopen(path, "r");
+    if (f) {
+      if (fscanf(f, "%d", &v[1]) == 1 && v[1] > 0 && v[1] != es->ctx->cross_size) v[0] = 1;
+      fclose(f);
+    }
+  }
+  HORA_MPI_CHECK(MPI_Bcast(v, 2, MPI_INT, 0, es->comm));
+  if (v[0] && es->rank == 0)
+    HORA_INFO(CKPT, "elastic: %d nodes available, this step runs on %d: re-forming", v[1], es->ctx->cross_size);
+  *changed = v[0];
+  return HORA_SUCCESS;
+}

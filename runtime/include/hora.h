@@ -766,6 +766,15 @@ hora_result_t hora_elastic_sync(hora_elastic_t *es, hora_tensor_t *tensors, size
  *   HORA_ERR_IO (dir or the file; no file appears under the final name), HORA_ERR_NO_MEMORY. */
 hora_result_t hora_elastic_save(hora_elastic_t *es);
 
+/* hora_elastic_hosts_changed: *changed = 1 on every rank when the driver (`launch --elastic`)
+ * reports another number of usable nodes than this step runs on (rank 0 reads the first line of
+ * HORA_ELASTIC_HOSTS_FILE; a missing or unreadable file means no change), else 0. Collective
+ * (one broadcast): call it at the same point on every rank, for example at an epoch boundary
+ * after a commit; on 1 the intended sequence is hora_elastic_save, hora_finalize,
+ * exit(HORA_EXIT_ELASTIC), and the driver starts the next step on the nodes it has.
+ * Errors: HORA_ERR_INVALID_ARGUMENT (a NULL argument), HORA_ERR_MPI. */
+hora_result_t hora_elastic_hosts_changed(hora_elastic_t *es, int *changed);
+
 /* hora_elastic_commit_id: *commit = the id of the commit held (-1: none yet). Local.
  * Errors: HORA_ERR_INVALID_ARGUMENT (a NULL argument). */
 hora_result_t hora_elastic_commit_id(hora_elastic_t *es, int64_t *commit);

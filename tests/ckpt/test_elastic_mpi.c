@@ -8,6 +8,7 @@
  *           outside the set is the newest and every member gets its values and blob
  *   ckpt    no files, a checkpointer with ckpt_every 2: the sync after commits 1..5 restores
  *           checkpoint step 4 (its tensors and blob)
+ *   hosts   hora_elastic_hosts_changed against the node count in HORA_ELASTIC_HOSTS_FILE
  *   errors  restore before any commit, a too-large blob, ranks passing different tensors.
  * Float tensors get arbitrary bit patterns (NaN payloads included): comparisons are bytewise. */
 #include <inttypes.h>
@@ -56,6 +57,10 @@ static void check(const char *what, int rank, int64_t id, size_t blob_bytes) {
 
 int main(int argc, char **argv) {
   int rank, size;
+  char hosts[] = "/tmp/hora-test-elastic-hosts-XXXXXX"; /* read by rank 0 only (its params) */
+  int hfd = mkstemp(hosts);
+  if (hfd >= 0) close(hfd);
+  setenv("HORA_ELASTIC_HOSTS_FILE", hosts, 1);
   hora_ctx_t *ctx = hora_test_init_mpi(&argc, &argv, &rank, &size);
   if (!ctx) return 1;
   char root[512] = "";
@@ -157,6 +162,21 @@ int main(int argc, char **argv) {
   EXPECT(id == 4, "sync from the checkpoint: commit %" PRId64 ", want 4", id);
   check("sync from the checkpoint", rank, 4, bb);
 
+  /* hosts: this run is one node; the driver's file says 1 (or nothing), then 2 */
+  int changed = -1, nodes = 0;
+  hora_cross_size(ctx, &nodes);
+  EXPECT_OK(hora_elastic_hosts_changed(es, &changed));
+  EXPECT(changed == 0, "hosts_changed with an empty file: %d", changed);
+  for (int k = 0; k < 2; k++) {
+    if (rank == 0) {
+      FILE *f = fopen(hosts, "w");
+      if (f) fprintf(f, "%d\n", nodes + k), fclose(f);
+    }
+    changed = -1;
+    EXPECT_OK(hora_elastic_hosts_changed(es, &changed));
+    EXPECT(changed == k, "hosts_changed with %d nodes on %d: %d", nodes + k, nodes, changed);
+  }
+
   /* ranks passing different tensors: every rank gets HORA_ERR_MISMATCH */
   if (size > 1) {
     EXPECT_RC(hora_elastic_sync(es, rank == 1 ? shorter : t, NT, blob, sizeof blob, &bb, &id), HORA_ERR_MISMATCH);
@@ -168,6 +188,7 @@ int main(int argc, char **argv) {
   EXPECT_OK(hora_ckpt_close(ck));
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) ck_rmrf(root);
+  unlink(hosts);
   int ret = hora_test_finish_mpi("test_elastic_mpi");
   hora_finalize(ctx);
   MPI_Finalize();
