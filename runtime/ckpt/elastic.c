@@ -57,6 +57,18 @@ hora_result_t hora__el_layout(const char *fn, const hora_tensor_t *t, size_t n, 
   return HORA_SUCCESS;
 }
 
+/* dir NULL: HORA_ELASTIC_DIR, else $SLURM_TMPDIR/hora-elastic, else /tmp/hora-elastic-<job id>,
+ * else /tmp/hora-elastic-<uid> (node-local places that the ranks of one node share). */
+static char *default_dir(void) {
+  char buf[4096];
+  const char *p = hora__params()->elastic_dir, *t = getenv("SLURM_TMPDIR"), *j = getenv("SLURM_JOB_ID");
+  if (p && *p) snprintf(buf, sizeof buf, "%s", p);
+  else if (t && *t) snprintf(buf, sizeof buf, "%s/hora-elastic", t);
+  else if (j && *j) snprintf(buf, sizeof buf, "/tmp/hora-elastic-%s", j);
+  else snprintf(buf, sizeof buf, "/tmp/hora-elastic-%ld", (long)getuid());
+  return strdup(buf);
+}
+
 static hora_result_t el_finalizer(hora_ctx_t *ctx, void *arg) {
   (void)ctx;
   hora_elastic_t *es = arg;
@@ -68,12 +80,12 @@ static hora_result_t el_finalizer(hora_ctx_t *ctx, void *arg) {
 HORA_EXPORT hora_result_t hora_elastic_open(hora_ctx_t *ctx, const char *dir, hora_ckpt_t *ck, int ckpt_every,
                                             hora_elastic_t **out) {
   HORA_CHECK(hora__ctx_check(ctx, "hora_elastic_open"));
-  if (!out || !dir || !*dir || ckpt_every < 0 || (ck && ck->ctx != ctx))
+  if (!out || (dir && !*dir) || ckpt_every < 0 || (ck && ck->ctx != ctx))
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
-                    "hora_elastic_open: %s", !out ? "es is NULL" : !dir || !*dir ? "dir is NULL or empty"
+                    "hora_elastic_open: %s", !out ? "es is NULL" : dir && !*dir ? "dir is empty"
                     : ckpt_every < 0 ? "ckpt_every is negative" : "ck belongs to another context");
   hora_elastic_t *es = calloc(1, sizeof *es);
-  if (!es || !(es->dir = strdup(dir)) || !(es->ckblob = calloc(1, HORA_ELASTIC_BLOB_MAX))) {
+  if (!es || !(es->dir = dir ? strdup(dir) : default_dir()) || !(es->ckblob = calloc(1, HORA_ELASTIC_BLOB_MAX))) {
     if (es) free(es->dir);
     free(es);
     return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");

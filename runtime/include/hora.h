@@ -707,13 +707,14 @@ typedef struct hora_elastic hora_elastic_t;
 /* hora_elastic_open: create an elastic state. Collective over ctx (every rank, the same
  * arguments). `dir`: where survivors write their commit (created with parents if missing;
  * node-local disk works: the new step's ranks read the files they can see, and the lowest rank
- * holding the newest one sends it). `ck` (may be NULL): a checkpointer of ctx; every ckpt_every-th
+ * holding the newest one sends it). dir NULL: HORA_ELASTIC_DIR, else $SLURM_TMPDIR/hora-elastic,
+ * else /tmp/hora-elastic-$SLURM_JOB_ID, else /tmp/hora-elastic-<uid>. `ck` (may be NULL): a checkpointer of ctx; every ckpt_every-th
  * commit (ids divisible by it; 0: never) is also saved there as step <id> (only rank 0 writes),
  * with the blob as the uint8 tensor "hora_elastic_blob" of HORA_ELASTIC_BLOB_MAX elements. Close
  * the state before hora_ckpt_close. hora_finalize releases the MPI resources of a state left
  * open; hora_elastic_close still frees it.
  * ctx may be a process set (its members form the world of the state; ck must then be NULL).
- * Errors: HORA_ERR_NOT_INITIALIZED (ctx not live), HORA_ERR_INVALID_ARGUMENT (es NULL, dir NULL or
+ * Errors: HORA_ERR_NOT_INITIALIZED (ctx not live), HORA_ERR_INVALID_ARGUMENT (es NULL, dir
  *   empty, ckpt_every negative, ck of another context; on a rank outside a set), HORA_ERR_IO (dir cannot
  *   be created or fails the shared-node check of hora_ckpt_open, on any rank: all return it),
  *   HORA_ERR_MPI, HORA_ERR_NO_MEMORY. *es is unchanged on error. */
