@@ -7,8 +7,16 @@ printed at that commit). Then n2 is resumed: the driver tells the program, which
 next epoch boundary, and the job ends on both nodes (world 4) with w exactly as if every sample
 had been applied once (the probe checks w itself; the test checks the sum of w too). Prints the
 time from the kill to training again on the remaining node.
-Environment (set by ctest): SLURM_CONF, CLUSTER_SH, LAUNCH, ELASTIC_PROBE, WORK_DIR. Exits 77 when
-the cluster is not running."""
+
+    test_elastic_slurm.py c|torch
+
+`torch` runs tests/slurm/elastic_torch.py instead (hora.torch.elastic: TorchState, ElasticSampler,
+@hvd.elastic.run) with the same story; it checks the parameter hash at each resume against the
+commit's, that no sample of the interrupted epoch was processed twice or skipped (counted by the
+program over all ranks), and the final accuracy.
+Environment (set by ctest): SLURM_CONF, CLUSTER_SH, LAUNCH, ELASTIC_PROBE, WORK_DIR; for torch
+HORA_PYTHON and PYTHONPATH (the built package). Exits 77 when the cluster is not running (or, for
+torch, when HORA_PYTHON cannot import torch)."""
 import glob
 import os
 import re
@@ -18,7 +26,22 @@ import tempfile
 import time
 
 EPOCHS, STEPS, STEP_MS, N = 6, 20, 100, 4096
-PEER_TIMEOUT_S = 3
+MODE = sys.argv[1] if len(sys.argv) > 1 else "c"
+# Short enough to measure recovery, long enough that a rank starved on a loaded 2-core machine
+# (the Python one more than the C one) is not declared dead.
+PEER_TIMEOUT_S = 5 if MODE == "c" else 10
+TAG = "ELASTIC_PROBE" if MODE == "c" else "ELASTIC_TORCH"
+# The commit after which n2 is lost: the second one of epoch 1 (C: 4 commits per epoch after the
+# fresh start's commit 0; torch: 4 too, 16 batches per epoch at world 4).
+KILL_AFTER_COMMIT = 6
+TORCH_EPOCHS, TORCH_STEP_MS = 8, 50
+
+
+def program(work):
+    if MODE == "c":
+        return f"{os.environ['ELASTIC_PROBE']} {work} {EPOCHS} {STEPS} {STEP_MS}"
+    here = os.path.dirname(os.path.abspath(__file__))
+    return f"{os.environ['HORA_PYTHON']} {here}/elastic_torch.py {work} {TORCH_EPOCHS} {TORCH_STEP_MS}"
 
 
 def expected_wsum():
@@ -48,7 +71,7 @@ def wait_for(path, pattern, after, bound, t0):
 def run(work, out):
     script = (f"#!/bin/bash\nexport HORA_PEER_TIMEOUT_S={PEER_TIMEOUT_S} HORA_LOG=WARN\n"
               f"exec {os.environ['LAUNCH']} --elastic --min-nodes 1 --max-restarts 4 --elastic-wait 20 -- "
-              f"{os.environ['ELASTIC_PROBE']} {work} {EPOCHS} {STEPS} {STEP_MS}\n")
+              f"{program(work)}\n")
     path = os.path.join(work, "job.sh")
     with open(path, "w") as f:
         f.write(script)
@@ -61,9 +84,9 @@ def run(work, out):
     job = sub.stdout.strip().split(";")[0]
     r = {"job": job}
     # Epoch 1 has begun (commit 5: the first of epoch 1 at step 5) on 4 ranks: lose n2.
-    m, text = wait_for(out, r"ELASTIC_PROBE commit 6 world 4", 0, 90, t0)
+    m, text = wait_for(out, rf"{TAG} commit {KILL_AFTER_COMMIT} world 4", 0, 120, t0)
     if not m:
-        r["error"] = "no commit 6 on 4 ranks"
+        r["error"] = f"no commit {KILL_AFTER_COMMIT} on 4 ranks"
         return job, r
     time.sleep(0.25)
     scontrol("update", "nodename=n2", "state=drain", "reason=elastic-test")
@@ -76,17 +99,17 @@ def run(work, out):
             pass
     r["killed"] = len(pids)
     after = len(text)
-    m, text = wait_for(out, r"ELASTIC_PROBE train world 2 epoch \d+ step \d+ t=([\d.]+)", after, 120, t0)
+    m, text = wait_for(out, rf"{TAG} train world 2 epoch \d+ (?:step \d+ )?t=([\d.]+)", after, 150, t0)
     if not m:
         r["error"] = "no training on world 2"
         return job, r
     r["recovery_s"] = float(m.group(1)) - r["t_kill"]
     scontrol("update", "nodename=n2", "state=resume")
-    m, text = wait_for(out, r"ELASTIC_PROBE train world 4", m.end(), 150, t0)
+    m, text = wait_for(out, rf"{TAG} train world 4", m.end(), 200, t0)
     if not m:
         r["error"] = "no training on world 4 after n2 came back"
         return job, r
-    while time.time() - t0 < 170:
+    while time.time() - t0 < 220:
         info = scontrol("-o", "show", "job", job).stdout
         s = re.search(r"JobState=(\S+)", info)
         r["state"] = s.group(1) if s else ""
@@ -105,32 +128,53 @@ def check(r, text):
         errors.append(f"killed {r.get('killed')} ranks on n2, expected 2")
     if r.get("state") != "COMPLETED":
         errors.append(f"job state {r.get('state')}, expected COMPLETED")
-    commits = {int(c): x for c, x in re.findall(r"ELASTIC_PROBE commit (\d+) world \d+ crc (\w+)", text)}
-    syncs = re.findall(r"ELASTIC_PROBE sync rank (\d+) world (\d+) commit (\d+) crc (\w+)", text)
+    commits = {int(c): x for c, x in re.findall(rf"{TAG} commit (\d+) world \d+ (?:crc|hash) (\w+)", text)}
+    syncs = re.findall(rf"{TAG} sync rank (\d+) world (\d+) commit (\d+) (?:crc|hash) (\w+)", text)
     resumed = [(int(w), int(c), x) for _, w, c, x in syncs if int(c) > 0]
     if len({w for w, _, _ in resumed}) < 2 or len(resumed) != 2 + 4:
         errors.append(f"expected 2 ranks resuming on world 2, then 4 on world 4: {resumed}")
     for w, c, x in resumed:
         if commits.get(c) != x:
             errors.append(f"world {w} resumed commit {c} with crc {x}; rank 0 committed crc {commits.get(c)}")
-    saved = re.findall(r"ELASTIC_PROBE saved rank (\d+) commit (\d+) HORA_SUCCESS", text)
-    if sorted(int(s) for s, _ in saved) != [0, 1]:
-        errors.append(f"survivors that saved their commit: {saved}, expected ranks 0 and 1")
+    if MODE == "c":
+        saved = re.findall(r"ELASTIC_PROBE saved rank (\d+) commit (\d+) HORA_SUCCESS", text)
+        if sorted(int(s) for s, _ in saved) != [0, 1]:
+            errors.append(f"survivors that saved their commit: {saved}, expected ranks 0 and 1")
     for pat in (r"launch: elastic: step 1 \(step exited with status \d+ \(a rank or node was lost\)\): 1 nodes \(n1\), "
                 r"world size 2 \(was 4\)",
                 r"launch: elastic: step 2 \(2 nodes usable again, step exited with status 4\): 2 nodes \(n1,n2\), "
                 r"world size 4 \(was 2\)"):
         if not re.search(pat, text):
             errors.append(f"no driver line /{pat}/")
-    m = re.search(r"ELASTIC_PROBE done world 4 wsum (\S+) errors (\d+)", text)
-    want = expected_wsum()
-    if not m or int(m.group(2)) != 0 or float(m.group(1)) != want:
-        errors.append(f"final line {m.group(0) if m else None}; expected wsum {want!r} and 0 errors")
+    if MODE == "c":
+        m = re.search(r"ELASTIC_PROBE done world 4 wsum (\S+) errors (\d+)", text)
+        want = expected_wsum()
+        if not m or int(m.group(2)) != 0 or float(m.group(1)) != want:
+            errors.append(f"final line {m.group(0) if m else None}; expected wsum {want!r} and 0 errors")
+    else:
+        errors += check_torch(text)
     rec = r.get("recovery_s")
-    # Goal (docs/benchmarks.md): under the peer timeout + 10 s; the bound leaves room for a
-    # loaded 2-core machine.
-    if rec is None or not 0 < rec < PEER_TIMEOUT_S + 25:
+    # Goal (docs/benchmarks.md): under the peer timeout + 10 s for the C program; the bound leaves
+    # room for a loaded 2-core machine, and for the Python one's interpreter and torch import.
+    if rec is None or not 0 < rec < PEER_TIMEOUT_S + (25 if MODE == "c" else 90):
         errors.append(f"recovery {rec} s")
+    return errors
+
+
+def check_torch(text):
+    errors = []
+    epochs = re.findall(r"ELASTIC_TORCH epoch (\d+) world (\d+) resumed (\d+) new (\d+) dup (\d+) missing (\d+)", text)
+    done = {int(e) for e, *_ in epochs}
+    if done != set(range(TORCH_EPOCHS)):
+        errors.append(f"epochs completed {sorted(done)}, want 0..{TORCH_EPOCHS - 1}")
+    if not any(int(rs) > 0 and w == "2" for _, w, rs, *_ in epochs):
+        errors.append("no epoch finished on world 2 after resuming mid-epoch")
+    for e, w, rs, new, dup, miss in epochs:
+        if int(dup) or int(miss) or int(rs) + int(new) != 512:
+            errors.append(f"epoch {e} on world {w}: resumed {rs} + new {new}, dup {dup}, missing {miss}")
+    m = re.search(r"ELASTIC_TORCH done world 4 accuracy ([\d.]+)", text)
+    if not m or float(m.group(1)) < 0.9:
+        errors.append(f"final line {m.group(0) if m else None}: accuracy below 0.9")
     return errors
 
 
@@ -138,8 +182,12 @@ def main():
     if subprocess.run(["bash", os.environ["CLUSTER_SH"], "status"], capture_output=True).returncode != 0:
         print("SKIP: the test Slurm cluster is not running")
         return 77
+    if MODE == "torch" and subprocess.run([os.environ.get("HORA_PYTHON", "python3"), "-c", "import torch, hora.torch"],
+                                          capture_output=True).returncode != 0:
+        print("SKIP: HORA_PYTHON cannot import torch and hora.torch")
+        return 77
     os.makedirs(os.environ["WORK_DIR"], exist_ok=True)
-    work = tempfile.mkdtemp(dir=os.environ["WORK_DIR"], prefix="elastic-")
+    work = tempfile.mkdtemp(dir=os.environ["WORK_DIR"], prefix=f"elastic-{MODE}-")
     out = os.path.join(work, "out.txt")
     job, r = None, {}
     try:
