@@ -94,7 +94,7 @@ static void load_newest(hora_elastic_t *es, uint64_t layout, size_t data_bytes, 
   }
   if (d) closedir(d);
   else if (dfd2 >= 0) close(dfd2);
-  qsort(f, n, sizeof *f, newest_first);
+  if (n) qsort(f, n, sizeof *f, newest_first);
   for (size_t i = 0; i < n && out->id < 0; i++) {
     unsigned char *buf = NULL;
     size_t len = 0;
