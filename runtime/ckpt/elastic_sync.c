@@ -258,9 +258,13 @@ HORA_EXPORT hora_result_t hora_elastic_sync(hora_elastic_t *es, hora_tensor_t *t
     HORA_INFO(CKPT, "elastic: world size %d holds commit %" PRId64 " from %s (rank %d)", es->size, es->cur.id, source,
               from);
 done:
-  if (rc != HORA_SUCCESS && from_mem && cand.data && es->cur.id < 0) {
-    es->cur = cand; /* an error leaves this rank's commit as it was */
-    cand.data = NULL;
+  if (rc != HORA_SUCCESS && from_mem && es->cur.id < 0) {
+    /* An error leaves this rank's commit as it was (choose() may have handed its data to c). */
+    if (!cand.data && c.data && c.id == cand.id) cand.data = c.data, c.data = NULL;
+    if (cand.data) {
+      es->cur = cand;
+      cand.data = NULL;
+    }
   }
   hora__el_commit_free(&cand);
   free(c.data);
