@@ -8,6 +8,7 @@
  *            the new count to the hosts file (the program re-forms at its next
  *            hora_elastic_hosts_changed, usually an epoch boundary)
  *          exit 0: done;  3 (requeue): return 3;  anything else: a new step (--max-restarts)
+ *          a signal to the driver (scancel, --signal=B:USR1@T) goes to srun; then no new step
  *
  * A rank that dies leaves its peers to notice (HORA_ERR_REMOTE within HORA_PEER_TIMEOUT_S), save
  * their last commit and exit with status 4: in an --elastic-step, launch does not end the step
@@ -22,6 +23,17 @@
 #include <unistd.h>
 
 #include "launch.h"
+
+/* The srun of the running step, for the signal handler; a signal stops further restarts. */
+static volatile pid_t g_srun = 0;
+static volatile sig_atomic_t g_signaled = 0;
+
+/* SIGTERM/SIGINT/SIGHUP/SIGUSR1/SIGUSR2 sent to the driver (scancel, `--signal=B:USR1@T`) go to
+ * srun, which passes them to every task; the driver then starts no new step. */
+static void forward(int sig) {
+  g_signaled = sig;
+  if (g_srun > 0) kill(g_srun, sig);
+}
 
 typedef struct {
   char **all; /* the allocation's nodes */
@@ -90,10 +102,13 @@ static int run_step(const el_t *e, char **argv, int k, int *grew) {
     return LAUNCH_EXIT_SETUP;
   }
   if (pid == 0) {
+    static const int sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) signal(sigs[i], SIG_DFL);
     execvp(argv[0], argv);
     launch_error("elastic: cannot execute %s: %m", argv[0]);
     _exit(127);
   }
+  g_srun = pid;
   int *usable = calloc((size_t)e->nall, sizeof(int)), st = 0;
   double next = now_s() + 1;
   *grew = 0;
@@ -111,6 +126,7 @@ static int run_step(const el_t *e, char **argv, int k, int *grew) {
       write_hosts(e, *grew);
     }
   }
+  g_srun = 0;
   free(usable);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
@@ -155,6 +171,11 @@ int launch_elastic_run(const launch_opts_t *o, const launch_layout_t *l, char **
   const char *job = getenv("SLURM_JOB_ID"), *tmp = getenv("TMPDIR");
   snprintf(e.hosts_file, sizeof e.hosts_file, "%s/hora-elastic-hosts-%s", tmp && *tmp ? tmp : "/tmp", job ? job : "0");
   setenv("HORA_ELASTIC_HOSTS_FILE", e.hosts_file, 1);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = forward;
+  static const int sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2};
+  for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) sigaction(sigs[i], &sa, NULL);
   int prev = 0, rc = 0, grew = 0;
   const char *reason = "start";
   char why[160] = "", list[4096];
@@ -186,8 +207,11 @@ int launch_elastic_run(const launch_opts_t *o, const launch_layout_t *l, char **
     rc = run_step(&e, argv, k, &grew);
     free(argv);
     prev = k * e.tpn;
-    if (rc == 0 || rc == LAUNCH_EXIT_REQUEUE || restart >= o->max_restarts) {
-      if (rc != 0 && rc != LAUNCH_EXIT_REQUEUE)
+    if (rc == 0 || rc == LAUNCH_EXIT_REQUEUE || restart >= o->max_restarts || g_signaled) {
+      if (g_signaled)
+        fprintf(stderr, "launch: elastic: step %d exited with status %d after signal %d to the driver: no new step\n",
+                restart, rc, (int)g_signaled);
+      else if (rc != 0 && rc != LAUNCH_EXIT_REQUEUE)
         fprintf(stderr, "launch: elastic: step %d exited with status %d; --max-restarts %d reached\n", restart, rc,
                 o->max_restarts);
       unlink(e.hosts_file);

@@ -708,7 +708,9 @@ typedef struct hora_elastic hora_elastic_t;
  * arguments). `dir`: where survivors write their commit (created with parents if missing;
  * node-local disk works: the new step's ranks read the files they can see, and the lowest rank
  * holding the newest one sends it). dir NULL: HORA_ELASTIC_DIR, else $SLURM_TMPDIR/hora-elastic,
- * else /tmp/hora-elastic-$SLURM_JOB_ID, else /tmp/hora-elastic-<uid>. `ck` (may be NULL): a checkpointer of ctx; every ckpt_every-th
+ * else /tmp/hora-elastic-$SLURM_JOB_ID, else /tmp/hora-elastic-<uid>. dir belongs to one run: a
+ * commit file of an earlier run with the same tensors left in it is taken as this run's newest
+ * commit (the defaults are per Slurm job, and stay across a requeue of the same job). `ck` (may be NULL): a checkpointer of ctx; every ckpt_every-th
  * commit (ids divisible by it; 0: never) is also saved there as step <id> (only rank 0 writes),
  * with the blob as the uint8 tensor "hora_elastic_blob" of HORA_ELASTIC_BLOB_MAX elements. Close
  * the state before hora_ckpt_close. hora_finalize releases the MPI resources of a state left
