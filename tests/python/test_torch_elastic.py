@@ -147,3 +147,34 @@ def test_run_decorator_syncs_and_returns():
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.equal(p, q)
     state._st.close()
+
+
+def test_torch_state_from_checkpoint():
+    """No commit file anywhere (the allocation was lost, the job requeued): sync restores the
+    checkpoint that every hora_ckpt_every-th commit wrote, tensors, kwargs and optimizer alike."""
+    r, _ = rank_size()
+    ck = hora.Checkpoint(local_dir=shared_dir("ck"))
+    model = _model(200 + r)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = hvd.elastic.TorchState(model, opt, hora_dir=shared_dir("ckdir"), hora_checkpoint=ck,
+                                   hora_ckpt_every=2, epoch=0)
+    state.sync()
+    for e in range(1, 5):  # commits 1..4: checkpoints at 2 and 4
+        _train(model, opt, 1, seed=e)
+        state.epoch = e
+        state.commit()
+        if e == 4:
+            committed = _bits(state)
+    _train(model, opt, 1, seed=9)
+    state.epoch = 5
+    state.commit()  # commit 5: memory only, and this process "dies" without saving
+    state._st.close()
+    model2 = _model(999)
+    opt2 = torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9)
+    state2 = hvd.elastic.TorchState(model2, opt2, hora_dir=shared_dir("ckdir2"), hora_checkpoint=ck,
+                                    hora_ckpt_every=2, epoch=0)
+    state2.sync()
+    assert state2.commit_id == 4 and state2.epoch == 4
+    assert _equal(_bits(state2), committed)
+    state2._st.close()
+    ck.close()
