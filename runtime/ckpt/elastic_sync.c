@@ -191,14 +191,16 @@ static hora_result_t agree(hora_elastic_t *es, hora_result_t rc, uint64_t layout
 /* Fill c with the commit every rank will hold: the newest one (broadcast from the lowest rank
  * holding it), else the checkpoint's, else rank 0's current tensors (a fresh start, id 0). */
 static hora_result_t choose(hora_elastic_t *es, hora_tensor_t *t, size_t n, el_commit_t *cand, int64_t top,
-                            el_commit_t *c, const char **source, int *from) {
+                            uint64_t layout, size_t bytes, el_commit_t *c, const char **source, int *from) {
   int mine = cand->id == top ? es->rank : es->size;
   *from = 0;
   if (top >= 0) {
     HORA_MPI_CHECK(MPI_Allreduce(&mine, from, 1, MPI_INT, MPI_MIN, es->comm));
     uint64_t blob = cand->blob_bytes;
     HORA_MPI_CHECK(MPI_Bcast(&blob, 1, MPI_UINT64_T, *from, es->comm));
-    *c = (el_commit_t){top, cand->layout, cand->data_bytes, blob, NULL};
+    /* layout and bytes are this rank's own (agree() made them equal everywhere): a rank without
+     * a candidate (a node that joins, node-local dirs) has none in cand. */
+    *c = (el_commit_t){top, layout, bytes, blob, NULL};
     if (es->rank == *from) {
       c->data = cand->data; /* handed over */
       cand->data = NULL;
@@ -246,7 +248,7 @@ HORA_EXPORT hora_result_t hora_elastic_sync(hora_elastic_t *es, hora_tensor_t *t
   int from = 0;
   const char *source = "";
   HORA_CHECK_GOTO(agree(es, rc, layout, cand.id, &top), rc, done);
-  HORA_CHECK_GOTO(choose(es, tensors, ntensors, &cand, top, &c, &source, &from), rc, done);
+  HORA_CHECK_GOTO(choose(es, tensors, ntensors, &cand, top, layout, bytes, &c, &source, &from), rc, done);
   HORA_CHECK_GOTO(hora__el_apply("hora_elastic_sync", &c, tensors, ntensors, blob, blob_cap, blob_bytes,
                                  es->ctx->device), rc, done);
   hora__el_commit_free(&es->cur);

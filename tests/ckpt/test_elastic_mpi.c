@@ -4,8 +4,10 @@
  *   commit  commits 1..K (the last rank one more, K+1); garbage, then restore: bit for bit
  *   corrupt every rank saves; the newest file (K+1) is corrupted: a new state's sync skips it
  *           and every rank gets commit K from the files
- *   shrink  the last rank saves commit K+2, then a set without it syncs: the file of the rank
+ *   shrink  the last rank saves commit K+1, then a set without it syncs: the file of the rank
  *           outside the set is the newest and every member gets its values and blob
+ *   local   node-local dirs: only rank 0's dir holds commit K+1, the others' are empty: every
+ *           rank gets it from rank 0
  *   ckpt    no files, a checkpointer with ckpt_every 2: the sync after commits 1..5 restores
  *           checkpoint step 4 (its tensors and blob)
  *   hosts   hora_elastic_hosts_changed against the node count in HORA_ELASTIC_HOSTS_FILE
@@ -142,6 +144,18 @@ int main(int argc, char **argv) {
       EXPECT_OK(hora_elastic_close(es3));
     }
     EXPECT_OK(hora_process_set_destroy(set));
+  }
+
+  /* node-local dirs: only rank 0 sees the newest file (K+1); the others' dirs are empty */
+  if (size > 1) {
+    char own[800];
+    snprintf(own, sizeof own, "%s/local-%d", root, rank);
+    EXPECT_OK(hora_elastic_open(ctx, rank == 0 ? dir : own, NULL, 0, &es3));
+    garbage();
+    EXPECT_OK(hora_elastic_sync(es3, t, NT, blob, sizeof blob, &bb, &id));
+    EXPECT(id == K + 1, "sync with node-local dirs: commit %" PRId64 ", want %d", id, K + 1);
+    check("sync with node-local dirs", rank, K + 1, bb);
+    EXPECT_OK(hora_elastic_close(es3));
   }
 
   /* ckpt fallback */
