@@ -165,22 +165,62 @@ static hora_result_t from_ckpt(hora_elastic_t *es, hora_tensor_t *t, size_t n, e
   return HORA_SUCCESS;
 }
 
-/* Broadcast `bytes` bytes at p from root as one MPI element (also beyond 2 GiB). */
+/* The collectives of sync and of the host check are nonblocking MPI calls waited on while
+ * watching the heartbeat's verdict, so that a peer dying during them ends the call on every
+ * survivor with HORA_ERR_REMOTE (within HORA_PEER_TIMEOUT_S) instead of a hang: the survivor can
+ * still save its commit. MPI may still write the buffers of an abandoned call, so after a verdict
+ * callers leak them (heap buffers only; the program is ending). */
+static hora_result_t el_wait(hora_elastic_t *es, MPI_Request *req, const char *what) {
+  for (unsigned i = 0;; i++) {
+    int done = 0, mrc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, what, __FILE__, __LINE__);
+    if (done) return HORA_SUCCESS;
+    if (hora__ctx_failed(es->ctx)) return hora__ctx_verdict(es->ctx, what);
+    if (i > 200) usleep(i > 2000 ? 1000 : 50);
+  }
+}
+
+static hora_result_t el_allreduce(hora_elastic_t *es, const void *in, void *out, int n, MPI_Datatype t, MPI_Op op) {
+  MPI_Request req;
+  int mrc = MPI_Iallreduce(in, out, n, t, op, es->comm, &req);
+  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Iallreduce (elastic)", __FILE__, __LINE__);
+  return el_wait(es, &req, "elastic allreduce");
+}
+
+static hora_result_t el_bcast(hora_elastic_t *es, void *p, int n, MPI_Datatype t, int root) {
+  MPI_Request req;
+  int mrc = MPI_Ibcast(p, n, t, root, es->comm, &req);
+  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Ibcast (elastic)", __FILE__, __LINE__);
+  return el_wait(es, &req, "elastic broadcast");
+}
+
+/* Broadcast `bytes` bytes at p (heap) from root as one MPI element (also beyond 2 GiB). */
 static hora_result_t bcast_bytes(hora_elastic_t *es, void *p, size_t bytes, int root) {
   if (!bytes) return HORA_SUCCESS;
   MPI_Datatype type;
   int owned = 0;
   HORA_CHECK(hora__mpi_bytes_type(bytes, &type, &owned));
-  int mrc = MPI_Bcast(p, 1, type, root, es->comm);
+  hora_result_t rc = el_bcast(es, p, 1, type, root);
   if (owned) MPI_Type_free(&type);
-  return mrc == MPI_SUCCESS ? HORA_SUCCESS : hora__mpi_error(mrc, "MPI_Bcast (elastic sync)", __FILE__, __LINE__);
+  return rc;
+}
+
+/* Free a buffer an abandoned MPI call may still write: only while there is no verdict. */
+static void el_free(hora_elastic_t *es, void *p) {
+  if (!hora__ctx_failed(es->ctx)) free(p);
 }
 
 /* Every rank's verdict on its arguments and layout, and the newest commit id anyone holds. */
 static hora_result_t agree(hora_elastic_t *es, hora_result_t rc, uint64_t layout, int64_t id, int64_t *top) {
-  uint64_t u[3] = {rc != HORA_SUCCESS, layout, ~layout}, m[3];
-  HORA_MPI_CHECK(MPI_Allreduce(u, m, 3, MPI_UINT64_T, MPI_MAX, es->comm));
-  HORA_MPI_CHECK(MPI_Allreduce(&id, top, 1, MPI_INT64_T, MPI_MAX, es->comm));
+  uint64_t *b = malloc(8 * sizeof *b); /* in[3] out[3] id_in id_out */
+  if (!b) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+  b[0] = rc != HORA_SUCCESS, b[1] = layout, b[2] = ~layout, b[6] = (uint64_t)id;
+  hora_result_t mrc = el_allreduce(es, b, b + 3, 3, MPI_UINT64_T, MPI_MAX);
+  if (mrc == HORA_SUCCESS) mrc = el_allreduce(es, b + 6, b + 7, 1, MPI_INT64_T, MPI_MAX);
+  uint64_t m[3] = {b[3], b[4], b[5]};
+  *top = (int64_t)b[7];
+  el_free(es, b);
+  if (mrc != HORA_SUCCESS) return mrc;
   if (rc != HORA_SUCCESS) return rc;
   if (m[0]) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_elastic_sync: another rank's arguments are invalid (see its log)");
   if (m[1] != layout || ~m[2] != layout)
@@ -188,16 +228,28 @@ static hora_result_t agree(hora_elastic_t *es, hora_result_t rc, uint64_t layout
   return HORA_SUCCESS;
 }
 
+/* The lowest rank holding commit `top` (*from) and the length of its blob (*blob). */
+static hora_result_t find_root(hora_elastic_t *es, const el_commit_t *cand, int64_t top, int *from, uint64_t *blob) {
+  int64_t *b = malloc(3 * sizeof *b); /* mine, lowest, blob */
+  if (!b) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+  b[0] = cand->id == top ? es->rank : es->size;
+  hora_result_t rc = el_allreduce(es, b, b + 1, 1, MPI_INT64_T, MPI_MIN);
+  *from = (int)b[1];
+  b[2] = (int64_t)cand->blob_bytes;
+  if (rc == HORA_SUCCESS) rc = el_bcast(es, b + 2, 1, MPI_INT64_T, *from);
+  *blob = (uint64_t)b[2];
+  el_free(es, b);
+  return rc;
+}
+
 /* Fill c with the commit every rank will hold: the newest one (broadcast from the lowest rank
  * holding it), else the checkpoint's, else rank 0's current tensors (a fresh start, id 0). */
 static hora_result_t choose(hora_elastic_t *es, hora_tensor_t *t, size_t n, el_commit_t *cand, int64_t top,
                             uint64_t layout, size_t bytes, el_commit_t *c, const char **source, int *from) {
-  int mine = cand->id == top ? es->rank : es->size;
   *from = 0;
   if (top >= 0) {
-    HORA_MPI_CHECK(MPI_Allreduce(&mine, from, 1, MPI_INT, MPI_MIN, es->comm));
-    uint64_t blob = cand->blob_bytes;
-    HORA_MPI_CHECK(MPI_Bcast(&blob, 1, MPI_UINT64_T, *from, es->comm));
+    uint64_t blob = 0;
+    HORA_CHECK(find_root(es, cand, top, from, &blob));
     /* layout and bytes are this rank's own (agree() made them equal everywhere): a rank without
      * a candidate (a node that joins, node-local dirs) has none in cand. */
     *c = (el_commit_t){top, layout, bytes, blob, NULL};
@@ -269,7 +321,7 @@ done:
     }
   }
   hora__el_commit_free(&cand);
-  free(c.data);
+  el_free(es, c.data);
   return rc;
 }
 
@@ -284,7 +336,13 @@ HORA_EXPORT hora_result_t hora_elastic_hosts_changed(hora_elastic_t *es, int *ch
       fclose(f);
     }
   }
-  HORA_MPI_CHECK(MPI_Bcast(v, 2, MPI_INT, 0, es->comm));
+  int *b = malloc(sizeof v);
+  if (!b) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+  memcpy(b, v, sizeof v);
+  hora_result_t rc = el_bcast(es, b, 2, MPI_INT, 0);
+  memcpy(v, b, sizeof v);
+  el_free(es, b);
+  if (rc != HORA_SUCCESS) return rc;
   if (v[0] && es->rank == 0)
     HORA_INFO(CKPT, "elastic: %d nodes available, this step runs on %d: re-forming", v[1], es->ctx->cross_size);
   *changed = v[0];
