@@ -754,8 +754,11 @@ hora_result_t hora_elastic_restore(hora_elastic_t *es, hora_tensor_t *tensors, s
  * checkpoint is restored (if ck was given), else rank 0's current tensors are broadcast and
  * become commit 0 with an empty blob (a fresh start). Commit files older than the result are
  * removed. *commit gets the id held now; *blob_bytes (may be NULL) the blob's length.
+ * Waits watch the heartbeat: a peer that dies during the call gives HORA_ERR_REMOTE within
+ * HORA_PEER_TIMEOUT_S, and this rank's commit stays (hora_elastic_save still works).
  * Errors (every rank returns the same code, except HORA_ERR_MPI): HORA_ERR_INVALID_ARGUMENT
- *   (es or commit NULL, a bad tensor on any rank, blob_cap smaller than the blob), HORA_ERR_MISMATCH
+ *   (es or commit NULL, a bad tensor on any rank, blob_cap smaller than the blob), HORA_ERR_REMOTE
+ *   (a peer died or fell silent), HORA_ERR_MISMATCH
  *   (the ranks pass different tensors), hora_ckpt_restore's errors (HORA_ERR_CORRUPT, ...),
  *   HORA_ERR_NO_MEMORY, HORA_ERR_CUDA, HORA_ERR_MPI. On error this rank's commit is unchanged and
  *   the tensors are unchanged, except after a checkpoint restore that failed late. */
@@ -775,7 +778,8 @@ hora_result_t hora_elastic_save(hora_elastic_t *es);
  * (one broadcast): call it at the same point on every rank, for example at an epoch boundary
  * after a commit; on 1 the intended sequence is hora_elastic_save, hora_finalize,
  * exit(HORA_EXIT_ELASTIC), and the driver starts the next step on the nodes it has.
- * Errors: HORA_ERR_INVALID_ARGUMENT (a NULL argument), HORA_ERR_MPI. */
+ * Errors: HORA_ERR_INVALID_ARGUMENT (a NULL argument), HORA_ERR_REMOTE (a peer died or fell silent:
+ *   within HORA_PEER_TIMEOUT_S, as for sync), HORA_ERR_NO_MEMORY, HORA_ERR_MPI. */
 hora_result_t hora_elastic_hosts_changed(hora_elastic_t *es, int *changed);
 
 /* hora_elastic_commit_id: *commit = the id of the commit held (-1: none yet). Local.
