@@ -93,9 +93,28 @@ static void write_hosts(const el_t *e, int k) {
     launch_warn("elastic: cannot write %s: %m (the job will not grow back)", e->hosts_file);
 }
 
+/* The program's rank 0 writes "<hosts file>.commit" after its sync (runtime/ckpt/elastic_sync.c):
+ * print it once per step. */
+static void log_resumed(const el_t *e, int step, int *logged) {
+  char path[600], line[256];
+  snprintf(path, sizeof path, "%s.commit", e->hosts_file);
+  FILE *f = *logged ? NULL : fopen(path, "r");
+  if (!f) return;
+  if (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = 0;
+    fprintf(stderr, "launch: elastic: step %d resumed %s\n", step, line);
+    *logged = 1;
+  }
+  fclose(f);
+}
+
 /* Runs one srun step; while it runs, reports more usable nodes through the hosts file. Returns
  * srun's exit status (128+signal when killed). */
-static int run_step(const el_t *e, char **argv, int k, int *grew) {
+static int run_step(const el_t *e, char **argv, int k, int step, int *grew) {
+  char commit_file[600];
+  snprintf(commit_file, sizeof commit_file, "%s.commit", e->hosts_file);
+  unlink(commit_file);
+  int logged = 0;
   pid_t pid = fork();
   if (pid < 0) {
     launch_error("elastic: fork: %m");
@@ -118,6 +137,7 @@ static int run_step(const el_t *e, char **argv, int k, int *grew) {
     if (w < 0 && errno != EINTR) break;
     usleep(100000);
     if (now_s() < next || !usable) continue;
+    log_resumed(e, step, &logged);
     next = now_s() + 1;
     int n = query_usable(e, usable), cap = e->o->max_nodes ? e->o->max_nodes : e->nall;
     if (n > k && k < cap && !*grew) {
@@ -127,6 +147,8 @@ static int run_step(const el_t *e, char **argv, int k, int *grew) {
     }
   }
   g_srun = 0;
+  log_resumed(e, step, &logged);
+  unlink(commit_file);
   free(usable);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
@@ -204,7 +226,7 @@ int launch_elastic_run(const launch_opts_t *o, const launch_layout_t *l, char **
     fprintf(stderr, "launch: elastic: step %d (%s): %d nodes (%s), world size %d (was %d)\n", restart, reason, k, list,
             k * e.tpn, prev);
     fflush(NULL);
-    rc = run_step(&e, argv, k, &grew);
+    rc = run_step(&e, argv, k, restart, &grew);
     free(argv);
     prev = k * e.tpn;
     if (rc == 0 || rc == LAUNCH_EXIT_REQUEUE || restart >= o->max_restarts || g_signaled) {

@@ -280,6 +280,20 @@ static hora_result_t choose(hora_elastic_t *es, hora_tensor_t *t, size_t n, el_c
   return rc;
 }
 
+/* For the driver's log (launch --elastic): rank 0 writes "<HORA_ELASTIC_HOSTS_FILE>.commit" with
+ * the commit it resumed from (best effort: the driver only prints it). */
+static void report_resumed(const hora_elastic_t *es, const char *source) {
+  const char *hf = hora__params()->elastic_hosts_file;
+  if (!hf || !*hf) return;
+  char path[4200], tmp[4300];
+  snprintf(path, sizeof path, "%s.commit", hf);
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (!f) return;
+  int ok = fprintf(f, "commit %" PRId64 " from %s, world size %d\n", es->cur.id, source, es->size) > 0;
+  if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) unlink(tmp);
+}
+
 HORA_EXPORT hora_result_t hora_elastic_sync(hora_elastic_t *es, hora_tensor_t *tensors, size_t ntensors, void *blob,
                                             size_t blob_cap, size_t *blob_bytes, int64_t *commit) {
   if (!es) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_elastic_sync: es is NULL");
@@ -308,9 +322,11 @@ HORA_EXPORT hora_result_t hora_elastic_sync(hora_elastic_t *es, hora_tensor_t *t
   c.data = NULL;
   *commit = es->cur.id;
   if (top > 0) prune_files(es, top);
-  if (es->rank == 0)
+  if (es->rank == 0) {
     HORA_INFO(CKPT, "elastic: world size %d holds commit %" PRId64 " from %s (rank %d)", es->size, es->cur.id, source,
               from);
+    report_resumed(es, source);
+  }
 done:
   if (rc != HORA_SUCCESS && from_mem && es->cur.id < 0) {
     /* An error leaves this rank's commit as it was (choose() may have handed its data to c). */

@@ -146,6 +146,12 @@ def check(r, text):
                 r"world size 4 \(was 2\)"):
         if not re.search(pat, text):
             errors.append(f"no driver line /{pat}/")
+    for step, world in ((1, 2), (2, 4)):  # the driver logs the commit each step resumed from
+        m = re.search(rf"launch: elastic: step {step} resumed commit (\d+) from a surviving rank, world size {world}",
+                      text)
+        want = {c for w, c, _ in resumed if w == world}
+        if not m or {int(m.group(1))} != want:
+            errors.append(f"driver's resume line of step {step}: {m.group(0) if m else None}; the ranks synced {want}")
     if MODE == "c":
         m = re.search(r"ELASTIC_PROBE done world 4 wsum (\S+) errors (\d+)", text)
         want = expected_wsum()
