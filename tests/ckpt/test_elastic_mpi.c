@@ -203,6 +203,13 @@ int main(int argc, char **argv) {
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) ck_rmrf(root);
   unlink(hosts);
+  char hc[64];
+  snprintf(hc, sizeof hc, "%s.commit", hosts); /* rank 0's report of each sync for the driver */
+  if (rank == 0) {
+    struct stat st;
+    EXPECT(stat(hc, &st) == 0 && st.st_size > 0, "rank 0 wrote no %s after its syncs", hc);
+  }
+  unlink(hc);
   int ret = hora_test_finish_mpi("test_elastic_mpi");
   hora_finalize(ctx);
   MPI_Finalize();
