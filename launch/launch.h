@@ -33,6 +33,11 @@
 #define LAUNCH_MAX_RANKS LAUNCH_MAX_NAMES
 /* Default of --kill-after: seconds between ending a failed step with SIGTERM and with SIGKILL. */
 #define LAUNCH_KILL_AFTER_S 10
+/* Exit status of a rank whose step must be re-formed (HORA_EXIT_ELASTIC), and the driver's
+ * defaults. */
+#define LAUNCH_EXIT_ELASTIC 4
+#define LAUNCH_ELASTIC_RESTARTS 5
+#define LAUNCH_ELASTIC_WAIT_S 60
 
 typedef enum { LAUNCH_BIND_AUTO = 0, LAUNCH_BIND_NONE, LAUNCH_BIND_CORES, LAUNCH_BIND_GPU } launch_bind_t;
 
@@ -55,6 +60,11 @@ typedef struct {
   int mpirun_child;       /* internal: started by launch's own mpirun */
   const char *child_tpn;  /* internal: tasks per host of that mpirun */
   const char *child_hosts;/* internal: host names of that mpirun */
+  int elastic;            /* --elastic: the driver of an elastic job (allocation mode, elastic.c) */
+  int elastic_step;       /* internal: a step started by the driver (a failed rank does not end it) */
+  int min_nodes, max_nodes; /* --min-nodes, --max-nodes (0: 1, and every node of the allocation) */
+  int max_restarts;       /* --max-restarts (default LAUNCH_ELASTIC_RESTARTS) */
+  int elastic_wait_s;     /* --elastic-wait: how long to wait for --min-nodes usable nodes */
   char **prog;            /* the program and its arguments */
   char **argv0;           /* launch's own argv (to re-run itself) */
 } launch_opts_t;
@@ -184,4 +194,9 @@ int launch_plan_print_all(const launch_opts_t *o, const launch_layout_t *l);
 /* step.c: runs the program of this rank (step mode) with p's GPU and CPUs; returns launch's
  * exit status. `slurm_step`: 1 inside srun, 0 under launch's own mpirun. */
 int launch_step_run(const launch_opts_t *o, const launch_layout_t *l, launch_rank_plan_t *p, int slurm_step);
+
+/* elastic.c: the --elastic driver (allocation mode). `tail` is launch's own command line for the
+ * steps ("launch [opts] --elastic-step -- prog args", NULL-terminated); runs steps until one
+ * exits 0 or 3, or --max-restarts; returns the last step's status. */
+int launch_elastic_run(const launch_opts_t *o, const launch_layout_t *l, char **tail);
 #endif

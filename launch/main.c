@@ -128,6 +128,7 @@ static void push_self_opts(argv_t *a, const launch_opts_t *o) {
     push(a, kill_after);
   }
   if (o->verbose) push(a, "-v");
+  if (o->elastic || o->elastic_step) push(a, "--elastic-step");
 }
 
 /* Ends the argv with "-- prog args"; -1 after an error line when memory ran out. */
@@ -150,8 +151,18 @@ static int finish_argv(argv_t *a, const launch_opts_t *o) {
 /* ---- allocation mode */
 static int alloc_layout(const launch_opts_t *o, launch_layout_t *l) { return launch_layout_from_alloc(o, l); }
 
+/* --elastic: the driver runs the steps (elastic.c) with this launch's options as their tail. */
+static int elastic_start(const launch_opts_t *o, const launch_layout_t *l) {
+  argv_t a = {0};
+  push_self_opts(&a, o);
+  int rc = finish_argv(&a, o) == 0 ? launch_elastic_run(o, l, a.v) : LAUNCH_EXIT_SETUP;
+  free(a.v);
+  return rc;
+}
+
 static int alloc_start(const launch_opts_t *o, const launch_layout_t *l, launch_rank_plan_t *p) {
   (void)p;
+  if (o->elastic) return elastic_start(o, l);
   int uniform = 1;
   for (int i = 1; i < l->nnodes; i++) uniform &= l->tpn[i] == l->tpn[0];
   argv_t a = {0};
@@ -266,6 +277,11 @@ int main(int argc, char **argv) {
     return LAUNCH_EXIT_SETUP;
   }
   int in_step = getenv("SLURM_STEP_ID") && getenv("SLURM_PROCID");
+  if (o.elastic && (in_step || o.use_mpirun || o.hosts || !getenv("SLURM_JOB_ID"))) {
+    launch_error("--elastic runs in a batch script of a Slurm allocation (it starts the srun steps itself), "
+                 "not inside srun, with --mpirun or -H");
+    return LAUNCH_EXIT_SETUP;
+  }
   if (in_step && !o.use_mpirun) return run_mode(&o, &step_mode);
   if (getenv("SLURM_JOB_ID") && !o.use_mpirun && !o.hosts) return run_mode(&o, &alloc_mode);
   return run_mode(&o, &local_mode);

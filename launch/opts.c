@@ -31,9 +31,15 @@ static void usage(FILE *f) {
           "  --mpirun                   use mpirun even inside a Slurm allocation\n"
           "  --kill-after S             when a rank fails in an srun step: SIGTERM to the step, SIGKILL\n"
           "                             S seconds later if it still runs (default %d, 0..3600)\n"
+          "  --elastic                  (in a batch script) run the program as an elastic job: a new srun\n"
+          "                             step on the usable nodes after a rank or node is lost, and when\n"
+          "                             nodes come back (docs/elastic.md)\n"
+          "  --min-nodes N, --max-nodes N  bounds of an elastic job's node count (default 1 and all)\n"
+          "  --max-restarts N           new steps an elastic job may start (default %d)\n"
+          "  --elastic-wait S           wait this long for --min-nodes usable nodes (default %d s)\n"
           "  -v, --verbose              print the plan of each rank on stderr\n"
           "  -h, --help, --version\n",
-          LAUNCH_MAX_RANKS, LAUNCH_KILL_AFTER_S);
+          LAUNCH_MAX_RANKS, LAUNCH_KILL_AFTER_S, LAUNCH_ELASTIC_RESTARTS, LAUNCH_ELASTIC_WAIT_S);
 }
 
 /* A decimal number in [min, max] for option `name`; one error line when it is not. */
@@ -64,6 +70,8 @@ static int opt_flag(launch_opts_t *o, const char *name) {
       {"--allow-no-pmi", offsetof(launch_opts_t, allow_no_pmi), 1},
       {"--mpirun", offsetof(launch_opts_t, use_mpirun), 1},
       {"--mpirun-child", offsetof(launch_opts_t, mpirun_child), 1},
+      {"--elastic", offsetof(launch_opts_t, elastic), 1},
+      {"--elastic-step", offsetof(launch_opts_t, elastic_step), 1},
       {"-v", offsetof(launch_opts_t, verbose), 1},
       {"--verbose", offsetof(launch_opts_t, verbose), 1},
   };
@@ -81,6 +89,10 @@ static int opt_value(launch_opts_t *o, const char *name, const char *val) {
   if (IS("-np") || IS("-n") || IS("--np")) return opt_number(name, val, 1, LAUNCH_MAX_RANKS, &o->np) ? -1 : 1;
   if (IS("--gpus-per-rank")) return opt_number(name, val, 0, 1024, &o->gpus_per_rank) ? -1 : 1;
   if (IS("--kill-after")) return opt_number(name, val, 0, 3600, &o->kill_after_s) ? -1 : 1;
+  if (IS("--min-nodes")) return opt_number(name, val, 1, LAUNCH_MAX_NAMES, &o->min_nodes) ? -1 : 1;
+  if (IS("--max-nodes")) return opt_number(name, val, 1, LAUNCH_MAX_NAMES, &o->max_nodes) ? -1 : 1;
+  if (IS("--max-restarts")) return opt_number(name, val, 0, 1000, &o->max_restarts) ? -1 : 1;
+  if (IS("--elastic-wait")) return opt_number(name, val, 0, 86400, &o->elastic_wait_s) ? -1 : 1;
   if (IS("--bind")) {
     if (strcmp(val, "none") == 0) o->bind = LAUNCH_BIND_NONE;
     else if (strcmp(val, "cores") == 0) o->bind = LAUNCH_BIND_CORES;
@@ -110,7 +122,8 @@ static int opt_value(launch_opts_t *o, const char *name, const char *val) {
 
 static int takes_value(const char *name) {
   static const char *names[] = {"-np", "-n", "--np", "--gpus-per-rank", "--kill-after", "--bind", "-H", "--hosts",
-                                "--topology", "--gpus", "--output-dir", "--child-tpn", "--child-hosts", NULL};
+                                "--topology", "--gpus", "--output-dir", "--child-tpn", "--child-hosts",
+                                "--min-nodes", "--max-nodes", "--max-restarts", "--elastic-wait", NULL};
   for (int i = 0; names[i]; i++)
     if (strcmp(name, names[i]) == 0) return 1;
   return 0;
@@ -163,6 +176,8 @@ int launch_opts_parse(int argc, char **argv, launch_opts_t *o) {
   o->gpus_per_rank = -1;
   o->tag_output = 1;
   o->kill_after_s = LAUNCH_KILL_AFTER_S;
+  o->max_restarts = LAUNCH_ELASTIC_RESTARTS;
+  o->elastic_wait_s = LAUNCH_ELASTIC_WAIT_S;
   o->argv0 = argv;
   int i = 1;
   for (; i < argc; i++) {
@@ -175,6 +190,10 @@ int launch_opts_parse(int argc, char **argv, launch_opts_t *o) {
     if (rc != 0) return rc;
   }
   o->prog = i < argc ? argv + i : NULL;
+  if (o->min_nodes && o->max_nodes && o->min_nodes > o->max_nodes) {
+    launch_error("--min-nodes %d is above --max-nodes %d", o->min_nodes, o->max_nodes);
+    return -1;
+  }
   if (o->mpirun_child && (!o->child_tpn || !o->child_hosts)) {
     launch_error("--mpirun-child is internal to launch's local mode");
     return -1;

@@ -11,7 +11,9 @@
  * end: the reaper ignores the SIGTERM, checks twice a second whether the step is gone (then it
  * exits), and is killed with the step where Slurm tracks processes by cgroup. When Slurm itself sent this launch a
  * SIGTERM before the program died (preemption, scancel, another rank's launch ending the step),
- * the step is already being ended and launch adds nothing. */
+ * the step is already being ended and launch adds nothing. In a step of `launch --elastic`
+ * (--elastic-step) the step is not ended: the surviving ranks save their commit and exit with
+ * status 4 (HORA_EXIT_ELASTIC) on their own; only a late SIGKILL is armed. */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -125,6 +127,18 @@ static void report_failure(const launch_opts_t *o, const launch_layout_t *l, con
     snprintf(end, sizeof end, "; ending step %s on every node (SIGTERM, then SIGKILL after %d s)", id,
              o->kill_after_s);
   }
+  if (end_step && o->elastic_step) {
+    /* The survivors learn of this within HORA_PEER_TIMEOUT_S, save their commit and exit 4; a
+     * late SIGKILL covers survivors that hang. */
+    const char *pt = getenv("HORA_PEER_TIMEOUT_S");
+    int grace = (pt && atof(pt) > 0 ? (int)atof(pt) : 30) + 30;
+    snprintf(end, sizeof end, "; the other ranks re-form the job (step %s gets SIGKILL in %d s if still running)", id,
+             grace);
+    fprintf(stderr, "launch: rank %d (node %s): %s %s%s\n", l->rank, host, o->prog[0], what, end);
+    fflush(NULL);
+    start_reaper(id, grace);
+    return;
+  }
   fprintf(stderr, "launch: rank %d (node %s): %s %s%s\n", l->rank, host, o->prog[0], what, end);
   if (!end_step) return;
   fflush(NULL);
@@ -158,6 +172,9 @@ int launch_step_run(const launch_opts_t *o, const launch_layout_t *l, launch_ran
   if (rc == LAUNCH_EXIT_REQUEUE && !r.signaled)
     fprintf(stderr, "launch: rank %d (node %s): %s stopped for a requeue (status %d)\n", l->rank, host, o->prog[0],
             rc);
+  else if (rc == LAUNCH_EXIT_ELASTIC && o->elastic_step && !r.signaled)
+    fprintf(stderr, "launch: rank %d (node %s): %s stopped for the job to re-form (status %d)\n", l->rank, host,
+            o->prog[0], rc);
   else if (rc != 0)
     report_failure(o, l, host, &r, rc, slurm_step);
   return rc;

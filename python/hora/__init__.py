@@ -41,3 +41,5 @@ if hasattr(_lib, "hora_allreduce_async"):
     )
 if hasattr(_lib, "hora_ckpt_open"):
     from .checkpoint import EXIT_REQUEUE, Checkpoint, should_stop, stop_on_signal  # noqa: F401
+if hasattr(_lib, "hora_elastic_open"):
+    from . import elastic  # noqa: F401

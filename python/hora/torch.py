@@ -19,6 +19,7 @@ docs/horovod.md lists what is identical and what differs (process sets, Adasum).
 Only CPU tensors and, in a CUDA build, CUDA tensors of the rank's GPU are supported.
 """
 import os
+import sys
 
 import hora
 from . import _core
@@ -53,6 +54,9 @@ from ._torch_optim import (  # noqa: E402,F401
     DistributedOptimizer, allgather_object, broadcast_object, broadcast_optimizer_state,
     broadcast_parameters,
 )
+from . import _torch_elastic as elastic  # noqa: E402  (hvd.elastic.run, TorchState, ...)
+
+sys.modules[__name__ + ".elastic"] = elastic  # `from hora.torch.elastic import TorchState`
 
 
 def init(comm=None, process_sets=None):

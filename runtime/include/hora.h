@@ -695,6 +695,109 @@ hora_result_t hora_ckpt_on_signal(hora_ctx_t *ctx);
  * Errors: HORA_ERR_NOT_INITIALIZED, HORA_ERR_INVALID_ARGUMENT (stop NULL), HORA_ERR_MPI. */
 hora_result_t hora_should_stop(hora_ctx_t *ctx, int *stop);
 
+/* ---- elastic training (runtime/ckpt/elastic*.c, docs/elastic.md) ----
+ * A committed state: named tensors plus a small user blob (epoch, batch, RNG state), copied into
+ * this rank's memory by hora_elastic_commit. MPI cannot shrink a running world, so a job that
+ * loses a rank re-forms as a new Slurm step (`launch --elastic`): each survivor gets
+ * HORA_ERR_REMOTE, calls hora_elastic_save (no MPI) and exits with HORA_EXIT_ELASTIC; the ranks
+ * of the new step call hora_elastic_sync, which takes the newest commit any of them holds
+ * (memory, the survivors' files, else the checkpoint pipeline) from the lowest rank holding it.
+ * Commit ids grow by one per commit across steps; 0 is the initial state of a fresh start.
+ * Threads: one elastic state is used by one thread at a time. Host and device tensors (device
+ * ones as for hora_ckpt_save). */
+typedef struct hora_elastic hora_elastic_t;
+
+/* Exit status of a survivor whose step must be re-formed (after hora_elastic_save): `launch
+ * --elastic` starts a new step on the nodes still usable. */
+#define HORA_EXIT_ELASTIC 4
+/* The largest user blob in bytes. */
+#define HORA_ELASTIC_BLOB_MAX 65536
+
+/* hora_elastic_open: create an elastic state. Collective over ctx (every rank, the same
+ * arguments). `dir`: where survivors write their commit (created with parents if missing;
+ * node-local disk works: the new step's ranks read the files they can see, and the lowest rank
+ * holding the newest one sends it). dir NULL: HORA_ELASTIC_DIR, else $SLURM_TMPDIR/hora-elastic,
+ * else /tmp/hora-elastic-$SLURM_JOB_ID, else /tmp/hora-elastic-<uid>. dir belongs to one run: a
+ * commit file of an earlier run with the same tensors left in it is taken as this run's newest
+ * commit (the defaults are per Slurm job, and stay across a requeue of the same job). `ck` (may be NULL): a checkpointer of ctx; every ckpt_every-th
+ * commit (ids divisible by it; 0: never) is also saved there as step <id> (only rank 0 writes),
+ * with the blob as the uint8 tensor "hora_elastic_blob" of HORA_ELASTIC_BLOB_MAX elements. Close
+ * the state before hora_ckpt_close. hora_finalize releases the MPI resources of a state left
+ * open; hora_elastic_close still frees it.
+ * ctx may be a process set (its members form the world of the state; ck must then be NULL).
+ * Errors: HORA_ERR_NOT_INITIALIZED (ctx not live), HORA_ERR_INVALID_ARGUMENT (es NULL, dir
+ *   empty, ckpt_every negative, ck of another context; on a rank outside a set), HORA_ERR_IO (dir cannot
+ *   be created or fails the shared-node check of hora_ckpt_open, on any rank: all return it),
+ *   HORA_ERR_MPI, HORA_ERR_NO_MEMORY. *es is unchanged on error. */
+hora_result_t hora_elastic_open(hora_ctx_t *ctx, const char *dir, hora_ckpt_t *ck, int ckpt_every,
+                                hora_elastic_t **es);
+
+/* hora_elastic_commit: copy the ntensors tensors and blob_bytes bytes of blob into this rank's
+ * memory as the next commit (id = previous + 1), replacing the previous one. Local, blocking
+ * (returns when the copy is done: the caller may change its tensors at once), except every
+ * ckpt_every-th commit, which also calls hora_ckpt_save and is then collective: call it at the same
+ * point on every rank (as Horovod's state.commit()).
+ * Errors: HORA_ERR_INVALID_ARGUMENT (es NULL; tensors NULL with ntensors > 0; a tensor with a NULL
+ *   or empty name, the name "hora_elastic_blob", NULL data and count > 0, an unknown dtype or
+ *   device; blob NULL with blob_bytes > 0; blob_bytes > HORA_ELASTIC_BLOB_MAX), HORA_ERR_NO_MEMORY,
+ *   HORA_ERR_CUDA / HORA_ERR_NOT_SUPPORTED (device tensors); on these the previous commit stays.
+ *   A checkpoint commit also returns hora_ckpt_save's errors; the in-memory commit is then already
+ *   made. */
+hora_result_t hora_elastic_commit(hora_elastic_t *es, const hora_tensor_t *tensors, size_t ntensors,
+                                  const void *blob, size_t blob_bytes);
+
+/* hora_elastic_restore: copy the last commit (or sync) back into the tensors and blob: bit for
+ * bit what was committed. Local. *blob_bytes (may be NULL) gets the blob's length.
+ * Errors: HORA_ERR_INVALID_ARGUMENT (es NULL, a bad tensor as for commit, blob NULL or blob_cap
+ *   smaller than the committed blob), HORA_ERR_NOT_FOUND (nothing committed or synced yet),
+ *   HORA_ERR_MISMATCH (other names, dtypes or counts than the commit's), HORA_ERR_CUDA. Nothing
+ *   is written on these errors except HORA_ERR_CUDA. */
+hora_result_t hora_elastic_restore(hora_elastic_t *es, hora_tensor_t *tensors, size_t ntensors, void *blob,
+                                   size_t blob_cap, size_t *blob_bytes);
+
+/* hora_elastic_sync: make every rank hold the same commit and write it into the tensors and
+ * blob. Collective (every rank, the same tensor names, dtypes and counts); blocking. Each rank's
+ * candidate is its in-memory commit, else the newest valid commit file in dir (any rank's; a
+ * corrupt or foreign one is skipped with a warning); the newest id over all ranks wins and the
+ * lowest rank holding it broadcasts it. With no candidate anywhere, the checkpointer's newest
+ * checkpoint is restored (if ck was given), else rank 0's current tensors are broadcast and
+ * become commit 0 with an empty blob (a fresh start). Commit files older than the result are
+ * removed. *commit gets the id held now; *blob_bytes (may be NULL) the blob's length.
+ * Waits watch the heartbeat: a peer that dies during the call gives HORA_ERR_REMOTE within
+ * HORA_PEER_TIMEOUT_S, and this rank's commit stays (hora_elastic_save still works).
+ * Errors (every rank returns the same code, except HORA_ERR_MPI): HORA_ERR_INVALID_ARGUMENT
+ *   (es or commit NULL, a bad tensor on any rank, blob_cap smaller than the blob), HORA_ERR_REMOTE
+ *   (a peer died or fell silent), HORA_ERR_MISMATCH
+ *   (the ranks pass different tensors), hora_ckpt_restore's errors (HORA_ERR_CORRUPT, ...),
+ *   HORA_ERR_NO_MEMORY, HORA_ERR_CUDA, HORA_ERR_MPI. On error this rank's commit is unchanged and
+ *   the tensors are unchanged, except after a checkpoint restore that failed late. */
+hora_result_t hora_elastic_sync(hora_elastic_t *es, hora_tensor_t *tensors, size_t ntensors, void *blob,
+                                size_t blob_cap, size_t *blob_bytes, int64_t *commit);
+
+/* hora_elastic_save: write this rank's last commit to dir/commit-<id>.r<rank>.hora (temporary
+ * name, fsync, rename; CRC32C), for the next step's hora_elastic_sync. Local, uses no MPI: call
+ * it after HORA_ERR_REMOTE, then hora_finalize and exit(HORA_EXIT_ELASTIC).
+ * Errors: HORA_ERR_INVALID_ARGUMENT (es NULL), HORA_ERR_NOT_FOUND (nothing committed or synced),
+ *   HORA_ERR_IO (dir or the file; no file appears under the final name), HORA_ERR_NO_MEMORY. */
+hora_result_t hora_elastic_save(hora_elastic_t *es);
+
+/* hora_elastic_hosts_changed: *changed = 1 on every rank when the driver (`launch --elastic`)
+ * reports another number of usable nodes than this step runs on (rank 0 reads the first line of
+ * HORA_ELASTIC_HOSTS_FILE; a missing or unreadable file means no change), else 0. Collective
+ * (one broadcast): call it at the same point on every rank, for example at an epoch boundary
+ * after a commit; on 1 the intended sequence is hora_elastic_save, hora_finalize,
+ * exit(HORA_EXIT_ELASTIC), and the driver starts the next step on the nodes it has.
+ * Errors: HORA_ERR_INVALID_ARGUMENT (a NULL argument), HORA_ERR_REMOTE (a peer died or fell silent:
+ *   within HORA_PEER_TIMEOUT_S, as for sync), HORA_ERR_NO_MEMORY, HORA_ERR_MPI. */
+hora_result_t hora_elastic_hosts_changed(hora_elastic_t *es, int *changed);
+
+/* hora_elastic_commit_id: *commit = the id of the commit held (-1: none yet). Local.
+ * Errors: HORA_ERR_INVALID_ARGUMENT (a NULL argument). */
+hora_result_t hora_elastic_commit_id(hora_elastic_t *es, int64_t *commit);
+
+/* hora_elastic_close: free the state (local; es NULL is a no-op). Always HORA_SUCCESS. */
+hora_result_t hora_elastic_close(hora_elastic_t *es);
+
 /* ---- record files (runtime/data) ----
  * TFRecord-framed files (docs/data.md): each record is
  *   uint64 length (little-endian) | uint32 masked_crc32c(length bytes) | data | uint32 masked_crc32c(data)

@@ -224,6 +224,11 @@ CLI_ERRORS = [
     ("empty value", ["--hosts=", "--dry-run"], ["option --hosts: the value is empty"]),
     ("bad -H", ["-H", "a:x", "--dry-run"], ["-H:", "slot count"]),
     ("-H slots too many", ["-H", "a:1048576,b:1", "--dry-run"], ["-H offers 1048577 slots", "give -np N"]),
+    ("--elastic outside an allocation", ["--elastic", "true"], ["--elastic runs in a batch script"]),
+    ("--min-nodes above --max-nodes", ["--elastic", "--min-nodes", "3", "--max-nodes", "2", "true"],
+     ["--min-nodes 3 is above --max-nodes 2"]),
+    ("--min-nodes zero", ["--min-nodes", "0", "true"], ["option --min-nodes: 0 is out of range"]),
+    ("--max-restarts too large", ["--max-restarts", "1001", "true"], ["option --max-restarts: 1001 is out of range (0..1000)"]),
     ("no program", ["-np", "2"], ["no program given"]),
     ("missing program", ["-np", "2", "./no/such/prog"], ["program './no/such/prog' does not exist"]),
 ]
