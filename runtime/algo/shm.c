@@ -331,10 +331,8 @@ static hora_result_t stall_check(struct hora_shm *s, const char *fn, uint64_t ca
               "still busy; HORA_STALL_SHUTDOWN_S ends such a wait with an error)", fn, waited, missing);
   }
   if (!over_stop) return HORA_SUCCESS;
-  char msg[256];
-  snprintf(msg, sizeof msg, "%s: rank(s) %s did not call it within HORA_STALL_SHUTDOWN_S=%g s (alive, but they "
-           "skipped this call or are stuck elsewhere)", fn, missing, stop);
-  return HORA_ERR(HORA_ERR_TIMEOUT, "%s", msg);
+  return HORA_ERR(HORA_ERR_TIMEOUT, "%s: rank(s) %s did not call it within HORA_STALL_SHUTDOWN_S=%g s (alive, but "
+                  "they skipped this call or are stuck elsewhere)", fn, missing, stop);
 }
 
 /* Publish this rank's call descriptor (place by call parity) and its call number; returns it. */

@@ -236,7 +236,7 @@ int main(void) {
   int mounted[3] = {0, 0, 0};
   if (geteuid() == 0) {
     for (int i = 0; i < 3; i++) {
-      char name[16];
+      char name[24];
       snprintf(name, sizeof name, "small%d", i + 1);
       mounted[i] = mount_small(root, name, M[i], sizeof M[i]);
     }

@@ -10,6 +10,8 @@
 # test 4x longer); the plain command builds them where nvcc exists, and the main build tests them.
 #   pip_fresh_clone_check.sh SOURCE_DIR PYTHON MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
+# (grep reads each listing to its end, not grep -q: with pipefail, a writer cut off by SIGPIPE
+# would fail the check although the line was there)
 src=$1 py=$2
 shift 2
 work=$(mktemp -d "${TMPDIR:-/tmp}/hora-pip-clone.XXXXXX")
@@ -38,7 +40,7 @@ echo "== pip wheel ./python, then the wheel alone in another venv"
 env -u HORA_BUILD_DIR -u HORA_PREFIX "$work/venv-a/bin/python" -m pip wheel -q --no-deps \
   --config-settings=cmake.define.HORA_WITH_CUDA=OFF -w "$work/wheels" ./python || fail "pip wheel ./python failed"
 whl=$(ls "$work"/wheels/hora-*.whl)
-"$work/venv-a/bin/python" -m zipfile -l "$whl" | grep -q "hora/lib/libhora.so" || fail "$whl lacks hora/lib/libhora.so"
+"$work/venv-a/bin/python" -m zipfile -l "$whl" | grep "hora/lib/libhora.so" >/dev/null || fail "$whl lacks hora/lib/libhora.so"
 cd "$work"
 rm -rf "$work/hora" # nothing may refer back to the source or its build folder
 "$py" -m venv "$work/venv-b"
@@ -61,6 +63,6 @@ assert avg.tolist() == [1.5, 1.5, 1.5, 1.5], avg
 hora.shutdown()
 print("rank", r, "allreduce OK from", hora.__file__)
 ' || fail "$v: the 2-rank allreduce failed"
-  "$work/$v/bin/hora-launch" --help | grep -q "usage: launch" || fail "$v: hora-launch --help"
+  "$work/$v/bin/hora-launch" --help | grep "usage: launch" >/dev/null || fail "$v: hora-launch --help"
 done
 echo "PASS: pip install ./python and its wheel work from a clean copy"
