@@ -95,6 +95,7 @@ static hora_result_t shadow_create(hora_ctx_t *ctx, hora_ctx_t **out) {
   s->finalizers = NULL;
   s->algo = s->engine = s->ckpt = s->trace = s->signal = NULL;
   s->mpi_owned = 0;
+  s->calls = NULL; /* the engine's traffic is not the program's blocking calls */
   s->overlaps_compute = 1; /* the engine reduces while the training loop computes (algo/dispatch.c) */
   pthread_mutex_init(&s->lock, NULL);
   int rc = MPI_Comm_dup(ctx->world, &s->world);
@@ -333,6 +334,13 @@ void hora__engine_abort(hora_ctx_t *ctx, hora_result_t rc, const char *msg) {
   hora_engine_t *eng = ctx->engine;
   pthread_mutex_unlock(&ctx->lock);
   if (eng) hora__engine_fail(eng, rc, "%s", msg);
+}
+
+void hora__engine_on_finalize_begin(hora_ctx_t *ctx) {
+  pthread_mutex_lock(&ctx->lock);
+  hora_engine_t *eng = ctx->engine;
+  pthread_mutex_unlock(&ctx->lock);
+  if (eng && eng->hb_owned) hora__hb_announce_finalize(eng->hb);
 }
 
 hora_result_t hora__engine_on_init(hora_ctx_t *ctx) {

@@ -155,6 +155,12 @@ typedef struct eng_hb eng_hb_t;
 hora_result_t hora__hb_start(struct hora_engine *eng, eng_hb_t **out);
 void hora__hb_stop(eng_hb_t *hb); /* sends BYE unless failed, joins the thread, closes the socket */
 void hora__hb_mute(eng_hb_t *hb); /* stop sending heartbeats, keep listening */
+/* hora_finalize began: tell every other rank (three datagrams each, from the caller's thread) how
+ * many blocking calls this rank completed on the context (struct hora_calls), so that a peer
+ * inside, or later entering, a call above that number fails with HORA_ERR_REMOTE naming this rank
+ * instead of waiting for it. No-op without heartbeats, and after a failure (the peers learn of it
+ * from this rank's silence, with its cause). */
+void hora__hb_announce_finalize(eng_hb_t *hb);
 
 /* ---- the engine ---- */
 typedef struct hora_engine {
