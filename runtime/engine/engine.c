@@ -10,9 +10,11 @@
  *
  * The thread runs cycles: sleep until the cycle time has passed (HORA_CYCLE_TIME_MS; after 50
  * cycles in which no rank had anything pending the sleep doubles up to 10 ms, and then an
- * enqueue wakes it at once), negotiate (negotiate.c), run what is ready (fusion.c). It stops
- * when every rank has asked it to (hora_finalize runs the engine's finalizer on every rank); the
- * requests still pending then fail with HORA_ERR_SHUTDOWN.
+ * enqueue wakes it at once), negotiate (negotiate.c), run what is ready (fusion.c). It stops on
+ * every rank in the cycle after any rank asked it to (hora_finalize runs the engine's finalizer):
+ * a rank that finalizes submits nothing more, so the requests still pending anywhere fail with
+ * HORA_ERR_SHUTDOWN, and so do later submits on the ranks that have not finalized (Horovod's
+ * behaviour: one rank's shutdown ends the others' waits instead of hanging them).
  *
  * Failure: a dead peer (heartbeat.c) or a failed MPI call completes every live handle with the
  * error (hora__engine_fail) and the thread leaves its loop at its next check. If it is stuck in a
@@ -217,7 +219,18 @@ static void *engine_main(void *arg) {
   if (atomic_load(&eng->dead)) {
     fail_all_pending(eng, eng->fail_rc, eng->dead_msg);
   } else {
-    fail_all_pending(eng, HORA_ERR_SHUTDOWN, "cancelled: hora_finalize ran while this request was pending");
+    /* Stopped by this rank's hora_finalize, or by another rank's: then refuse later submits. */
+    pthread_mutex_lock(&eng->mu);
+    int mine = eng->stop_requested;
+    eng->peer_stopped = !mine;
+    pthread_mutex_unlock(&eng->mu);
+    char msg[256];
+    if (mine)
+      snprintf(msg, sizeof msg, "cancelled: hora_finalize ran while this request was pending");
+    else
+      snprintf(msg, sizeof msg, "cancelled: %s called hora_finalize while this request was pending (the async engine "
+               "stops on every rank once one rank's hora_finalize begins)", hora__engine_who_finalized(eng));
+    fail_all_pending(eng, HORA_ERR_SHUTDOWN, msg);
   }
   pthread_mutex_lock(&eng->mu);
   eng->exited = 1;
@@ -340,7 +353,23 @@ void hora__engine_on_finalize_begin(hora_ctx_t *ctx) {
   pthread_mutex_lock(&ctx->lock);
   hora_engine_t *eng = ctx->engine;
   pthread_mutex_unlock(&ctx->lock);
-  if (eng && eng->hb_owned) hora__hb_announce_finalize(eng->hb);
+  if (!eng) return;
+  if (eng->hb_owned) hora__hb_announce_finalize(eng->hb);
+  /* Ask the engine, and every process set's, to stop now rather than when its finalizer comes:
+   * the finalizers that run before it (newest first: the algorithm state's, the sets') meet the
+   * other ranks, which may be waiting for an async request of this rank's that will never come;
+   * the stop cancels those (negotiate.c) so that they come to their own hora_finalize. */
+  pthread_mutex_lock(&eng->mu);
+  eng->stop_requested = 1;
+  pthread_cond_broadcast(&eng->cv);
+  for (size_t i = 0; i < eng->nsubs; i++) {
+    hora_engine_t *sub = eng->subs[i];
+    pthread_mutex_lock(&sub->mu);
+    sub->stop_requested = 1;
+    pthread_cond_broadcast(&sub->cv);
+    pthread_mutex_unlock(&sub->mu);
+  }
+  pthread_mutex_unlock(&eng->mu);
 }
 
 hora_result_t hora__engine_on_init(hora_ctx_t *ctx) {

@@ -35,7 +35,16 @@
  * arrived. Until then the limit is HORA_INIT_TIMEOUT_S (default 300 s), counted from the start of
  * this thread, and the message says start-up and names every rank not heard from yet (they did
  * not start, or UDP from them cannot reach this rank: a firewall between the nodes). Only after
- * the first heartbeat from a peer does HORA_PEER_TIMEOUT_S apply to it.
+ * the first heartbeat from a peer does HORA_PEER_TIMEOUT_S apply to it, and hora_init waits for
+ * that first heartbeat of every watched rank (wait_first_contact), so that a peer that stops
+ * right after start-up is not watched with the start-up limit.
+ *
+ * The datagrams also carry the blocking-call counts of the context (struct hora_calls, core/ctx.h):
+ * each heartbeat to rank 0 the sender's count of entered calls, each of rank 0's heartbeats the
+ * rank with the fewest (the stall inspection of the call check across nodes names it), and
+ * hora_finalize sends FIN to every rank with its count of completed calls: a rank inside, or
+ * entering, a call above that number waits for a rank that will never come, and fails
+ * (check_outside) instead of hanging.
  *
  * A rank whose engine fails by itself (an MPI error), and every rank that learns of a failure
  * (it declared a peer dead, or rank 0 told it), stops sending heartbeats, so that the ranks that

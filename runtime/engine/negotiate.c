@@ -4,7 +4,10 @@
  * Step 1, every cycle: one MPI_Iallreduce(BAND) of a bit vector over the engine's communicator.
  *   word 0        flags, each phrased so that AND gives the answer:
  *                   NO_SLOW      "I need no coordinator round"       AND=0: run step 2
- *                   WANT_STOP    "hora_finalize is waiting"          AND=1: stop after this cycle
+ *                   NOT_STOPPING "hora_finalize has not begun here"  AND=0: every rank stops after
+ *                                this cycle (one rank's hora_finalize stops them all, as in Horovod:
+ *                                it will submit nothing more, so what the others still wait for
+ *                                is cancelled with HORA_ERR_SHUTDOWN instead of hanging)
  *                   IDLE         "nothing pending here"              AND=1: back off the cycle
  *                   NOT_JOINED   "I have not called hora_join"       AND=0: some rank joined
  *                   JOINED       "I have called hora_join"           AND=1: all joined, the
@@ -38,7 +41,7 @@
 
 #include "engine/engine.h"
 
-enum { F_NO_SLOW = 1, F_WANT_STOP = 2, F_IDLE = 4, F_NOT_JOINED = 8, F_JOINED = 16 };
+enum { F_NO_SLOW = 1, F_NOT_STOPPING = 2, F_IDLE = 4, F_NOT_JOINED = 8, F_JOINED = 16 };
 
 /* ---- a growable byte buffer for the wire format ---- */
 typedef struct {
@@ -217,7 +220,7 @@ static void bits_fill(cycle_t *c) {
   uint64_t flags = 0;
   if (!want_slow) flags |= F_NO_SLOW;
   pthread_mutex_lock(&eng->mu);
-  if (eng->stop_requested) flags |= F_WANT_STOP;
+  if (!eng->stop_requested) flags |= F_NOT_STOPPING;
   pthread_mutex_unlock(&eng->mu);
   if (c->nreq == 0 && !eng->joined) flags |= F_IDLE;
   if (!eng->joined) flags |= F_NOT_JOINED;
@@ -483,7 +486,7 @@ hora_result_t hora__negotiate(hora_engine_t *eng, eng_resp_t **run_list, size_t 
   bits_fill(&c);
   HORA_CHECK_GOTO(bits_exchange(&c), rc, done);
   uint64_t flags = c.bits[0];
-  *stop = (flags & F_WANT_STOP) != 0;
+  *stop = (flags & F_NOT_STOPPING) == 0;
   *all_idle = (flags & F_IDLE) != 0;
   eng->any_joined = !(flags & F_NOT_JOINED);
   HORA_CHECK_GOTO(bits_apply(&c), rc, done);

@@ -11,6 +11,9 @@
  *             its own and returns early) and calls hora_finalize: the others' allreduce must fail
  *             with HORA_ERR_REMOTE saying the victim called hora_finalize, and every rank's
  *             hora_finalize must return (issue 14: it hung, each side waiting for the other)
+ *   async     as finalize, but the others wait for an async allreduce (hora_allreduce_async +
+ *             hora_wait) that the victim never submits: it must fail with HORA_ERR_SHUTDOWN naming
+ *             the victim (one rank's hora_finalize stops the async engine on every rank)
  *   pset      the victim stops (SIGSTOP) instead of calling hora_process_set_create: the others'
  *             create must fail with HORA_ERR_REMOTE naming it (it waited in MPI_Allreduce forever)
  *   early     the victim's first heartbeat is late (HORA_TEST_FAULT=init:late:VICTIM, set by the
@@ -113,6 +116,10 @@ int main(int argc, char **argv) {
   }
   if (rank == victim) {
     if (!strcmp(kase, "finalize")) finish(ctx, hold);
+    if (!strcmp(kase, "async")) {
+      sleep_s(0.5); /* the others' request is pending by then */
+      finish(ctx, hold);
+    }
     if (!strcmp(kase, "stall")) {
       const char *ss = getenv("HORA_STALL_SHUTDOWN_S");
       sleep_s((ss ? atof(ss) : 0) + 2 * peer_s + 2); /* alive, heartbeats flowing, not calling */
@@ -122,7 +129,7 @@ int main(int argc, char **argv) {
     kill(getpid(), SIGSTOP); /* pset, early: hung, not dead (the driver's mpirun kills it at the end) */
     return 0;
   }
-  sleep_s(0.1);
+  if (strcmp(kase, "async")) sleep_s(0.1);
   if (!strcmp(kase, "pset")) {
     int *all = malloc((size_t)n * sizeof *all);
     for (int i = 0; i < n; i++) all[i] = i;
@@ -130,6 +137,18 @@ int main(int argc, char **argv) {
     STEP("call", hora_process_set_create(ctx, all, (size_t)n, &set));
     free(all);
     if (rc == HORA_SUCCESS) hora_process_set_destroy(set);
+  } else if (!strcmp(kase, "async")) {
+    static float a[COUNT], b[COUNT];
+    hora_handle_t *h = NULL;
+    double t0 = now_s();
+    rc = hora_allreduce_async(ctx, "never", a, b, COUNT, HORA_FLOAT32, HORA_SUM, 1.0, 1.0, HORA_DEVICE_HOST, &h);
+    if (rc == HORA_SUCCESS) {
+      rc = hora_wait(h);
+      hora_handle_free(h);
+    }
+    report("call", rc, now_s() - t0);
+    STEP("submit_after", hora_allreduce_async(ctx, "later", a, b, COUNT, HORA_FLOAT32, HORA_SUM, 1.0, 1.0,
+                                              HORA_DEVICE_HOST, &h));
   } else {
     STEP("call", allreduce(ctx, n, &bad));
   }

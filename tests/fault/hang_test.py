@@ -8,6 +8,8 @@ under mpirun with a hard limit and checks every rank's result lines:
   finalize  every other rank: the allreduce fails with HORA_ERR_REMOTE saying the victim called
             hora_finalize, within a second; every rank, the victim too: hora_finalize returns
             within HORA_PEER_TIMEOUT_S plus a few seconds
+  async     as finalize, with an async allreduce the victim never submits: HORA_ERR_SHUTDOWN
+            naming the victim within a second, and a later submit fails with HORA_ERR_SHUTDOWN
   pset      every other rank: hora_process_set_create fails with HORA_ERR_REMOTE naming the victim
             within HORA_PEER_TIMEOUT_S plus a second and a half
   early     every other rank: the allreduce fails with HORA_ERR_REMOTE naming the victim within
@@ -70,6 +72,12 @@ names_victim = rf"\brank {victim}\b"
 if case == "finalize":
     for r in others:
         want(r, "call", ["HORA_ERR_REMOTE"], 1.0, rf"rank {victim} called hora_finalize")
+    for r in range(np_):
+        want(r, "finalize", ["HORA_SUCCESS", "HORA_ERR_REMOTE"], PEER_S + 6.0)
+elif case == "async":
+    for r in others:
+        want(r, "call", ["HORA_ERR_SHUTDOWN"], 1.0, rf"rank {victim} called hora_finalize")
+        want(r, "submit_after", ["HORA_ERR_SHUTDOWN"], 0.5, rf"after rank {victim} called hora_finalize")
     for r in range(np_):
         want(r, "finalize", ["HORA_SUCCESS", "HORA_ERR_REMOTE"], PEER_S + 6.0)
 elif case in ("pset", "early"):
