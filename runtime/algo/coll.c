@@ -162,15 +162,27 @@ hora_result_t hora__reducescatter_host(hora_ctx_t *ctx, const void *sendbuf, voi
 
 /* The call counts of the context hora_init made (ctx->calls, core/ctx.h), which its heartbeat
  * reads: a peer that finalized before this call, or never entered it, is found by them. Every
- * call that takes part in the call check counts as entered, on every rank in the same order. */
+ * call that takes part in the call check counts as entered, on every rank in the same order (a
+ * call the one-node stall inspection ended with HORA_ERR_TIMEOUT took its arrival back, and its
+ * number: the context stays usable). A call is done when no rank needs this one any more: it
+ * succeeded, or the check ended it on every rank (HORA_ERR_MISMATCH, or this rank's own invalid
+ * arguments, which the others learn as a mismatch). */
+static void mark_done(hora_ctx_t *ctx) {
+  if (ctx->calls)
+    __atomic_store_n(&ctx->calls->done, __atomic_load_n(&ctx->calls->entered, __ATOMIC_RELAXED), __ATOMIC_RELEASE);
+}
+
 static hora_result_t agree(hora_ctx_t *ctx, const char *fn, const hora_call_desc_t *d) {
   if (ctx->calls) __atomic_add_fetch(&ctx->calls->entered, 1, __ATOMIC_RELEASE);
-  return hora__call_agree(ctx, fn, d);
+  hora_result_t rc = hora__call_agree(ctx, fn, d);
+  if (rc == HORA_ERR_MISMATCH) mark_done(ctx);
+  if (rc == HORA_ERR_TIMEOUT && ctx->calls && !hora__ctx_failed(ctx))
+    __atomic_sub_fetch(&ctx->calls->entered, 1, __ATOMIC_RELEASE);
+  return rc;
 }
 
 static hora_result_t done(hora_ctx_t *ctx, hora_result_t rc) {
-  if (rc == HORA_SUCCESS && ctx->calls)
-    __atomic_store_n(&ctx->calls->done, __atomic_load_n(&ctx->calls->entered, __ATOMIC_RELAXED), __ATOMIC_RELEASE);
+  if (rc == HORA_SUCCESS) mark_done(ctx);
   return rc;
 }
 
@@ -189,7 +201,8 @@ static hora_result_t refuse(hora_ctx_t *ctx, const char *fn, hora_call_desc_t *d
   snprintf(msg, sizeof msg, "%s", hora_last_error());
   d->kind = HORA_CALL_INVALID;
   d->count = 0, d->dtype = 0, d->op = 0, d->root = 0, d->device = 0, d->shape = 0;
-  (void)agree(ctx, fn, d);
+  hora_result_t arc = agree(ctx, fn, d);
+  if (arc != HORA_ERR_TIMEOUT && !hora__ctx_failed(ctx)) mark_done(ctx); /* the others got the mismatch */
   return HORA_ERR(rc, "%s", msg);
 }
 

@@ -114,9 +114,10 @@ hora_result_t hora__ctx_verdict(const hora_ctx_t *ctx, const char *what);
  * (engine/heartbeat.c) reads and fills, all with __atomic_* (no lock):
  * - entered, done: written by the public blocking calls (algo/coll.c): `entered` counts every call
  *   that took part in the call check (the same sequence on every rank), `done` is set to it when
- *   the call returns HORA_SUCCESS. A heartbeat to rank 0 carries `entered`; hora_finalize's
- *   announcement carries `done`: a peer still inside (or entering) a call numbered above a
- *   finalized rank's `done` waits for a rank that will never come, and fails (HORA_ERR_REMOTE).
+ *   no rank needs this rank's part of the call any more (it succeeded, or the check ended it on
+ *   every rank). A heartbeat to rank 0 carries `entered`; hora_finalize's announcement carries
+ *   `done`: a peer inside a call (its entered > its done) numbered above a finalized rank's `done`
+ *   waits for a rank that will never come, and fails (HORA_ERR_REMOTE).
  * - fin: the finalize announcement with the fewest done calls among the peers that sent one,
  *   (done << 24) | (rank + 1); 0: none yet.
  * - lag: rank 0's view, relayed in its heartbeats, of the rank that entered the fewest calls

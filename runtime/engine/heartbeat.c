@@ -260,8 +260,10 @@ static void check_outside(eng_hb_t *hb, hb_state_t *s) {
   }
   uint64_t fin = hb->calls ? __atomic_load_n(&hb->calls->fin, __ATOMIC_ACQUIRE) : 0;
   if (!fin) return;
+  /* Only while this rank is inside a call (entered > its own done) that the peer never finished;
+   * between calls nothing waits, and the next call, numbered higher, fails here then. */
   uint64_t done = fin >> 24, entered = __atomic_load_n(&hb->calls->entered, __ATOMIC_ACQUIRE);
-  if (entered <= done) return;
+  if (entered <= done || entered <= __atomic_load_n(&hb->calls->done, __ATOMIC_ACQUIRE)) return;
   s->declared = 1;
   hora__engine_fail(eng, HORA_ERR_REMOTE,
                     "rank %d called hora_finalize after completing %llu blocking collective%s on this context, "
