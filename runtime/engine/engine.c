@@ -11,10 +11,10 @@
  * The thread runs cycles: sleep until the cycle time has passed (HORA_CYCLE_TIME_MS; after 50
  * cycles in which no rank had anything pending the sleep doubles up to 10 ms, and then an
  * enqueue wakes it at once), negotiate (negotiate.c), run what is ready (fusion.c). It stops on
- * every rank in the cycle after any rank asked it to (hora_finalize runs the engine's finalizer):
- * a rank that finalizes submits nothing more, so the requests still pending anywhere fail with
- * HORA_ERR_SHUTDOWN, and so do later submits on the ranks that have not finalized (Horovod's
- * behaviour: one rank's shutdown ends the others' waits instead of hanging them).
+ * every rank when every rank has asked it to (hora_finalize), or as soon as one rank that asked
+ * has nothing pending: that rank submits nothing more, so the requests still pending anywhere
+ * fail with HORA_ERR_SHUTDOWN, and so do later submits on the ranks that have not finalized
+ * (Horovod's behaviour: one rank's shutdown ends the others' waits instead of hanging them).
  *
  * Failure: a dead peer (heartbeat.c) or a failed MPI call completes every live handle with the
  * error (hora__engine_fail) and the thread leaves its loop at its next check. If it is stuck in a
