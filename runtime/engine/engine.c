@@ -229,7 +229,7 @@ static void *engine_main(void *arg) {
       snprintf(msg, sizeof msg, "cancelled: hora_finalize ran while this request was pending");
     else
       snprintf(msg, sizeof msg, "cancelled: %s called hora_finalize while this request was pending (the async engine "
-               "stops on every rank once one rank's hora_finalize begins)", hora__engine_who_finalized(eng));
+               "stops on every rank once a rank in hora_finalize has nothing pending)", hora__engine_who_finalized(eng));
     fail_all_pending(eng, HORA_ERR_SHUTDOWN, msg);
   }
   pthread_mutex_lock(&eng->mu);

@@ -150,7 +150,7 @@ hora_result_t hora__engine_submit(hora_engine_t *eng, eng_req_t *first, eng_req_
     rc = HORA_ERR(HORA_ERR_SHUTDOWN, "async collective submitted after hora_finalize began");
   } else if (eng->peer_stopped) {
     rc = HORA_ERR(HORA_ERR_SHUTDOWN, "async collective submitted after %s called hora_finalize (the async "
-                  "engine stops on every rank once one rank's hora_finalize begins)", hora__engine_who_finalized(eng));
+                  "engine stops on every rank once a rank in hora_finalize has nothing pending)", hora__engine_who_finalized(eng));
   } else {
     last->qnext = NULL;
     if (eng->qtail) eng->qtail->qnext = first;

@@ -179,9 +179,10 @@ hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t **ctx);
  *    its own) gets HORA_ERR_REMOTE naming it ("rank 1 called hora_finalize after completing 10
  *    blocking collectives on this context, so it will never join this rank's call number 11"),
  *    within a heartbeat poll (50 ms); its context has then failed, like after a dead peer.
- *  - It stops the async engine on every rank (the engine's next cycle): requests still pending
- *    on any rank complete with HORA_ERR_SHUTDOWN naming it, and later async submits there return
- *    HORA_ERR_SHUTDOWN.
+ *  - Once this rank has no async request pending (at once if it has none; else when they have
+ *    completed or the other ranks finalize too), it stops the async engine on every rank (the
+ *    engine's next cycle): requests still pending on any rank complete with HORA_ERR_SHUTDOWN
+ *    naming it, and later async submits there return HORA_ERR_SHUTDOWN.
  *  This rank's hora_finalize then returns within about HORA_PEER_TIMEOUT_S plus 2 s when a peer
  *  failed this way (it falls silent), with HORA_ERR_REMOTE; when every rank finalizes after its
  *  last call, none of this happens. Not covered: a blocking collective of a process set (the
