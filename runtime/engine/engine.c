@@ -330,7 +330,8 @@ static hora_result_t engine_finalize(hora_ctx_t *ctx, void *arg) {
   if (!exited) {
     /* Stuck in MPI with a dead peer: leave it (and the memory it may touch) alone. */
     pthread_detach(eng->thread);
-    return HORA_ERR(fail_rc, "hora_finalize: the async engine is stuck after a failure (%s)", msg);
+    return HORA_ERR(fail_rc, "%s: the async engine is stuck after a failure (%s)",
+                    ctx->parent ? "hora_process_set_destroy" : "hora_finalize", msg);
   }
   pthread_join(eng->thread, NULL);
   HORA_INFO(ENGINE, "async engine stopped: %llu cycles, %llu with a rank-0 round, %llu cache hits, "
@@ -338,7 +339,7 @@ static hora_result_t engine_finalize(hora_ctx_t *ctx, void *arg) {
             (unsigned long long)eng->stat_slow_cycles, (unsigned long long)eng->stat_cache_hits,
             (unsigned long long)eng->stat_fused_groups, (unsigned long long)eng->stat_sg_groups);
   engine_free(eng, !dead);
-  if (dead) return HORA_ERR(fail_rc, "hora_finalize: %s", msg);
+  if (dead) return HORA_ERR(fail_rc, "%s: %s", ctx->parent ? "hora_process_set_destroy" : "hora_finalize", msg);
   return HORA_SUCCESS;
 }
 

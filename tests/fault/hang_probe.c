@@ -16,6 +16,10 @@
  *             the victim (one rank's hora_finalize stops the async engine on every rank)
  *   pset      the victim stops (SIGSTOP) instead of calling hora_process_set_create: the others'
  *             create must fail with HORA_ERR_REMOTE naming it (it waited in MPI_Allreduce forever)
+ *   destroy   every rank makes a process set of all ranks and runs an allreduce on it; then the
+ *             victim stops (SIGSTOP) instead of destroying it: the others' hora_process_set_destroy
+ *             must return (HORA_ERR_REMOTE) within HORA_PEER_TIMEOUT_S plus a few seconds, and so
+ *             must their hora_finalize
  *   early     the victim's first heartbeat is late (HORA_TEST_FAULT=init:late:VICTIM, set by the
  *             driver) and it stops (SIGSTOP) after a few allreduces: the others' next allreduce must
  *             fail within HORA_PEER_TIMEOUT_S (it waited for HORA_INIT_TIMEOUT_S: a peer never
@@ -114,6 +118,18 @@ int main(int argc, char **argv) {
       finish(ctx, hold);
     }
   }
+  hora_ctx_t *set = NULL;
+  if (!strcmp(kase, "destroy")) {
+    int *all = malloc((size_t)n * sizeof *all);
+    for (int i = 0; i < n; i++) all[i] = i;
+    rc = hora_process_set_create(ctx, all, (size_t)n, &set);
+    free(all);
+    if (rc == HORA_SUCCESS) rc = allreduce(set, n, &bad);
+    if (rc != HORA_SUCCESS || bad) {
+      report("warmup", bad ? HORA_ERR_DATA : rc, 0);
+      finish(ctx, hold);
+    }
+  }
   if (rank == victim) {
     if (!strcmp(kase, "finalize")) finish(ctx, hold);
     if (!strcmp(kase, "async")) {
@@ -130,7 +146,9 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (strcmp(kase, "async")) sleep_s(0.1);
-  if (!strcmp(kase, "pset")) {
+  if (!strcmp(kase, "destroy")) {
+    STEP("call", hora_process_set_destroy(set));
+  } else if (!strcmp(kase, "pset")) {
     int *all = malloc((size_t)n * sizeof *all);
     for (int i = 0; i < n; i++) all[i] = i;
     hora_ctx_t *set = NULL;

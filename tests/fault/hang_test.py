@@ -12,6 +12,8 @@ under mpirun with a hard limit and checks every rank's result lines:
             naming the victim within a second, and a later submit fails with HORA_ERR_SHUTDOWN
   pset      every other rank: hora_process_set_create fails with HORA_ERR_REMOTE naming the victim
             within HORA_PEER_TIMEOUT_S plus a second and a half
+  destroy   every other rank: hora_process_set_destroy of a set the (stopped) victim is in returns
+            HORA_ERR_REMOTE within HORA_PEER_TIMEOUT_S plus 4 s, and hora_finalize after it
   early     every other rank: the allreduce fails with HORA_ERR_REMOTE naming the victim within
             HORA_PEER_TIMEOUT_S plus a second and a half (HORA_INIT_TIMEOUT_S is 120 s here)
   stall     every other rank: the stall warning naming the victim after HORA_STALL_WARNING_S, then
@@ -80,6 +82,10 @@ elif case == "async":
         want(r, "submit_after", ["HORA_ERR_SHUTDOWN"], 0.5, rf"after rank {victim} called hora_finalize")
     for r in range(np_):
         want(r, "finalize", ["HORA_SUCCESS", "HORA_ERR_REMOTE"], PEER_S + 6.0)
+elif case == "destroy":
+    for r in others:
+        want(r, "call", ["HORA_ERR_REMOTE"], PEER_S + 4.0, rf"^hora_process_set_destroy: .*{names_victim}")
+        want(r, "finalize", ["HORA_SUCCESS", "HORA_ERR_REMOTE"], 5.0)
 elif case in ("pset", "early"):
     for r in others:
         want(r, "call", ["HORA_ERR_REMOTE"], PEER_S + 1.5, names_victim)
