@@ -246,7 +246,9 @@ hora_result_t hora_process_set_create(hora_ctx_t *ctx, const int *ranks, size_t 
  * parent's hora_finalize destroys the sets still live, newest first; a set must not be used after
  * either. set NULL is a no-op. Errors: HORA_ERR_NOT_INITIALIZED (not a live context),
  * HORA_ERR_INVALID_ARGUMENT (set was made by hora_init: use hora_finalize), HORA_ERR_REMOTE
- * (after a peer's death; the set is freed anyway). hora_finalize on a set returns
+ * (a peer died or stopped, before or during the destroy, which then returns within about
+ * HORA_PEER_TIMEOUT_S plus 2 s: a set's waits also watch its parent's verdict; the set is freed
+ * anyway). hora_finalize on a set returns
  * HORA_ERR_INVALID_ARGUMENT and leaves it alive. */
 hora_result_t hora_process_set_destroy(hora_ctx_t *set);
 /* hora_process_set_included: *included = 1 if this rank is in the set, else 0 (a context made
