@@ -77,6 +77,27 @@ typedef struct {
  * a hook reduces across nodes. hora__shm_run is this with one segment. */
 hora_result_t hora__shm_run_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
                                  hora_op_t op, hora_shm_hook_fn hook, void *arg);
+/* The general form of the two above (algo/shm.c). hook_local: the hook is elementwise and needs
+ * no other rank, so the flat form (messages up to HORA_SHM_FLAT_BYTES: every rank reduces the whole
+ * message) may run it on every rank's whole result; a hook that communicates (hier.c) leaves it 0.
+ * desc: this rank's call descriptor (HORA_SHM_WORDS words, callcheck.c) carried by the call's
+ * first barrier and compared there, before anything is written to a recv buffer (NULL: no
+ * check); then HORA_ERR_MISMATCH (hora__call_compare's message, as `fn`) on every local rank on
+ * a disagreement, HORA_ERR_TIMEOUT when a live rank has not come within HORA_STALL_SHUTDOWN_S. With
+ * desc, count 0 is allowed and still meets the other ranks. Collective over ctx->local. */
+typedef struct {
+  hora_shm_hook_fn hook;
+  void *arg;
+  int hook_local;
+  const uint64_t *desc;
+  const char *fn;
+} hora_shm_opts_t;
+hora_result_t hora__shm_run_opts(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
+                                 hora_op_t op, const hora_shm_opts_t *o);
+/* algo/callcheck.c: compare every local rank's call descriptor (all: local size x HORA_SHM_WORDS
+ * words, in local-rank order; one node): HORA_SUCCESS, or HORA_ERR_MISMATCH with the message
+ * naming the fields, values and ranks (as `fn`). */
+hora_result_t hora__call_compare(hora_ctx_t *ctx, const char *fn, const uint64_t *all);
 /* algo/adasum.c: Adasum allreduce (hora.h's HORA_ADASUM) of float32/float64 host buffers over
  * ctx->world, dst = adasum over ranks of prescale * src, times postscale (src == dst in place).
  * HORA_ERR_INVALID_ARGUMENT when the world size is not a power of two (on every rank). */

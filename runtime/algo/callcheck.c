@@ -1,10 +1,14 @@
 /* The cross-rank call check of the blocking collectives: before a blocking collective moves any
  * data, every rank's call descriptor (which collective, count, dtype, op, root, device and the
- * caller's shape fingerprint, packed in 3 uint64 words) is agreed:
+ * caller's shape fingerprint, and for allreduce the algorithm it resolved to, packed in 3 uint64
+ * words) is agreed:
  *
  *   one node   : each rank writes its words into its header of the shared-memory window
  *                (algo/shm.c) and passes one of the window's barriers; every rank then reads all
- *                of them (no MPI call; a waiter spins briefly, or sleeps on an oversubscribed node)
+ *                of them (no MPI call; a waiter spins briefly, or sleeps on an oversubscribed node).
+ *                A host allreduce that runs the shm algorithm (every size with the check on)
+ *                writes its words before its first copy-in and compares them after that first
+ *                barrier (hora__shm_run_opts, hora__allreduce_checked): no barrier of its own
  *   several    : one MPI_Allreduce (MPI_MAX) of 6 words, the descriptor and its bitwise
  *   nodes        complement (max of ~v = ~min of v), so every rank learns the minimum and maximum
  *                of each word; only when they differ (the rare path) an MPI_Allgather of the
@@ -55,14 +59,19 @@ const char *hora__call_kind_name(int kind) {
   return kind > 0 && kind < (int)(sizeof kind_names / sizeof kind_names[0]) ? kind_names[kind] : "unknown";
 }
 
-/* word 0: kind | dtype | op | device | root (bits 56.., 48.., 40.., 32.., 0..31) */
+/* word 0: kind | dtype | op | device | algorithm | root (bits 56.., 48.., 40.., 36.., 32.., 0..31) */
 static uint64_t pack0(const hora_call_desc_t *d) {
   return (uint64_t)(d->kind & 0xff) << 56 | (uint64_t)(d->dtype & 0xff) << 48 | (uint64_t)(d->op & 0xff) << 40 |
-         (uint64_t)(d->device & 0xff) << 32 | (uint32_t)d->root;
+         (uint64_t)(d->device & 0xf) << 36 | (uint64_t)(d->algo & 0xf) << 32 | (uint32_t)d->root;
 }
 
-enum { F_KIND, F_COUNT, F_DTYPE, F_OP, F_ROOT, F_DEVICE, F_SHAPE, F_N };
-static const char *const field_names[F_N] = {"collective", "count", "dtype", "op", "root", "device", "shape"};
+void hora__call_pack(const hora_call_desc_t *d, uint64_t w[3]) {
+  w[0] = pack0(d), w[1] = d->count, w[2] = d->shape;
+}
+
+enum { F_KIND, F_COUNT, F_DTYPE, F_OP, F_ROOT, F_DEVICE, F_ALGO, F_SHAPE, F_N };
+static const char *const field_names[F_N] = {"collective", "count", "dtype", "op", "root", "device",
+                                             "allreduce algorithm (HORA_ALLREDUCE_ALGO)", "shape"};
 
 static uint64_t field_of(const uint64_t *w, int f) {
   switch (f) {
@@ -71,7 +80,8 @@ static uint64_t field_of(const uint64_t *w, int f) {
     case F_DTYPE: return (w[0] >> 48) & 0xff;
     case F_OP: return (w[0] >> 40) & 0xff;
     case F_ROOT: return (uint32_t)w[0];
-    case F_DEVICE: return (w[0] >> 32) & 0xff;
+    case F_DEVICE: return (w[0] >> 36) & 0xf;
+    case F_ALGO: return (w[0] >> 32) & 0xf;
     default: return w[2];
   }
 }
@@ -83,6 +93,7 @@ static void format_value(char *out, size_t n, int f, uint64_t v) {
     case F_OP: snprintf(out, n, "%s", hora__op_name((hora_op_t)v)); break;
     case F_ROOT: snprintf(out, n, "%d", (int)(uint32_t)v); break;
     case F_DEVICE: snprintf(out, n, "%s", v == HORA_DEVICE_CUDA ? "cuda" : "host"); break;
+    case F_ALGO: snprintf(out, n, "%s", hora__algo_name((hora_algo_t)v)); break;
     case F_SHAPE: snprintf(out, n, v ? "%#llx" : "unchecked", (unsigned long long)v); break;
     default: snprintf(out, n, "%llu", (unsigned long long)v);
   }
@@ -107,27 +118,35 @@ static size_t describe_field(char *msg, size_t cap, size_t len, const uint64_t *
   return len < cap ? len : cap - 1;
 }
 
+/* Whether field f differs between any two ranks' descriptors (`all`: 3 words per rank). For the
+ * shape, 0 (unchecked) matches anything: only the non-zero values are compared. */
+static int field_differs(const uint64_t *all, int size, int f) {
+  uint64_t first = 0;
+  int have = 0;
+  for (int r = 0; r < size; r++) {
+    uint64_t v = field_of(all + 3 * (size_t)r, f);
+    if (f == F_SHAPE && v == 0) continue;
+    if (have && v != first) return 1;
+    first = v, have = 1;
+  }
+  return 0;
+}
+
 /* The message of a disagreement, from every rank's descriptor (`all`: 3 words per rank, in rank
- * order) and the words' maximum and minimum (same on every rank, apart from the leading function
- * name, which is this rank's own call). */
-static hora_result_t report(const hora_ctx_t *ctx, const char *fn, const uint64_t *all, const uint64_t *mx,
-                            const uint64_t *mn) {
+ * order; the same on every rank, apart from the leading function name, which is this rank's own
+ * call). */
+static hora_result_t report(const hora_ctx_t *ctx, const char *fn, const uint64_t *all) {
   char msg[900];
   size_t len = 0;
-  int kind_differs = field_of(mx, F_KIND) != field_of(mn, F_KIND);
-  if (kind_differs) {
+  if (field_differs(all, ctx->size, F_KIND)) {
     len = (size_t)snprintf(msg, sizeof msg, "ranks disagree on the call sequence (collective): ");
     len = describe_field(msg, sizeof msg, len, all, ctx->size, F_KIND);
   } else {
+    /* auto's choice of algorithm follows from the message size: named only when that agrees */
+    int size_differs = field_differs(all, ctx->size, F_COUNT) || field_differs(all, ctx->size, F_DTYPE);
     for (int f = F_COUNT; f < F_N && len < sizeof msg; f++) {
-      int differs = f == F_SHAPE ? 0 : field_of(mx, f) != field_of(mn, f);
-      if (f == F_SHAPE) /* 0 (unchecked) matches anything: compare the non-zero values */
-        for (int r = 0; r < ctx->size; r++) {
-          uint64_t v = all[3 * (size_t)r + 2];
-          differs |= v && v != mx[2];
-        }
-      if (!differs) continue;
-      int kind = (int)field_of(mx, F_KIND);
+      if (!field_differs(all, ctx->size, f) || (f == F_ALGO && size_differs)) continue;
+      int kind = (int)field_of(all, F_KIND);
       const char *name = f != F_COUNT ? field_names[f]
                          : kind == HORA_CALL_ALLGATHERV ? "the sum of recvcounts"
                          : kind == HORA_CALL_REDUCESCATTER ? "recvcount" : "count";
@@ -139,8 +158,7 @@ static hora_result_t report(const hora_ctx_t *ctx, const char *fn, const uint64_
 }
 
 /* The rare path across nodes: gather every rank's descriptor to name who holds what. */
-static hora_result_t gather_and_report(hora_ctx_t *ctx, const char *fn, const uint64_t mine[3], const uint64_t *mx,
-                                       const uint64_t *mn) {
+static hora_result_t gather_and_report(hora_ctx_t *ctx, const char *fn, const uint64_t mine[3]) {
   uint64_t *all = malloc(3 * (size_t)ctx->size * sizeof *all);
   if (!all) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory reporting a mismatch", fn);
   MPI_Request req = MPI_REQUEST_NULL;
@@ -148,36 +166,38 @@ static hora_result_t gather_and_report(hora_ctx_t *ctx, const char *fn, const ui
   hora_result_t r = rc == MPI_SUCCESS ? hora__algo_wait(ctx, 1, &req, fn)
                                       : hora__mpi_error(rc, "MPI_Iallgather(call descriptors)", __FILE__, __LINE__);
   /* After HORA_ERR_REMOTE MPI may still write `all`: leaked, as the ring's buffers (ctx.h). */
-  if (r == HORA_SUCCESS) r = report(ctx, fn, all, mx, mn);
+  if (r == HORA_SUCCESS) r = report(ctx, fn, all);
   else if (hora__ctx_failed(ctx)) return r;
   free(all);
   return r;
 }
 
-/* One node: the descriptors go through the shared window's header and one of its barriers (no
- * MPI call, and a waiter sleeps rather than polls when the node is oversubscribed); every rank
- * then has all of them. Local ranks are world ranks in order on one node (core/ctx.c). */
+/* One node: every local rank's descriptor, already exchanged (through the shared window's header
+ * and one of its barriers, hora__shm_exchange_words, or carried by the shm allreduce's first
+ * barrier). Local ranks are world ranks in order on one node (core/ctx.c). */
+hora_result_t hora__call_compare(hora_ctx_t *ctx, const char *fn, const uint64_t *all) {
+  uint64_t shape = 0; /* the first checked shape; an unchecked one (0) matches anything */
+  for (int j = 0; j < ctx->size; j++) {
+    const uint64_t *w = all + 3 * (size_t)j;
+    if (w[0] != all[0] || w[1] != all[1] || (w[2] && shape && w[2] != shape)) return report(ctx, fn, all);
+    if (w[2]) shape = w[2];
+  }
+  return HORA_SUCCESS;
+}
+
 static hora_result_t agree_node(hora_ctx_t *ctx, const char *fn, const uint64_t mine[3]) {
   uint64_t stack[3 * 16], *all = ctx->size <= 16 ? stack : malloc(3 * (size_t)ctx->size * sizeof *all);
   if (!all) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory for the call check", fn);
   hora_result_t r = hora__shm_exchange_words(ctx, mine, all, fn);
-  uint64_t mx[3] = {0, 0, 0}, mn[3] = {UINT64_MAX, UINT64_MAX, UINT64_MAX};
-  for (int j = 0; j < ctx->size && r == HORA_SUCCESS; j++)
-    for (int w = 0; w < 3; w++) {
-      uint64_t v = all[3 * (size_t)j + w];
-      if (w == 2 && v == 0) continue; /* an unchecked shape takes no part */
-      mx[w] = v > mx[w] ? v : mx[w];
-      mn[w] = v < mn[w] ? v : mn[w];
-    }
-  if (mn[2] == UINT64_MAX) mn[2] = 0;
-  if (r == HORA_SUCCESS && !(mx[0] == mn[0] && mx[1] == mn[1] && mn[2] == mx[2])) r = report(ctx, fn, all, mx, mn);
+  if (r == HORA_SUCCESS) r = hora__call_compare(ctx, fn, all);
   if (all != stack) free(all);
   return r;
 }
 
 hora_result_t hora__call_agree(hora_ctx_t *ctx, const char *fn, const hora_call_desc_t *d) {
   if (!hora__call_check_on() || ctx->size == 1) return HORA_SUCCESS;
-  uint64_t mine[3] = {pack0(d), d->count, d->shape};
+  uint64_t mine[3];
+  hora__call_pack(d, mine);
   if (ctx->cross_size == 1) return agree_node(ctx, fn, mine);
   /* Max of the values and of their complements; an unchecked shape (0) takes no part in the min. */
   /* Non-blocking and waited on with the heartbeat's verdict watched: a dead or stopped peer ends
@@ -190,5 +210,5 @@ hora_result_t hora__call_agree(hora_ctx_t *ctx, const char *fn, const hora_call_
   HORA_CHECK(hora__algo_wait_call(ctx, 1, &req, fn)); /* with the stall inspection */
   uint64_t mx[3] = {w[0], w[1], w[2]}, mn[3] = {~w[3], ~w[4], w[5] ? ~w[5] : 0};
   if (mx[0] == mn[0] && mx[1] == mn[1] && (mn[2] == 0 || mn[2] == mx[2])) return HORA_SUCCESS;
-  return gather_and_report(ctx, fn, mine, mx, mn);
+  return gather_and_report(ctx, fn, mine);
 }

@@ -172,13 +172,22 @@ static void mark_done(hora_ctx_t *ctx) {
     __atomic_store_n(&ctx->calls->done, __atomic_load_n(&ctx->calls->entered, __ATOMIC_RELAXED), __ATOMIC_RELEASE);
 }
 
-static hora_result_t agree(hora_ctx_t *ctx, const char *fn, const hora_call_desc_t *d) {
+static void enter(hora_ctx_t *ctx) {
   if (ctx->calls) __atomic_add_fetch(&ctx->calls->entered, 1, __ATOMIC_RELEASE);
-  hora_result_t rc = hora__call_agree(ctx, fn, d);
-  if (rc == HORA_ERR_MISMATCH) mark_done(ctx);
+}
+
+/* The end of a counted call whose agreement returned rc (or the whole call's rc). */
+static hora_result_t leave(hora_ctx_t *ctx, hora_result_t rc) {
+  if (rc == HORA_SUCCESS || rc == HORA_ERR_MISMATCH) mark_done(ctx);
   if (rc == HORA_ERR_TIMEOUT && ctx->calls && !hora__ctx_failed(ctx))
     __atomic_sub_fetch(&ctx->calls->entered, 1, __ATOMIC_RELEASE);
   return rc;
+}
+
+static hora_result_t agree(hora_ctx_t *ctx, const char *fn, const hora_call_desc_t *d) {
+  enter(ctx);
+  hora_result_t rc = hora__call_agree(ctx, fn, d);
+  return rc == HORA_SUCCESS ? rc : leave(ctx, rc);
 }
 
 static hora_result_t done(hora_ctx_t *ctx, hora_result_t rc) {
@@ -200,7 +209,7 @@ static hora_result_t refuse(hora_ctx_t *ctx, const char *fn, hora_call_desc_t *d
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", hora_last_error());
   d->kind = HORA_CALL_INVALID;
-  d->count = 0, d->dtype = 0, d->op = 0, d->root = 0, d->device = 0, d->shape = 0;
+  d->count = 0, d->dtype = 0, d->op = 0, d->root = 0, d->device = 0, d->shape = 0, d->algo = 0;
   hora_result_t arc = agree(ctx, fn, d);
   if (arc != HORA_ERR_TIMEOUT && !hora__ctx_failed(ctx)) mark_done(ctx); /* the others got the mismatch */
   return HORA_ERR(rc, "%s", msg);
@@ -215,22 +224,26 @@ HORA_EXPORT hora_result_t hora_allreduce(hora_ctx_t *ctx, const void *sendbuf, v
                                          size_t count, hora_dtype_t dtype, hora_op_t op,
                                          double prescale, double postscale, hora_device_t device) {
   const char *fn = "hora_allreduce";
-  hora_call_desc_t d = {HORA_CALL_ALLREDUCE, count, dtype, op, 0, device, hora__call_shape_take(ctx)};
-  HORA_CHECK(refuse(ctx, fn, &d, hora__check_allreduce(ctx, fn, sendbuf, recvbuf, count, dtype, op, prescale, postscale, device)));
-  HORA_CHECK(agree(ctx, fn, &d));
+  hora_call_desc_t d = {HORA_CALL_ALLREDUCE, count, dtype, op, 0, device, hora__call_shape_take(ctx), 0};
+  hora_result_t rc = hora__check_allreduce(ctx, fn, sendbuf, recvbuf, count, dtype, op, prescale, postscale, device);
+  hora_algo_t algo = HORA_ALGO_AUTO;
+  if (rc == HORA_SUCCESS && device != HORA_DEVICE_CUDA) rc = hora__algo_parse(hora__params()->allreduce_algo, &algo);
+  HORA_CHECK(refuse(ctx, fn, &d, rc));
   if (device == HORA_DEVICE_CUDA) {
+    HORA_CHECK(agree(ctx, fn, &d));
     if (!hora__gpu_hooks.allreduce) return hora__device_unsupported(fn);
     return done(ctx, hora__gpu_hooks.allreduce(ctx, sendbuf, recvbuf, count, dtype, op, prescale, postscale));
   }
-  hora_algo_t algo;
-  HORA_CHECK(hora__algo_parse(hora__params()->allreduce_algo, &algo));
-  return done(ctx, hora__allreduce_host_full(ctx, sendbuf, recvbuf, count, dtype, op, prescale, postscale, algo));
+  /* The host allreduce agrees its descriptor itself (in the shm algorithm's first barrier on one
+   * node): counted here like agree() does. */
+  enter(ctx);
+  return leave(ctx, hora__allreduce_checked(ctx, fn, &d, sendbuf, recvbuf, count, dtype, op, prescale, postscale, algo));
 }
 
 HORA_EXPORT hora_result_t hora_broadcast(hora_ctx_t *ctx, void *buf, size_t count,
                                          hora_dtype_t dtype, int root, hora_device_t device) {
   const char *fn = "hora_broadcast";
-  hora_call_desc_t d = {HORA_CALL_BROADCAST, count, dtype, 0, root, device, hora__call_shape_take(ctx)};
+  hora_call_desc_t d = {HORA_CALL_BROADCAST, count, dtype, 0, root, device, hora__call_shape_take(ctx), 0};
   size_t bytes = 0;
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_broadcast(ctx, fn, buf, count, dtype, root, device, &bytes)));
   HORA_CHECK(agree(ctx, fn, &d));
@@ -244,7 +257,7 @@ HORA_EXPORT hora_result_t hora_broadcast(hora_ctx_t *ctx, void *buf, size_t coun
 HORA_EXPORT hora_result_t hora_allgather(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                          size_t count, hora_dtype_t dtype, hora_device_t device) {
   const char *fn = "hora_allgather";
-  hora_call_desc_t d = {HORA_CALL_ALLGATHER, count, dtype, 0, 0, device, hora__call_shape_take(ctx)};
+  hora_call_desc_t d = {HORA_CALL_ALLGATHER, count, dtype, 0, 0, device, hora__call_shape_take(ctx), 0};
   size_t bytes = 0;
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_allgather(ctx, fn, sendbuf, recvbuf, count, dtype, device, &bytes)));
   HORA_CHECK(agree(ctx, fn, &d));
@@ -268,7 +281,7 @@ HORA_EXPORT hora_result_t hora_allgatherv(hora_ctx_t *ctx, const void *sendbuf, 
                                           hora_dtype_t dtype, hora_device_t device) {
   const char *fn = "hora_allgatherv";
   uint64_t shape = hora__call_shape_take(ctx);
-  hora_call_desc_t d = {HORA_CALL_ALLGATHERV, 0, dtype, 0, 0, device, shape};
+  hora_call_desc_t d = {HORA_CALL_ALLGATHERV, 0, dtype, 0, 0, device, shape, 0};
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_common(ctx, fn, dtype, device)));
   d.count = sum_counts(ctx, recvcounts);
   HORA_CHECK(agree(ctx, fn, &d));
@@ -282,7 +295,7 @@ HORA_EXPORT hora_result_t hora_reducescatter(hora_ctx_t *ctx, const void *sendbu
                                              size_t recvcount, hora_dtype_t dtype, hora_op_t op,
                                              hora_device_t device) {
   const char *fn = "hora_reducescatter";
-  hora_call_desc_t d = {HORA_CALL_REDUCESCATTER, recvcount, dtype, op, 0, device, hora__call_shape_take(ctx)};
+  hora_call_desc_t d = {HORA_CALL_REDUCESCATTER, recvcount, dtype, op, 0, device, hora__call_shape_take(ctx), 0};
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_reducescatter(ctx, fn, sendbuf, recvbuf, recvcount, dtype, op, device)));
   HORA_CHECK(agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
@@ -295,7 +308,7 @@ HORA_EXPORT hora_result_t hora_reducescatter(hora_ctx_t *ctx, const void *sendbu
 HORA_EXPORT hora_result_t hora_alltoall(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                         size_t count, hora_dtype_t dtype, hora_device_t device) {
   const char *fn = "hora_alltoall";
-  hora_call_desc_t d = {HORA_CALL_ALLTOALL, count, dtype, 0, 0, device, hora__call_shape_take(ctx)};
+  hora_call_desc_t d = {HORA_CALL_ALLTOALL, count, dtype, 0, 0, device, hora__call_shape_take(ctx), 0};
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_alltoall(ctx, fn, sendbuf, recvbuf, count, dtype, device)));
   HORA_CHECK(agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
@@ -311,7 +324,7 @@ HORA_EXPORT hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf,
                                          hora_device_t device) {
   const char *fn = "hora_alltoallv";
   uint64_t shape = hora__call_shape_take(ctx);
-  hora_call_desc_t d = {HORA_CALL_ALLTOALLV, 0, dtype, 0, 0, device, shape};
+  hora_call_desc_t d = {HORA_CALL_ALLTOALLV, 0, dtype, 0, 0, device, shape, 0};
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_common(ctx, fn, dtype, device)));
   HORA_CHECK(agree(ctx, fn, &d));
   HORA_CHECK(hora__check_alltoallv(ctx, fn, sendbuf, sendcounts, recvbuf, recvcounts, dtype,
@@ -323,7 +336,7 @@ HORA_EXPORT hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf,
 /* With the check on, the descriptor's allreduce is the barrier (and a rank calling another
  * collective is reported, not paired with it). */
 HORA_EXPORT hora_result_t hora_barrier(hora_ctx_t *ctx) {
-  hora_call_desc_t d = {HORA_CALL_BARRIER, 0, 0, 0, 0, 0, hora__call_shape_take(ctx)};
+  hora_call_desc_t d = {HORA_CALL_BARRIER, 0, 0, 0, 0, 0, hora__call_shape_take(ctx), 0};
   HORA_CHECK(hora__ctx_check(ctx, "hora_barrier"));
   if (hora__call_check_on()) return done(ctx, agree(ctx, "hora_barrier", &d));
   if (ctx->calls) __atomic_add_fetch(&ctx->calls->entered, 1, __ATOMIC_RELEASE);

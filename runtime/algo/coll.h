@@ -66,7 +66,10 @@ typedef struct {
   uint64_t count;
   int dtype, op, root, device;
   uint64_t shape; /* hora_set_call_shape's fingerprint, 0: unchecked */
+  int algo;       /* allreduce: the algorithm it resolved to (hora_algo_t); 0 otherwise */
 } hora_call_desc_t;
+/* The 3 words (HORA_SHM_WORDS) that carry a descriptor. */
+void hora__call_pack(const hora_call_desc_t *d, uint64_t w[3]);
 /* Collective over ctx->world, the first communication of every blocking call: HORA_SUCCESS when
  * every rank's descriptor agrees (or HORA_CHECK=0), else HORA_ERR_MISMATCH on every rank with a
  * message naming the collective, the fields, their values and the ranks holding each. */
@@ -82,6 +85,13 @@ const char *hora__call_kind_name(int kind);
 hora_result_t hora__allreduce_host_full(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                         size_t count, hora_dtype_t dtype, hora_op_t op,
                                         double prescale, double postscale, hora_algo_t algo);
+/* hora_allreduce's body on host buffers after the local argument checks: the call check (d, with
+ * d->algo filled in here) and the allreduce, the check carried by the shm algorithm's first
+ * barrier where it runs (dispatch.c). Collective over ctx->world. Errors: hora__call_agree's and
+ * the algorithm's. */
+hora_result_t hora__allreduce_checked(hora_ctx_t *ctx, const char *fn, hora_call_desc_t *d, const void *sendbuf,
+                                      void *recvbuf, size_t count, hora_dtype_t dtype, hora_op_t op,
+                                      double prescale, double postscale, hora_algo_t algo);
 /* Apply HORA_AVERAGE's division and the postscale factor to a reduced buffer (host). */
 hora_result_t hora__scale_and_average(hora_ctx_t *ctx, void *buf, size_t count,
                                       hora_dtype_t dtype, hora_op_t op, double postscale);

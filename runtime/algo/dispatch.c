@@ -7,7 +7,9 @@
  *   one node      : MPI_Allreduce below AUTO_SHM_MIN_BYTES (one MPI call has the lowest latency
  *                   for a few cache lines; AUTO_SHM_MIN_BYTES_OVERSUBSCRIBED when the node has
  *                   more ranks than CPUs, and no MPI at all there for a context whose
- *                   collectives overlap compute), shared memory from there on.
+ *                   collectives overlap compute), shared memory from there on; with the call
+ *                   check on, shared memory also up to HORA_SHM_FLAT_BYTES (its flat form
+ *                   carries the check in its one barrier, where MPI would need one more).
  *   several nodes : hierarchical at every size when every node has the same number of ranks
  *                   (> 1); else MPI_Allreduce below AUTO_NET_MIN_BYTES and the flat ring above.
  * A forced algorithm that cannot run on the layout falls back: shm across nodes -> hier (or ring),
@@ -16,7 +18,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "algo/algo.h"
+#include "algo/coll.h"
 #include "hora_kernels.h"
 
 /* Crossovers measured with `hora-bench allreduce` on one node (2 and 4 ranks): below these sizes
@@ -68,6 +70,9 @@ hora_algo_t hora__algo_resolve(hora_ctx_t *ctx, size_t count, hora_dtype_t dtype
          * shared-memory algorithm, which sleeps, is used at every size (examples/mnist, 4 ranks
          * on 2 cores: 2,560 images/s with MPI up to 256 KiB, 4,920 with shm). */
         if (ctx->local_size > ctx->local_cpus) min = ctx->overlaps_compute ? 0 : AUTO_SHM_MIN_BYTES_OVERSUBSCRIBED;
+        /* The shm algorithm's flat form carries the blocking calls' check in its one barrier,
+         * where the MPI path would need a barrier of its own first (hora__allreduce_checked). */
+        if (bytes <= hora__params()->shm_flat_bytes && hora__call_check_on()) min = 0;
         return bytes < min ? HORA_ALGO_MPI : HORA_ALGO_SHM;
       }
       if (hier_possible(ctx)) return HORA_ALGO_HIER;
@@ -190,9 +195,47 @@ static hora_result_t post_hook(void *arg, void *run, size_t n) {
   return hora__scale_and_average(a->ctx, run, n, a->dtype, a->op, a->postscale);
 }
 
+/* The public blocking allreduce on host buffers, call check included (coll.c). On one node, when
+ * the algorithm is the shared-memory one, the descriptor rides in its first barrier (no extra
+ * round trip, and nothing reaches recvbuf before the comparison: a prescale goes to a scratch
+ * copy); otherwise the check runs first (hora__call_agree). The resolved algorithm is part of the
+ * descriptor, so ranks whose HORA_ALLREDUCE_ALGO differ get HORA_ERR_MISMATCH, not a hang; every
+ * rank resolves the same way for the same size, whichever way it then checks. */
+hora_result_t hora__allreduce_checked(hora_ctx_t *ctx, const char *fn, hora_call_desc_t *d, const void *sendbuf,
+                                      void *recvbuf, size_t count, hora_dtype_t dtype, hora_op_t op,
+                                      double prescale, double postscale, hora_algo_t algo) {
+  int adasum = op == HORA_ADASUM;
+  hora_algo_t res = adasum || ctx->size == 1 ? HORA_ALGO_AUTO : hora__algo_resolve(ctx, count, dtype, algo);
+  d->algo = (int)res;
+  if (!hora__call_check_on() || ctx->size == 1 || ctx->cross_size != 1 || res != HORA_ALGO_SHM) {
+    HORA_CHECK(hora__call_agree(ctx, fn, d));
+    return hora__allreduce_host_full(ctx, sendbuf, recvbuf, count, dtype, op, prescale, postscale, algo);
+  }
+  uint64_t words[3];
+  hora__call_pack(d, words);
+  size_t es = hora__dtype_size(dtype);
+  void *scratch = NULL;
+  if (prescale != 1.0 && count) {
+    if (!(scratch = malloc(count * es))) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory for the prescaled copy", fn);
+    hora_result_t rc = hora__scale_host(scratch, sendbuf, count, dtype, prescale, NULL);
+    if (rc != HORA_SUCCESS) {
+      free(scratch);
+      return rc;
+    }
+  }
+  hora_seg_t one = {scratch ? scratch : sendbuf, recvbuf, count};
+  post_arg_t pa = {ctx, dtype, op, postscale};
+  int post = op == HORA_AVERAGE || postscale != 1.0;
+  hora_shm_opts_t o = {post ? post_hook : NULL, &pa, 1, words, fn};
+  hora_result_t rc = hora__shm_run_opts(ctx, &one, 1, dtype, op == HORA_AVERAGE ? HORA_SUM : op, &o);
+  free(scratch);
+  return rc;
+}
+
 hora_result_t hora__allreduce_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
                                    hora_op_t op, double postscale) {
   post_arg_t pa = {ctx, dtype, op, postscale};
   int post = op == HORA_AVERAGE || postscale != 1.0;
-  return hora__shm_run_segs(ctx, seg, nseg, dtype, op == HORA_AVERAGE ? HORA_SUM : op, post ? post_hook : NULL, &pa);
+  hora_shm_opts_t o = {post ? post_hook : NULL, &pa, 1, NULL, NULL};
+  return hora__shm_run_opts(ctx, seg, nseg, dtype, op == HORA_AVERAGE ? HORA_SUM : op, &o);
 }

@@ -35,6 +35,15 @@
  * at a time. Peers only ever read slots, never a segment, so no fusion buffer is needed and no
  * pack or unpack copy happens. One contiguous buffer (hora__shm_run) is the one-segment case.
  *
+ * Flat form (run_flat; messages up to HORA_SHM_FLAT_BYTES and one slot): each rank copies its whole
+ * input into its slot, one barrier, and every rank reduces all L slots in local-rank order itself:
+ * one barrier instead of two, L x the bytes read, the same bits on every rank.
+ *
+ * Call check (hora__shm_run_opts with a descriptor): the blocking allreduce's descriptor is written
+ * into the rank's header before its first copy-in and compared right after the first barrier,
+ * before anything reaches a recv buffer; on a disagreement every local rank stops there (round
+ * advanced alike, whichever form or other checked call each rank was in).
+ *
  * Cost model (N bytes, L ranks, memory bandwidth M per core): per rank, copy-in (L-1)/L * N,
  * reduce reads N and writes 2N/L, copy-out (L-1)/L * N: about 3N bytes moved per rank, with no
  * extra copy through MPI's buffers (a ring over MPI's shared-memory transport copies every byte
@@ -328,20 +337,51 @@ static hora_result_t stall_check(struct hora_shm *s, const char *fn, uint64_t ca
   return HORA_ERR(HORA_ERR_TIMEOUT, "%s", msg);
 }
 
-hora_result_t hora__shm_exchange_words(hora_ctx_t *ctx, const uint64_t *mine, uint64_t *all, const char *fn) {
-  struct hora_shm *s;
-  HORA_CHECK(get_shm(ctx, &s));
+/* Publish this rank's call descriptor (place by call parity) and its call number; returns it. */
+static uint64_t check_enter(struct hora_shm *s, const uint64_t *mine) {
   uint64_t call = ++s->calls;
-  int p = (int)(call & 1);
-  memcpy(desc_place(s, s->l, p), mine, HORA_SHM_WORDS * sizeof *mine);
+  memcpy(desc_place(s, s->l, (int)(call & 1)), mine, HORA_SHM_WORDS * sizeof *mine);
   __atomic_store_n(entered_word(s, s->l), call, __ATOMIC_RELEASE);
+  return call;
+}
+
+/* The first barrier of a checked call (stall-aware). After HORA_ERR_TIMEOUT this rank left the
+ * barrier (stall_check): the call never happened, and its number is taken back. */
+static hora_result_t check_barrier(struct hora_shm *s, const char *fn, uint64_t call) {
   hora_result_t rc = shm_barrier_at(s, fn, call); /* HORA_ERR_REMOTE: a peer died or stopped */
-  if (rc == HORA_ERR_TIMEOUT) { /* left the barrier (stall_check): this call never happened */
+  if (rc == HORA_ERR_TIMEOUT) {
     s->calls--;
     __atomic_store_n(entered_word(s, s->l), call - 1, __ATOMIC_RELEASE);
   }
-  HORA_CHECK(rc);
-  for (int j = 0; j < s->L; j++) memcpy(all + (size_t)j * HORA_SHM_WORDS, desc_place(s, j, p), HORA_SHM_WORDS * sizeof *all);
+  return rc;
+}
+
+static void check_read(const struct hora_shm *s, uint64_t call, uint64_t *all) {
+  for (int j = 0; j < s->L; j++)
+    memcpy(all + (size_t)j * HORA_SHM_WORDS, desc_place(s, j, (int)(call & 1)), HORA_SHM_WORDS * sizeof *all);
+}
+
+/* Every rank's descriptor of this call, compared (callcheck.c): HORA_SUCCESS or HORA_ERR_MISMATCH,
+ * the same on every local rank since all read the same words. */
+static hora_result_t check_compare(struct hora_shm *s, uint64_t call, const char *fn) {
+  uint64_t stack[HORA_SHM_WORDS * 16] = {0}, *all = s->L <= 16 ? stack : malloc((size_t)s->L * sizeof stack[0] * HORA_SHM_WORDS);
+  if (!all) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory for the call check", fn);
+  check_read(s, call, all);
+  hora_result_t rc = hora__call_compare(s->ctx, fn, all);
+  if (all != stack) free(all);
+  return rc;
+}
+
+/* Every pass of a window barrier that ends a call or a piece advances `round` by one on every
+ * local rank alike (a checked call that ends in a mismatch included, whatever form each rank was
+ * in), so that the slots stay in step. */
+hora_result_t hora__shm_exchange_words(hora_ctx_t *ctx, const uint64_t *mine, uint64_t *all, const char *fn) {
+  struct hora_shm *s;
+  HORA_CHECK(get_shm(ctx, &s));
+  uint64_t call = check_enter(s, mine);
+  HORA_CHECK(check_barrier(s, fn, call));
+  s->round++;
+  check_read(s, call, all);
   return HORA_SUCCESS;
 }
 
@@ -448,20 +488,45 @@ static void copy_out(struct hora_shm *s, const piece_t *p, size_t es, uint64_t r
   }
 }
 
-hora_result_t hora__shm_run_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
-                                 hora_op_t op, hora_shm_hook_fn hook, void *arg) {
-  size_t count = 0;
-  for (size_t i = 0; i < nseg; i++) count += seg[i].count;
-  if (count == 0) return HORA_SUCCESS;
-  struct hora_shm *s;
-  HORA_CHECK(get_shm(ctx, &s));
+/* The flat form, for messages up to HORA_SHM_FLAT_BYTES: every local rank copies its whole input
+ * into its slot, one barrier, then every rank reduces all L slots itself, in local-rank order, so
+ * every rank gets the same bits; the hook (elementwise and local: o->hook_local) runs on each
+ * segment's result. One barrier per call instead of two, and L x the bytes read per rank, which
+ * is cheap while the message is a few cache lines to a few pages. The slot is that of `round`,
+ * as for a piece: a rank rewrites it two rounds later, after a barrier that every rank enters only
+ * once it has read it. */
+static hora_result_t run_flat(struct hora_shm *s, const hora_seg_t *seg, size_t nseg, size_t es, hora_dtype_t dtype,
+                              hora_op_t op, const hora_shm_opts_t *o, const void **srcs) {
+  uint64_t call = o->desc ? check_enter(s, o->desc) : 0;
+  char *mine = slot_of(s, s->l, s->round);
+  for (size_t i = 0, v = 0; i < nseg; v += seg[i++].count)
+    if (seg[i].count) memcpy(mine + v * es, seg[i].src, seg[i].count * es);
+  hora_result_t rc = o->desc ? check_barrier(s, o->fn, call) : shm_barrier(s);
+  if (rc == HORA_SUCCESS && o->desc) rc = check_compare(s, call, o->fn);
+  if (rc != HORA_SUCCESS) {
+    if (rc == HORA_ERR_MISMATCH) s->round++; /* every local rank passed the barrier */
+    return rc;
+  }
+  for (size_t i = 0, v = 0; i < nseg && rc == HORA_SUCCESS; v += seg[i++].count) {
+    if (!seg[i].count) continue;
+    for (int j = 0; j < s->L; j++) srcs[j] = slot_of(s, j, s->round) + v * es;
+    rc = hora__reduce_n_host(seg[i].dst, srcs, s->L, seg[i].count, dtype, op, NULL);
+    if (rc != HORA_SUCCESS) rc = HORA_ERR(HORA_ERR_INTERNAL, "shm: host reduce failed (%s)", hora_result_name(rc));
+    else if (o->hook) rc = o->hook(o->arg, seg[i].dst, seg[i].count);
+  }
+  s->round++;
+  return rc;
+}
+
+/* The pieces form (the file's comment). With a call check, the descriptor was published before
+ * the first piece's copy-in and is compared after its barrier, before anything reaches a recv
+ * buffer (copy-in only writes this rank's own slot). */
+static hora_result_t run_pieces(struct hora_shm *s, const hora_seg_t *seg, size_t count, size_t es,
+                                hora_dtype_t dtype, hora_op_t op, const hora_shm_opts_t *o, const void **srcs) {
+  uint64_t call = o->desc ? check_enter(s, o->desc) : 0;
   /* A piece is at most L regions' worth of elements; a slice (64-byte aligned length) then
    * always fits its region. */
-  size_t es = hora__dtype_size(dtype), cap = (size_t)s->L * (s->region / es);
-  const void *srcs_stack[16];
-  const void **srcs = s->L <= 16 ? srcs_stack : malloc((size_t)s->L * sizeof *srcs);
-  if (!srcs) return HORA_ERR(HORA_ERR_NO_MEMORY, "shm allreduce: out of memory");
-  size_t align = SLICE_ALIGN / es;
+  size_t cap = (size_t)s->L * (s->region / es), align = SLICE_ALIGN / es;
   uint64_t sb = hora__params()->shm_stream_bytes;
   s->stream = sb > 0 && (uint64_t)count * es * (uint64_t)s->L >= sb; /* same on every local rank */
   hora_result_t rc = HORA_SUCCESS;
@@ -476,23 +541,52 @@ hora_result_t hora__shm_run_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t 
     piece_t p = {base, count - base < cap ? count - base : cap, 0, at};
     p.sl = round_up((p.pe + (size_t)s->L - 1) / (size_t)s->L, align);
     copy_in(s, &p, es, s->round);
-    hora_result_t brc = shm_barrier(s);
+    hora_result_t brc = base == 0 && o->desc ? check_barrier(s, o->fn, call) : shm_barrier(s);
+    if (brc == HORA_SUCCESS && base == 0 && o->desc) brc = check_compare(s, call, o->fn);
     if (brc != HORA_SUCCESS) {
-      rc = brc; /* a lost peer: no later barrier would complete */
-      goto out;
+      if (brc == HORA_ERR_MISMATCH) s->round++; /* every local rank passed the barrier and stops */
+      return brc; /* a lost peer: no later barrier would complete */
     }
     if (have_prev) copy_out(s, &prev, es, s->round - 1);
-    if (rc == HORA_SUCCESS) rc = reduce_own(s, &p, es, dtype, op, s->round, srcs, hook, arg);
+    if (rc == HORA_SUCCESS) rc = reduce_own(s, &p, es, dtype, op, s->round, srcs, o->hook, o->arg);
     prev = p;
     have_prev = 1;
     s->round++;
   }
   hora_result_t brc = shm_barrier(s);
-  if (brc != HORA_SUCCESS) rc = brc;
-  else copy_out(s, &prev, es, s->round - 1);
-out:
+  if (brc != HORA_SUCCESS) return brc;
+  copy_out(s, &prev, es, s->round - 1);
+  return rc;
+}
+
+hora_result_t hora__shm_run_opts(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
+                                 hora_op_t op, const hora_shm_opts_t *o) {
+  size_t count = 0;
+  for (size_t i = 0; i < nseg; i++) count += seg[i].count;
+  struct hora_shm *s;
+  if (count == 0 && !o->desc) return HORA_SUCCESS;
+  HORA_CHECK(get_shm(ctx, &s));
+  if (count == 0) { /* nothing to move, but the check still meets the other ranks */
+    uint64_t call = check_enter(s, o->desc);
+    HORA_CHECK(check_barrier(s, o->fn, call));
+    s->round++;
+    return check_compare(s, call, o->fn);
+  }
+  size_t es = hora__dtype_size(dtype);
+  const void *srcs_stack[16];
+  const void **srcs = s->L <= 16 ? srcs_stack : malloc((size_t)s->L * sizeof *srcs);
+  if (!srcs) return HORA_ERR(HORA_ERR_NO_MEMORY, "shm allreduce: out of memory");
+  int flat = (!o->hook || o->hook_local) && count * es <= s->slot_bytes && count * es <= hora__params()->shm_flat_bytes;
+  hora_result_t rc = flat ? run_flat(s, seg, nseg, es, dtype, op, o, srcs)
+                         : run_pieces(s, seg, count, es, dtype, op, o, srcs);
   if (srcs != srcs_stack) free(srcs);
   return rc;
+}
+
+hora_result_t hora__shm_run_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
+                                 hora_op_t op, hora_shm_hook_fn hook, void *arg) {
+  hora_shm_opts_t o = {hook, arg, 0, NULL, NULL};
+  return hora__shm_run_opts(ctx, seg, nseg, dtype, op, &o);
 }
 
 hora_result_t hora__shm_run(hora_ctx_t *ctx, const void *src, void *dst, size_t count,

@@ -211,6 +211,11 @@ static hora_result_t choose_path(hora_ctx_t *ctx, hora_gpu_t *g) {
     g->path = HORA_GPU_PATH_NCCL;
   } else {
     g->path = (HORA_HAVE_NCCL && !g->shared_gpu) ? HORA_GPU_PATH_NCCL : HORA_GPU_PATH_STAGED;
+    /* Ranks sharing one GPU (H200, docs/benchmarks.md "GPU path"): naive's one MPI_Allreduce beat
+     * the staged ring at 1 MiB on 2 ranks (0.71x) and up to 16 MiB on 4 (0.33x, 0.79x), while the
+     * staged ring won from 16 MiB on 2 ranks (1.37x) and from 32 MiB on 4 (2.5-3.2x). Every rank
+     * computes this from the world size and the agreed shared_gpu, so all take the same path. */
+    if (g->shared_gpu) g->naive_below = ctx->size >= 4 ? ((size_t)32 << 20) : ((size_t)16 << 20);
   }
   static const char *const names[] = {"nccl", "staged", "naive"};
   if (ctx->rank == 0)
@@ -323,7 +328,8 @@ static hora_result_t reduce_path(hora_ctx_t *ctx, hora_gpu_t *g, const void *src
   if (src != dst)
     HORA_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * hora__dtype_size(dtype), cudaMemcpyDeviceToDevice, g->stream));
   if (ctx->size == 1) return HORA_SUCCESS;
-  if (g->path == HORA_GPU_PATH_NAIVE) return hora__naive_allreduce(ctx, g, dst, count, dtype, op);
+  if (g->path == HORA_GPU_PATH_NAIVE || count * hora__dtype_size(dtype) < g->naive_below)
+    return hora__naive_allreduce(ctx, g, dst, count, dtype, op);
   return hora__staged_allreduce(ctx, g, dst, count, dtype, op);
 }
 

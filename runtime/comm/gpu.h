@@ -44,6 +44,7 @@ typedef struct hora_gpu {
   int device;             /* CUDA ordinal */
   hora_gpu_path_t path;   /* agreed by every rank at creation */
   int shared_gpu;         /* 1 if two ranks of some node use the same GPU */
+  size_t naive_below;     /* auto with a shared GPU: messages below this many bytes take the naive path */
   MPI_Comm comm;          /* dup of ctx->world for staged and naive traffic */
   cudaStream_t stream;    /* NCCL, scale and cast kernels; the staged path's H2D + reduce */
   cudaStream_t d2h;       /* the staged path's device->host copies */

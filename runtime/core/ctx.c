@@ -329,6 +329,7 @@ hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out) {
   hora__log_set_rank(c->rank);
   if (!(opts && opts->mpi_comm)) HORA_CHECK_GOTO(check_world(c, p, mpirun_started), rc, fail_ctx);
   HORA_CHECK_GOTO(build_layout(c, p), rc, fail_ctx);
+  HORA_CHECK_GOTO(hora__settings_agree(c, p), rc, fail_ctx);
   if (p->device >= 0) c->device = (int)p->device;
   *out = c;
   return HORA_SUCCESS;

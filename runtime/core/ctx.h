@@ -156,4 +156,11 @@ hora_result_t hora__mpi_error(int mpi_rc, const char *what, const char *file, in
  * technique). *owned says whether the caller must MPI_Type_free it. */
 hora_result_t hora__mpi_bytes_type(size_t bytes, MPI_Datatype *type, int *owned);
 
+/* core/settings.c: the settings every rank must share (HORA_CHECK, HORA_ALLREDUCE_ALGO, the ring,
+ * shm and staged chunk sizes, HORA_SHM_FLAT_BYTES, HORA_FUSION_THRESHOLD, HORA_CACHE_CAPACITY,
+ * HORA_GPU_PATH, HORA_COMPRESSION), compared across c->world by hora_init. Collective over
+ * c->world (blocking). HORA_ERR_INVALID_ARGUMENT on every rank when one differs, naming it, the
+ * values and the ranks holding each; HORA_ERR_MPI, HORA_ERR_NO_MEMORY. */
+hora_result_t hora__settings_agree(hora_ctx_t *c, const hora_params_t *p);
+
 #endif

@@ -137,8 +137,13 @@ typedef struct {
  * CUDA builds: picks this rank's GPU (HORA_DEVICE, else local rank modulo the number of visible
  * GPUs), makes it current on the calling thread (cudaSetDevice) and logs it at INFO; a rank that
  * sees no GPU starts normally (its device collectives return HORA_ERR_NOT_SUPPORTED).
+ * Compares across ranks the settings that decide how ranks exchange data (docs/env.md: HORA_CHECK,
+ * HORA_ALLREDUCE_ALGO, the ring/shm/staged chunk sizes, HORA_SHM_FLAT_BYTES, HORA_FUSION_THRESHOLD,
+ * HORA_CACHE_CAPACITY, HORA_GPU_PATH, HORA_COMPRESSION; one MPI_Allreduce): a rank whose value
+ * differs would run another algorithm or protocol, and its peers would get wrong data or hang.
  * Errors: HORA_ERR_INVALID_ARGUMENT (ctx NULL, a malformed HORA_* variable: the message names it;
- *   HORA_DEVICE at or beyond the number of visible GPUs), HORA_ERR_CUDA (cudaSetDevice failed),
+ *   HORA_DEVICE at or beyond the number of visible GPUs; on every rank, one of the settings above
+ *   differs between ranks: the message names it, the values and the ranks holding each), HORA_ERR_CUDA (cudaSetDevice failed),
  *   HORA_ERR_LAYOUT (world size differs from SLURM_NTASKS or HORA_SIZE; the message says how to
  *   start the job), HORA_ERR_MPI (MPI could not start or lacks MPI_THREAD_MULTIPLE),
  *   HORA_ERR_NO_MEMORY, HORA_ERR_INTERNAL (HORA_TEST_FAULT injected a failure), HORA_ERR_REMOTE
@@ -282,9 +287,13 @@ hora_result_t hora_process_set_included(hora_ctx_t *set, int *included);
  * "ranks disagree on the call sequence (collective): hora_allreduce on rank 0; hora_broadcast on
  * rank 1", or for each differing field "ranks disagree on count: 100 on ranks 0,2; 50 on rank 1"
  * (fields joined by " | "). A call is never paired with a later one: the check is the first
- * communication of every blocking call. Cost per call (docs/benchmarks.md "Call check"): on one
- * node, one barrier of the shared-memory window that the shm allreduce uses (created on the first
- * blocking call; 24 bytes per rank written to it; 0.19 us measured with 2 ranks); across nodes,
+ * communication of every blocking call. For hora_allreduce the resolved algorithm
+ * (HORA_ALLREDUCE_ALGO) is compared too ("allreduce algorithm", named only when count and dtype
+ * agree). Cost per call (docs/benchmarks.md "Call check"): a host allreduce on one node carries the
+ * 24-byte descriptor in the first barrier of the shared-memory algorithm it runs anyway (every
+ * size, with the check on: messages up to HORA_SHM_FLAT_BYTES take its one-barrier flat form),
+ * so the check adds no round trip, only the descriptor's writes and reads; the other collectives
+ * on one node pay one barrier of that window (created on the first blocking call); across nodes,
  * one MPI_Allreduce of 48 bytes, plus, only on a mismatch, one MPI_Allgather of 24 bytes per
  * rank. HORA_CHECK must be the same on every rank. The local argument checks come first: a rank
  * whose own arguments are invalid returns its HORA_ERR_INVALID_ARGUMENT (or NOT_SUPPORTED), and

@@ -30,7 +30,11 @@ typedef struct {
 
 #define A_COUNT 1000
 #define B_COUNT 1200
-#define BUF_BYTES ((size_t)B_COUNT * 8 * 4) /* the largest case: 1200 f64 x 3 ranks, rounded up */
+/* Allreduce counts on both sides of the shm algorithm's flat form (HORA_SHM_FLAT_BYTES, 16 KiB):
+ * the check is carried by the first barrier of either form, and ranks in different forms meet. */
+#define BIG_COUNT 9000
+#define BUF_BYTES ((size_t)BIG_COUNT * 8 * 4) /* the largest case: 9000 f64 x 3 ranks, rounded up */
+static size_t a_count = A_COUNT, b_count = B_COUNT;
 #define SEND_BYTE 0x11
 #define RECV_BYTE 0x5a
 
@@ -145,11 +149,11 @@ static void in_step(hora_ctx_t *ctx, const char *what) {
 }
 
 static int one_case(hora_ctx_t *ctx, const char *algo, int kind, int field, int async, int seq) {
-  call_t a = {kind, A_COUNT, HORA_FLOAT32, HORA_SUM, 0, on_device ? HORA_DEVICE_CUDA : HORA_DEVICE_HOST, 0};
+  call_t a = {kind, a_count, HORA_FLOAT32, HORA_SUM, 0, on_device ? HORA_DEVICE_CUDA : HORA_DEVICE_HOST, 0};
   if (field == F_SHAPE) a.shape = 0x1111;
   call_t b = a;
   switch (field) {
-    case F_COUNT: b.count = B_COUNT; break;
+    case F_COUNT: b.count = b_count; break;
     case F_DTYPE: b.dtype = HORA_FLOAT64; break;
     case F_OP: b.op = HORA_MAX; break;
     case F_ROOT: b.root = 1; break;
@@ -210,6 +214,14 @@ static int bad_args_case(hora_ctx_t *ctx, const char *algo, int kind) {
 
 static int matrix(hora_ctx_t *ctx, const char *algo, int with_async) {
   int n = 0;
+  /* blocking allreduce: counts in different forms of the shm algorithm, and both in pieces */
+  const size_t pairs[][2] = {{A_COUNT, BIG_COUNT}, {BIG_COUNT, A_COUNT}, {BIG_COUNT, BIG_COUNT - 500}};
+  for (int i = 0; i < 3; i++) {
+    a_count = pairs[i][0], b_count = pairs[i][1];
+    n += one_case(ctx, algo, K_ALLREDUCE, F_COUNT, 0, n);
+    n += one_case(ctx, algo, K_ALLREDUCE, F_KIND, 0, n); /* the last rank in another collective */
+  }
+  a_count = A_COUNT, b_count = B_COUNT;
   for (int kind = K_ALLREDUCE; kind < K_N; kind++) n += bad_args_case(ctx, algo, kind);
   for (int async = 0; async <= with_async; async++)
     for (int kind = K_ALLREDUCE; kind < K_N; kind++) {
@@ -218,6 +230,30 @@ static int matrix(hora_ctx_t *ctx, const char *algo, int with_async) {
         if (applies(kind, f, async)) n += one_case(ctx, algo, kind, f, async, n);
     }
   return n;
+}
+
+/* Ranks whose environment differs in a setting that every rank must share (here
+ * HORA_ALLREDUCE_ALGO: mpi, and ring on the last rank; and HORA_SHM_FLAT_BYTES) would run
+ * different algorithms or forms: hora_init returns HORA_ERR_INVALID_ARGUMENT on every rank,
+ * naming the variable and the values. */
+static int settings_case(const char *env, const char *mine, const char *last_value) {
+  char *old = getenv(env) ? strdup(getenv(env)) : NULL;
+  setenv(env, rank == last ? last_value : mine, 1);
+  hora_ctx_t *ctx = NULL;
+  hora_result_t rc = hora_init(&ctx);
+  const char *msg = hora_last_error();
+  char want[128];
+  snprintf(want, sizeof want, "ranks disagree on %s: '%s' on rank(s) 0", env, mine);
+  if (mine[0] >= '0' && mine[0] <= '9') snprintf(want, sizeof want, "ranks disagree on %s: ", env);
+  EXPECT(rc == HORA_ERR_INVALID_ARGUMENT && strstr(msg, want), "hora_init with %s differing: returned %s (%s)", env,
+         hora_result_name(rc), msg);
+  snprintf(want, sizeof want, "on rank(s) %d", last);
+  EXPECT(strstr(msg, want), "hora_init with %s differing: message '%s' lacks '%s'", env, msg, want);
+  if (rc == HORA_SUCCESS) hora_finalize(ctx);
+  if (old) setenv(env, old, 1);
+  else unsetenv(env);
+  free(old);
+  return 1;
 }
 
 int main(int argc, char **argv) {
@@ -274,6 +310,8 @@ int main(int argc, char **argv) {
     EXPECT(cs == (fake_nodes ? 2 : 1), "cross size %d", cs);
     EXPECT_OK(hora_finalize(ctx));
   }
+  cases += settings_case("HORA_ALLREDUCE_ALGO", "mpi", "ring");
+  cases += settings_case("HORA_SHM_FLAT_BYTES", "16384", "0");
   if (rank == 0) printf("test_call_check: %d cases on %d ranks%s\n", cases, size, on_device ? " (device buffers)" : "");
 #ifdef HORA_TEST_CUDA
   if (on_device) {
