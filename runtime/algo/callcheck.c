@@ -207,7 +207,7 @@ hora_result_t hora__call_agree(hora_ctx_t *ctx, const char *fn, const hora_call_
   w[0] = mine[0], w[1] = mine[1], w[2] = mine[2], w[3] = ~mine[0], w[4] = ~mine[1], w[5] = d->shape ? ~d->shape : 0;
   MPI_Request req = MPI_REQUEST_NULL;
   HORA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, w, 6, MPI_UINT64_T, MPI_MAX, ctx->world, &req));
-  HORA_CHECK(hora__algo_wait(ctx, 1, &req, fn));
+  HORA_CHECK(hora__algo_wait_call(ctx, 1, &req, fn)); /* with the stall inspection */
   uint64_t mx[3] = {w[0], w[1], w[2]}, mn[3] = {~w[3], ~w[4], w[5] ? ~w[5] : 0};
   if (mx[0] == mn[0] && mx[1] == mn[1] && (mn[2] == 0 || mn[2] == mx[2])) return HORA_SUCCESS;
   return gather_and_report(ctx, fn, mine);

@@ -160,6 +160,41 @@ hora_result_t hora__reducescatter_host(hora_ctx_t *ctx, const void *sendbuf, voi
   return hora__scale_and_average(ctx, recvbuf, recvcount, dtype, op, 1.0);
 }
 
+/* The call counts of the context hora_init made (ctx->calls, core/ctx.h), which its heartbeat
+ * reads: a peer that finalized before this call, or never entered it, is found by them. Every
+ * call that takes part in the call check counts as entered, on every rank in the same order (a
+ * call the one-node stall inspection ended with HORA_ERR_TIMEOUT took its arrival back, and its
+ * number: the context stays usable). A call is done when no rank needs this one any more: it
+ * succeeded, or the check ended it on every rank (HORA_ERR_MISMATCH, or this rank's own invalid
+ * arguments, which the others learn as a mismatch). */
+static void mark_done(hora_ctx_t *ctx) {
+  if (ctx->calls)
+    __atomic_store_n(&ctx->calls->done, __atomic_load_n(&ctx->calls->entered, __ATOMIC_RELAXED), __ATOMIC_RELEASE);
+}
+
+static void enter(hora_ctx_t *ctx) {
+  if (ctx->calls) __atomic_add_fetch(&ctx->calls->entered, 1, __ATOMIC_RELEASE);
+}
+
+/* The end of a counted call whose agreement returned rc (or the whole call's rc). */
+static hora_result_t leave(hora_ctx_t *ctx, hora_result_t rc) {
+  if (rc == HORA_SUCCESS || rc == HORA_ERR_MISMATCH) mark_done(ctx);
+  if (rc == HORA_ERR_TIMEOUT && ctx->calls && !hora__ctx_failed(ctx))
+    __atomic_sub_fetch(&ctx->calls->entered, 1, __ATOMIC_RELEASE);
+  return rc;
+}
+
+static hora_result_t agree(hora_ctx_t *ctx, const char *fn, const hora_call_desc_t *d) {
+  enter(ctx);
+  hora_result_t rc = hora__call_agree(ctx, fn, d);
+  return rc == HORA_SUCCESS ? rc : leave(ctx, rc);
+}
+
+static hora_result_t done(hora_ctx_t *ctx, hora_result_t rc) {
+  if (rc == HORA_SUCCESS) mark_done(ctx);
+  return rc;
+}
+
 /* A rank whose own arguments fail the local checks (rc) still takes part in the call check, as
  * "invalid arguments", when its context is live: the ranks whose arguments were fine then return
  * HORA_ERR_MISMATCH naming it ("call sequence") instead of waiting for it forever in the
@@ -175,7 +210,8 @@ static hora_result_t refuse(hora_ctx_t *ctx, const char *fn, hora_call_desc_t *d
   snprintf(msg, sizeof msg, "%s", hora_last_error());
   d->kind = HORA_CALL_INVALID;
   d->count = 0, d->dtype = 0, d->op = 0, d->root = 0, d->device = 0, d->shape = 0, d->algo = 0;
-  (void)hora__call_agree(ctx, fn, d);
+  hora_result_t arc = agree(ctx, fn, d);
+  if (arc != HORA_ERR_TIMEOUT && !hora__ctx_failed(ctx)) mark_done(ctx); /* the others got the mismatch */
   return HORA_ERR(rc, "%s", msg);
 }
 
@@ -194,11 +230,14 @@ HORA_EXPORT hora_result_t hora_allreduce(hora_ctx_t *ctx, const void *sendbuf, v
   if (rc == HORA_SUCCESS && device != HORA_DEVICE_CUDA) rc = hora__algo_parse(hora__params()->allreduce_algo, &algo);
   HORA_CHECK(refuse(ctx, fn, &d, rc));
   if (device == HORA_DEVICE_CUDA) {
-    HORA_CHECK(hora__call_agree(ctx, fn, &d));
+    HORA_CHECK(agree(ctx, fn, &d));
     if (!hora__gpu_hooks.allreduce) return hora__device_unsupported(fn);
-    return hora__gpu_hooks.allreduce(ctx, sendbuf, recvbuf, count, dtype, op, prescale, postscale);
+    return done(ctx, hora__gpu_hooks.allreduce(ctx, sendbuf, recvbuf, count, dtype, op, prescale, postscale));
   }
-  return hora__allreduce_checked(ctx, fn, &d, sendbuf, recvbuf, count, dtype, op, prescale, postscale, algo);
+  /* The host allreduce agrees its descriptor itself (in the shm algorithm's first barrier on one
+   * node): counted here like agree() does. */
+  enter(ctx);
+  return leave(ctx, hora__allreduce_checked(ctx, fn, &d, sendbuf, recvbuf, count, dtype, op, prescale, postscale, algo));
 }
 
 HORA_EXPORT hora_result_t hora_broadcast(hora_ctx_t *ctx, void *buf, size_t count,
@@ -207,12 +246,12 @@ HORA_EXPORT hora_result_t hora_broadcast(hora_ctx_t *ctx, void *buf, size_t coun
   hora_call_desc_t d = {HORA_CALL_BROADCAST, count, dtype, 0, root, device, hora__call_shape_take(ctx), 0};
   size_t bytes = 0;
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_broadcast(ctx, fn, buf, count, dtype, root, device, &bytes)));
-  HORA_CHECK(hora__call_agree(ctx, fn, &d));
+  HORA_CHECK(agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.broadcast) return hora__device_unsupported(fn);
-    return hora__gpu_hooks.broadcast(ctx, buf, count, dtype, root);
+    return done(ctx, hora__gpu_hooks.broadcast(ctx, buf, count, dtype, root));
   }
-  return hora__broadcast_host(ctx, buf, bytes, root);
+  return done(ctx, hora__broadcast_host(ctx, buf, bytes, root));
 }
 
 HORA_EXPORT hora_result_t hora_allgather(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
@@ -221,12 +260,12 @@ HORA_EXPORT hora_result_t hora_allgather(hora_ctx_t *ctx, const void *sendbuf, v
   hora_call_desc_t d = {HORA_CALL_ALLGATHER, count, dtype, 0, 0, device, hora__call_shape_take(ctx), 0};
   size_t bytes = 0;
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_allgather(ctx, fn, sendbuf, recvbuf, count, dtype, device, &bytes)));
-  HORA_CHECK(hora__call_agree(ctx, fn, &d));
+  HORA_CHECK(agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.allgather) return hora__device_unsupported(fn);
-    return hora__gpu_hooks.allgather(ctx, sendbuf, recvbuf, count, dtype);
+    return done(ctx, hora__gpu_hooks.allgather(ctx, sendbuf, recvbuf, count, dtype));
   }
-  return hora__allgather_host(ctx, sendbuf, recvbuf, bytes);
+  return done(ctx, hora__allgather_host(ctx, sendbuf, recvbuf, bytes));
 }
 
 /* The v-collectives' own checks communicate (they agree on the counts), so the descriptor is
@@ -245,11 +284,11 @@ HORA_EXPORT hora_result_t hora_allgatherv(hora_ctx_t *ctx, const void *sendbuf, 
   hora_call_desc_t d = {HORA_CALL_ALLGATHERV, 0, dtype, 0, 0, device, shape, 0};
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_common(ctx, fn, dtype, device)));
   d.count = sum_counts(ctx, recvcounts);
-  HORA_CHECK(hora__call_agree(ctx, fn, &d));
+  HORA_CHECK(agree(ctx, fn, &d));
   HORA_CHECK(hora__check_allgatherv(ctx, fn, sendbuf, sendcount, recvbuf, recvcounts, dtype,
                                     device, hora__gpu_hooks.allgatherv != NULL));
-  if (device == HORA_DEVICE_CUDA) return hora__gpu_hooks.allgatherv(ctx, sendbuf, sendcount, recvbuf, recvcounts, dtype);
-  return hora__allgatherv_host(ctx, sendbuf, recvbuf, recvcounts, hora__dtype_size(dtype));
+  if (device == HORA_DEVICE_CUDA) return done(ctx, hora__gpu_hooks.allgatherv(ctx, sendbuf, sendcount, recvbuf, recvcounts, dtype));
+  return done(ctx, hora__allgatherv_host(ctx, sendbuf, recvbuf, recvcounts, hora__dtype_size(dtype)));
 }
 
 HORA_EXPORT hora_result_t hora_reducescatter(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
@@ -258,12 +297,12 @@ HORA_EXPORT hora_result_t hora_reducescatter(hora_ctx_t *ctx, const void *sendbu
   const char *fn = "hora_reducescatter";
   hora_call_desc_t d = {HORA_CALL_REDUCESCATTER, recvcount, dtype, op, 0, device, hora__call_shape_take(ctx), 0};
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_reducescatter(ctx, fn, sendbuf, recvbuf, recvcount, dtype, op, device)));
-  HORA_CHECK(hora__call_agree(ctx, fn, &d));
+  HORA_CHECK(agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.reducescatter) return hora__device_unsupported(fn);
-    return hora__gpu_hooks.reducescatter(ctx, sendbuf, recvbuf, recvcount, dtype, op);
+    return done(ctx, hora__gpu_hooks.reducescatter(ctx, sendbuf, recvbuf, recvcount, dtype, op));
   }
-  return hora__reducescatter_host(ctx, sendbuf, recvbuf, recvcount, dtype, op);
+  return done(ctx, hora__reducescatter_host(ctx, sendbuf, recvbuf, recvcount, dtype, op));
 }
 
 HORA_EXPORT hora_result_t hora_alltoall(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
@@ -271,12 +310,12 @@ HORA_EXPORT hora_result_t hora_alltoall(hora_ctx_t *ctx, const void *sendbuf, vo
   const char *fn = "hora_alltoall";
   hora_call_desc_t d = {HORA_CALL_ALLTOALL, count, dtype, 0, 0, device, hora__call_shape_take(ctx), 0};
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_alltoall(ctx, fn, sendbuf, recvbuf, count, dtype, device)));
-  HORA_CHECK(hora__call_agree(ctx, fn, &d));
+  HORA_CHECK(agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.alltoall) return hora__device_unsupported(fn);
-    return hora__gpu_hooks.alltoall(ctx, sendbuf, recvbuf, count, dtype);
+    return done(ctx, hora__gpu_hooks.alltoall(ctx, sendbuf, recvbuf, count, dtype));
   }
-  return hora__alltoall_host(ctx, sendbuf, recvbuf, count * hora__dtype_size(dtype));
+  return done(ctx, hora__alltoall_host(ctx, sendbuf, recvbuf, count * hora__dtype_size(dtype)));
 }
 
 HORA_EXPORT hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf,
@@ -287,11 +326,11 @@ HORA_EXPORT hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf,
   uint64_t shape = hora__call_shape_take(ctx);
   hora_call_desc_t d = {HORA_CALL_ALLTOALLV, 0, dtype, 0, 0, device, shape, 0};
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_common(ctx, fn, dtype, device)));
-  HORA_CHECK(hora__call_agree(ctx, fn, &d));
+  HORA_CHECK(agree(ctx, fn, &d));
   HORA_CHECK(hora__check_alltoallv(ctx, fn, sendbuf, sendcounts, recvbuf, recvcounts, dtype,
                                    device, hora__gpu_hooks.alltoallv != NULL));
-  if (device == HORA_DEVICE_CUDA) return hora__gpu_hooks.alltoallv(ctx, sendbuf, sendcounts, recvbuf, recvcounts, dtype);
-  return hora__alltoallv_host(ctx, sendbuf, sendcounts, recvbuf, recvcounts, hora__dtype_size(dtype));
+  if (device == HORA_DEVICE_CUDA) return done(ctx, hora__gpu_hooks.alltoallv(ctx, sendbuf, sendcounts, recvbuf, recvcounts, dtype));
+  return done(ctx, hora__alltoallv_host(ctx, sendbuf, sendcounts, recvbuf, recvcounts, hora__dtype_size(dtype)));
 }
 
 /* With the check on, the descriptor's allreduce is the barrier (and a rank calling another
@@ -299,10 +338,11 @@ HORA_EXPORT hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf,
 HORA_EXPORT hora_result_t hora_barrier(hora_ctx_t *ctx) {
   hora_call_desc_t d = {HORA_CALL_BARRIER, 0, 0, 0, 0, 0, hora__call_shape_take(ctx), 0};
   HORA_CHECK(hora__ctx_check(ctx, "hora_barrier"));
-  if (hora__call_check_on()) return hora__call_agree(ctx, "hora_barrier", &d);
+  if (hora__call_check_on()) return done(ctx, agree(ctx, "hora_barrier", &d));
+  if (ctx->calls) __atomic_add_fetch(&ctx->calls->entered, 1, __ATOMIC_RELEASE);
   MPI_Request req = MPI_REQUEST_NULL;
   HORA_MPI_CHECK(MPI_Ibarrier(ctx->world, &req));
-  return hora__algo_wait(ctx, 1, &req, "hora_barrier");
+  return done(ctx, hora__algo_wait(ctx, 1, &req, "hora_barrier"));
 }
 
 /* hora__gpu_hooks is defined by runtime/comm/gpu.c (NULL entries in builds without CUDA), so that

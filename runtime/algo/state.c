@@ -2,6 +2,7 @@
  * ctx->algo from its first use to hora_finalize, where its finalizer frees the shared-memory
  * window (through the function shm.c left in it) and the scratch buffer. */
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "algo/state.h"
@@ -36,6 +37,59 @@ hora_result_t hora__algo_wait(hora_ctx_t *ctx, int n, MPI_Request *req, const ch
   }
 }
 
+/* The stall inspection across nodes: the rank that entered the fewest calls, as rank 0 last saw
+ * it (its heartbeats relay it: core/ctx.h, struct hora_calls), written into `out`; "" when none is
+ * known to be behind this rank's call `call`. */
+static void laggards(const hora_ctx_t *ctx, uint64_t call, char *out, size_t cap) {
+  uint64_t low = 0;
+  int rank = -1, count = 0;
+  hora__calls_lag_unpack(__atomic_load_n(&ctx->calls->lag, __ATOMIC_ACQUIRE), &low, &rank, &count);
+  out[0] = 0;
+  if (rank < 0 || low >= call) return;
+  if (count > 1) snprintf(out, cap, "rank %d and %d other%s", rank, count - 1, count > 2 ? "s" : "");
+  else snprintf(out, cap, "rank %d", rank);
+}
+
+hora_result_t hora__algo_wait_call(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what) {
+  const hora_params_t *p = hora__params();
+  if (!ctx->calls || (p->stall_warning_s <= 0 && p->stall_shutdown_s <= 0)) return hora__algo_wait(ctx, n, req, what);
+  uint64_t call = __atomic_load_n(&ctx->calls->entered, __ATOMIC_ACQUIRE);
+  double until = 0, t0 = hora__now_s(), next_look = t0 + 0.1;
+  int warned = 0;
+  for (unsigned i = 0;; i++) {
+    int flag = 0;
+    int mrc = MPI_Testall(n, req, &flag, MPI_STATUSES_IGNORE);
+    if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, what, __FILE__, __LINE__);
+    if (flag) return HORA_SUCCESS;
+    if (hora__ctx_failed(ctx)) return hora__ctx_verdict(ctx, what);
+    if (hora__algo_wait_backoff(i, &until) && hora__now_s() >= next_look) {
+      double now = hora__now_s(), waited = now - t0;
+      next_look = now + 0.1;
+      char who[64];
+      int over_warn = p->stall_warning_s > 0 && waited >= p->stall_warning_s && !warned;
+      int over_stop = p->stall_shutdown_s > 0 && waited >= p->stall_shutdown_s;
+      if (over_warn || over_stop) laggards(ctx, call, who, sizeof who);
+      if (over_warn) {
+        warned = 1;
+        HORA_WARN(COMM, "%s: waited %.0f s for %s to call it too (alive, but skipped this call or still busy; "
+                  "HORA_STALL_SHUTDOWN_S ends such a wait with an error)", what, waited,
+                  who[0] ? who : "another rank (rank 0 has not seen who is behind yet)");
+      }
+      if (over_stop) {
+        /* The check's allreduce is posted and cannot be taken back: a later call would be paired
+         * with it. So the context fails (its verdict), and its heartbeats stop: the rank that
+         * never came learns of it within HORA_PEER_TIMEOUT_S instead of waiting for this one. */
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s did not call %s within HORA_STALL_SHUTDOWN_S=%g s (alive, but skipped this "
+                 "call or stuck elsewhere); the context is failed: every later call returns this error",
+                 who[0] ? who : "another rank", what, p->stall_shutdown_s);
+        hora__ctx_fail(ctx, HORA_ERR_TIMEOUT, msg);
+        return hora__ctx_verdict(ctx, what);
+      }
+    }
+  }
+}
+
 size_t hora__ring_segment_elems(size_t es) {
   uint64_t b = hora__params()->ring_segment_bytes;
   if (b > ((uint64_t)1 << 30)) b = (uint64_t)1 << 30;
@@ -43,11 +97,27 @@ size_t hora__ring_segment_elems(size_t es) {
   return n ? n : 1;
 }
 
+/* MPI_Win_free waits for every local rank in a barrier that nothing can end: a local rank that
+ * failed skips it (state_finalize), and one that finalizes while a peer waits for it elsewhere (a
+ * blocking call it left) would wait there for ever. So the local ranks first meet in a barrier
+ * that watches the verdict; after a verdict the window is leaked. */
+static int local_ranks_meet(hora_ctx_t *ctx) {
+  if (ctx->local == MPI_COMM_NULL || ctx->local_size <= 1) return 1;
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (MPI_Ibarrier(ctx->local, &req) != MPI_SUCCESS) return 0;
+  return hora__algo_wait(ctx, 1, &req, "hora_finalize (shared-memory window)") == HORA_SUCCESS;
+}
+
 static hora_result_t state_finalize(hora_ctx_t *ctx, void *arg) {
   hora_algo_state_t *st = arg;
   hora_result_t rc = HORA_SUCCESS;
-  /* Freeing the window waits for every local rank: after a failure (ctx->failed) leak it. */
-  if (st->shm && st->shm_free && !__atomic_load_n(&ctx->failed, __ATOMIC_ACQUIRE)) rc = st->shm_free(ctx, st->shm);
+  if (st->shm && st->shm_free && !__atomic_load_n(&ctx->failed, __ATOMIC_ACQUIRE) && !hora__ctx_failed(ctx) &&
+      !local_ranks_meet(ctx))
+    hora__error_clear(); /* failed now: the window is leaked below, as after any failure */
+  /* Freeing the window waits for every local rank: after a failure (ctx->failed, or a verdict,
+   * which a process set shares with nothing but may see through its own flag) leak it. */
+  if (st->shm && st->shm_free && !__atomic_load_n(&ctx->failed, __ATOMIC_ACQUIRE) && !hora__ctx_failed(ctx))
+    rc = st->shm_free(ctx, st->shm);
   /* The scratch may still be the target of a receive abandoned by a failed wait: leak it then. */
   if (!hora__ctx_failed(ctx)) free(st->scratch);
   pthread_mutex_lock(&ctx->lock);

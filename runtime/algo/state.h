@@ -29,6 +29,14 @@ hora_result_t hora__algo_scratch(hora_ctx_t *ctx, size_t bytes, void **out);
  * freed: their buffers must stay allocated (hora_finalize then skips MPI_Finalize). MPI errors:
  * HORA_ERR_MPI naming `what`. Use it for every wait of a blocking collective. */
 hora_result_t hora__algo_wait(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what);
+/* hora__algo_wait for the call check across nodes (callcheck.c) of the context hora_init made:
+ * it also runs the stall inspection there. After HORA_STALL_WARNING_S it logs (once) the rank that
+ * entered the fewest blocking calls as rank 0 last saw it (struct hora_calls' lag: the heartbeats
+ * carry each rank's count), and after HORA_STALL_SHUTDOWN_S it returns HORA_ERR_TIMEOUT naming
+ * it and fails the context (hora__ctx_fail): the posted allreduce cannot be taken back, so every
+ * later call returns that verdict too, and the heartbeat falls silent so that the missing rank
+ * learns of it. Other contexts (sets, the engine's) and both limits 0: plain hora__algo_wait. */
+hora_result_t hora__algo_wait_call(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what);
 /* The backoff of those polls, for loops that poll otherwise (the ring's MPI_Testsome): call it
  * after the i-th unsuccessful poll (i from 0, *until 0 at the start); it spins, then yields the
  * core (returns 1 when it did). */

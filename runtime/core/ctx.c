@@ -306,7 +306,10 @@ hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out) {
   c->world = c->local = c->cross = MPI_COMM_NULL;
   c->device = -1;
   c->verdict = calloc(1, sizeof *c->verdict);
-  if (!c->verdict) {
+  c->calls = calloc(1, sizeof *c->calls);
+  if (!c->verdict || !c->calls) {
+    free(c->verdict);
+    free(c->calls);
     free(c);
     rc = HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: out of memory");
     goto fail_mpi;
@@ -355,6 +358,13 @@ hora_result_t hora__ctx_open_sub(hora_ctx_t *parent, MPI_Comm comm, int *ranks, 
   c->set_ranks = ranks;
   c->set_nranks = nranks;
   c->rank = c->size = -1;
+  c->verdict = calloc(1, sizeof *c->verdict);
+  if (!c->verdict) {
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    free(ranks);
+    free(c);
+    return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_process_set_create: out of memory");
+  }
   pthread_mutex_init(&c->lock, NULL);
   if (comm == MPI_COMM_NULL) {
     c->excluded = 1;
@@ -389,7 +399,8 @@ void hora__ctx_discard(hora_ctx_t *c) {
    * initialized instead. */
   int owned = c->mpi_owned && !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE);
   ctx_free_comms(c);
-  if (!hora__ctx_failed(c)) free(c->verdict); /* else leaked: a thread stuck in MPI may read it */
+  if (!hora__ctx_verdict_set(c->verdict)) free(c->verdict); /* else leaked: a thread stuck in MPI may read it */
+  free(c->calls); /* the heartbeat thread, its only other reader, stopped in the finalizers */
   pthread_mutex_destroy(&c->lock);
   free(c->set_ranks);
   free(c);
@@ -409,7 +420,8 @@ void hora__ctx_fail(hora_ctx_t *ctx, hora_result_t rc, const char *msg) {
 
 hora_result_t hora__ctx_verdict(const hora_ctx_t *ctx, const char *what) {
   if (!hora__ctx_failed(ctx)) return HORA_SUCCESS;
-  return HORA_ERR(ctx->verdict->rc, "%s: %s", what, ctx->verdict->msg);
+  const struct hora_verdict *v = hora__ctx_verdict_set(ctx->verdict) ? ctx->verdict : ctx->parent->verdict;
+  return HORA_ERR(v->rc, "%s: %s", what, v->msg);
 }
 
 #define LAYOUT_GETTER(fn, field)                                                  \

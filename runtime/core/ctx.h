@@ -33,6 +33,8 @@ struct hora_ctx {
                                * would wait for every rank (MPI_Finalize, window frees) is skipped */
   struct hora_verdict *verdict; /* why it failed (hora__ctx_fail); shared with the engine's shadow
                                  * context, so that every wait of either sees one verdict */
+  struct hora_calls *calls;     /* the blocking-call counts the heartbeat reads (below): the
+                                 * context hora_init made only, NULL on its shadow and on sets */
   pthread_mutex_t lock;       /* guards the finalizer list and module slots */
   struct hora_finalizer *finalizers;
 
@@ -87,7 +89,8 @@ hora_result_t hora__ctx_check_live(hora_ctx_t *ctx, const char *fn);
  * stopped by the heartbeat thread, or this rank's engine failed). Set once, never cleared; it
  * outlives the context after a failure (a thread stuck in MPI may still read it).
  * - hora__ctx_fail: records rc and msg (the first call wins) and sets ctx->failed. Any thread.
- * - hora__ctx_failed: nonzero once a verdict is set; one atomic load, for wait loops.
+ * - hora__ctx_failed: nonzero once a verdict is set (a process set's own, or its parent's); one
+ *   atomic load (two on a set), for wait loops.
  * - hora__ctx_verdict: HORA_SUCCESS while there is none, else the verdict's code with the message
  *   "<what>: <msg>" (hora_last_error). Every wait in a blocking collective calls it while it
  *   waits, so a dead or stopped peer ends the call within HORA_PEER_TIMEOUT_S plus a poll. */
@@ -97,10 +100,42 @@ struct hora_verdict {
   char msg[256];
 };
 void hora__ctx_fail(hora_ctx_t *ctx, hora_result_t rc, const char *msg);
+static inline int hora__ctx_verdict_set(const struct hora_verdict *v) {
+  return v && __atomic_load_n(&v->set, __ATOMIC_ACQUIRE);
+}
+/* A process set has a verdict of its own and also sees its parent's (a peer declared dead fails
+ * the root context and, through this, every wait on its sets). */
 static inline int hora__ctx_failed(const hora_ctx_t *ctx) {
-  return ctx->verdict && __atomic_load_n(&ctx->verdict->set, __ATOMIC_ACQUIRE);
+  return hora__ctx_verdict_set(ctx->verdict) || (ctx->parent && hora__ctx_verdict_set(ctx->parent->verdict));
 }
 hora_result_t hora__ctx_verdict(const hora_ctx_t *ctx, const char *what);
+
+/* The blocking collectives' call counts of the context hora_init made, which its heartbeat thread
+ * (engine/heartbeat.c) reads and fills, all with __atomic_* (no lock):
+ * - entered, done: written by the public blocking calls (algo/coll.c): `entered` counts every call
+ *   that took part in the call check (the same sequence on every rank), `done` is set to it when
+ *   no rank needs this rank's part of the call any more (it succeeded, or the check ended it on
+ *   every rank). A heartbeat to rank 0 carries `entered`; hora_finalize's announcement carries
+ *   `done`: a peer inside a call (its entered > its done) numbered above a finalized rank's `done`
+ *   waits for a rank that will never come, and fails (HORA_ERR_REMOTE).
+ * - fin: the finalize announcement with the fewest done calls among the peers that sent one,
+ *   (done << 24) | (rank + 1); 0: none yet.
+ * - lag: rank 0's view, relayed in its heartbeats, of the rank that entered the fewest calls
+ *   (hora__calls_lag_pack); the stall inspection of the call check across nodes (algo/state.c)
+ *   names it. 0: not known yet. */
+struct hora_calls {
+  uint64_t entered, done, fin, lag;
+};
+/* lag's packing: entered (40 bits) | rank + 1 (16 bits) | how many ranks entered that few (8 bits,
+ * saturated at 255). Unpacked: *rank is -1 for 0 (not known). */
+static inline uint64_t hora__calls_lag_pack(uint64_t entered, int rank, int count) {
+  return entered << 24 | (uint64_t)((rank + 1) & 0xffff) << 8 | (uint64_t)(count > 255 ? 255 : count);
+}
+static inline void hora__calls_lag_unpack(uint64_t v, uint64_t *entered, int *rank, int *count) {
+  *entered = v >> 24;
+  *rank = (int)((v >> 8) & 0xffff) - 1;
+  *count = (int)(v & 0xff);
+}
 
 /* Register fn(ctx, arg) to run in hora_finalize (last registered runs first). */
 hora_result_t hora__ctx_add_finalizer(hora_ctx_t *ctx, hora_finalizer_fn fn, void *arg);

@@ -10,9 +10,11 @@
  *
  * The thread runs cycles: sleep until the cycle time has passed (HORA_CYCLE_TIME_MS; after 50
  * cycles in which no rank had anything pending the sleep doubles up to 10 ms, and then an
- * enqueue wakes it at once), negotiate (negotiate.c), run what is ready (fusion.c). It stops
- * when every rank has asked it to (hora_finalize runs the engine's finalizer on every rank); the
- * requests still pending then fail with HORA_ERR_SHUTDOWN.
+ * enqueue wakes it at once), negotiate (negotiate.c), run what is ready (fusion.c). It stops on
+ * every rank when every rank has asked it to (hora_finalize), or as soon as one rank that asked
+ * has nothing pending: that rank submits nothing more, so the requests still pending anywhere
+ * fail with HORA_ERR_SHUTDOWN, and so do later submits on the ranks that have not finalized
+ * (Horovod's behaviour: one rank's shutdown ends the others' waits instead of hanging them).
  *
  * Failure: a dead peer (heartbeat.c) or a failed MPI call completes every live handle with the
  * error (hora__engine_fail) and the thread leaves its loop at its next check. If it is stuck in a
@@ -95,6 +97,7 @@ static hora_result_t shadow_create(hora_ctx_t *ctx, hora_ctx_t **out) {
   s->finalizers = NULL;
   s->algo = s->engine = s->ckpt = s->trace = s->signal = NULL;
   s->mpi_owned = 0;
+  s->calls = NULL; /* the engine's traffic is not the program's blocking calls */
   s->overlaps_compute = 1; /* the engine reduces while the training loop computes (algo/dispatch.c) */
   pthread_mutex_init(&s->lock, NULL);
   int rc = MPI_Comm_dup(ctx->world, &s->world);
@@ -216,7 +219,18 @@ static void *engine_main(void *arg) {
   if (atomic_load(&eng->dead)) {
     fail_all_pending(eng, eng->fail_rc, eng->dead_msg);
   } else {
-    fail_all_pending(eng, HORA_ERR_SHUTDOWN, "cancelled: hora_finalize ran while this request was pending");
+    /* Stopped by this rank's hora_finalize, or by another rank's: then refuse later submits. */
+    pthread_mutex_lock(&eng->mu);
+    int mine = eng->stop_requested;
+    eng->peer_stopped = !mine;
+    pthread_mutex_unlock(&eng->mu);
+    char msg[256];
+    if (mine)
+      snprintf(msg, sizeof msg, "cancelled: hora_finalize ran while this request was pending");
+    else
+      snprintf(msg, sizeof msg, "cancelled: %s called hora_finalize while this request was pending (the async engine "
+               "stops on every rank once a rank in hora_finalize has nothing pending)", hora__engine_who_finalized(eng));
+    fail_all_pending(eng, HORA_ERR_SHUTDOWN, msg);
   }
   pthread_mutex_lock(&eng->mu);
   eng->exited = 1;
@@ -316,7 +330,8 @@ static hora_result_t engine_finalize(hora_ctx_t *ctx, void *arg) {
   if (!exited) {
     /* Stuck in MPI with a dead peer: leave it (and the memory it may touch) alone. */
     pthread_detach(eng->thread);
-    return HORA_ERR(fail_rc, "hora_finalize: the async engine is stuck after a failure (%s)", msg);
+    return HORA_ERR(fail_rc, "%s: the async engine is stuck after a failure (%s)",
+                    ctx->parent ? "hora_process_set_destroy" : "hora_finalize", msg);
   }
   pthread_join(eng->thread, NULL);
   HORA_INFO(ENGINE, "async engine stopped: %llu cycles, %llu with a rank-0 round, %llu cache hits, "
@@ -324,7 +339,7 @@ static hora_result_t engine_finalize(hora_ctx_t *ctx, void *arg) {
             (unsigned long long)eng->stat_slow_cycles, (unsigned long long)eng->stat_cache_hits,
             (unsigned long long)eng->stat_fused_groups, (unsigned long long)eng->stat_sg_groups);
   engine_free(eng, !dead);
-  if (dead) return HORA_ERR(fail_rc, "hora_finalize: %s", msg);
+  if (dead) return HORA_ERR(fail_rc, "%s: %s", ctx->parent ? "hora_process_set_destroy" : "hora_finalize", msg);
   return HORA_SUCCESS;
 }
 
@@ -333,6 +348,29 @@ void hora__engine_abort(hora_ctx_t *ctx, hora_result_t rc, const char *msg) {
   hora_engine_t *eng = ctx->engine;
   pthread_mutex_unlock(&ctx->lock);
   if (eng) hora__engine_fail(eng, rc, "%s", msg);
+}
+
+void hora__engine_on_finalize_begin(hora_ctx_t *ctx) {
+  pthread_mutex_lock(&ctx->lock);
+  hora_engine_t *eng = ctx->engine;
+  pthread_mutex_unlock(&ctx->lock);
+  if (!eng) return;
+  if (eng->hb_owned) hora__hb_announce_finalize(eng->hb);
+  /* Ask the engine, and every process set's, to stop now rather than when its finalizer comes:
+   * the finalizers that run before it (newest first: the algorithm state's, the sets') meet the
+   * other ranks, which may be waiting for an async request of this rank's that will never come;
+   * the stop cancels those (negotiate.c) so that they come to their own hora_finalize. */
+  pthread_mutex_lock(&eng->mu);
+  eng->stop_requested = 1;
+  pthread_cond_broadcast(&eng->cv);
+  for (size_t i = 0; i < eng->nsubs; i++) {
+    hora_engine_t *sub = eng->subs[i];
+    pthread_mutex_lock(&sub->mu);
+    sub->stop_requested = 1;
+    pthread_cond_broadcast(&sub->cv);
+    pthread_mutex_unlock(&sub->mu);
+  }
+  pthread_mutex_unlock(&eng->mu);
 }
 
 hora_result_t hora__engine_on_init(hora_ctx_t *ctx) {

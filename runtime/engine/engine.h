@@ -155,6 +155,12 @@ typedef struct eng_hb eng_hb_t;
 hora_result_t hora__hb_start(struct hora_engine *eng, eng_hb_t **out);
 void hora__hb_stop(eng_hb_t *hb); /* sends BYE unless failed, joins the thread, closes the socket */
 void hora__hb_mute(eng_hb_t *hb); /* stop sending heartbeats, keep listening */
+/* hora_finalize began: tell every other rank (three datagrams each, from the caller's thread) how
+ * many blocking calls this rank completed on the context (struct hora_calls), so that a peer
+ * inside, or later entering, a call above that number fails with HORA_ERR_REMOTE naming this rank
+ * instead of waiting for it. No-op without heartbeats, and after a failure (the peers learn of it
+ * from this rank's silence, with its cause). */
+void hora__hb_announce_finalize(eng_hb_t *hb);
 
 /* ---- the engine ---- */
 typedef struct hora_engine {
@@ -171,6 +177,7 @@ typedef struct hora_engine {
   eng_req_t *qhead, *qtail;
   int stop_requested;
   int exited;          /* the thread has left its loop */
+  int peer_stopped;    /* it left because another rank's hora_finalize began (under mu) */
   pthread_cond_t exit_cv;
   hora_handle_t handles; /* sentinel of the live handle list */
 
@@ -240,6 +247,9 @@ hora_result_t hora__handle_new(hora_engine_t *eng, int members, hora_handle_t **
 void hora__handle_member_done(hora_handle_t *h, hora_result_t rc, const char *msg);
 void hora__handle_release(hora_handle_t *h);
 /* Push requests (a NULL-terminated chain through qnext) in one step; fails when stopping. */
+/* "rank R" for the peer whose hora_finalize announcement arrived (heartbeat.c; "rank R of the
+ * parent context" on a process set's engine), else "another rank". Per-thread buffer. */
+const char *hora__engine_who_finalized(const hora_engine_t *eng);
 hora_result_t hora__engine_submit(hora_engine_t *eng, eng_req_t *first, eng_req_t *last);
 void hora__req_free(eng_req_t *r);
 /* Complete a request with rc (removing it from the pending table) and free it. */

@@ -14,5 +14,8 @@ hora_result_t hora__engine_on_init(struct hora_ctx *ctx);
  * returns within seconds instead of waiting for peers: used when a process set's creation
  * failed on another rank after this one had started the set's engine. No-op without an engine. */
 void hora__engine_abort(struct hora_ctx *ctx, hora_result_t rc, const char *msg);
+/* The first step of hora_finalize on the context hora_init made, before any module stops: tells
+ * the other ranks this rank will make no more calls (hora__hb_announce_finalize). */
+void hora__engine_on_finalize_begin(struct hora_ctx *ctx);
 
 #endif

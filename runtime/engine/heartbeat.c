@@ -35,7 +35,16 @@
  * arrived. Until then the limit is HORA_INIT_TIMEOUT_S (default 300 s), counted from the start of
  * this thread, and the message says start-up and names every rank not heard from yet (they did
  * not start, or UDP from them cannot reach this rank: a firewall between the nodes). Only after
- * the first heartbeat from a peer does HORA_PEER_TIMEOUT_S apply to it.
+ * the first heartbeat from a peer does HORA_PEER_TIMEOUT_S apply to it, and hora_init waits for
+ * that first heartbeat of every watched rank (wait_first_contact), so that a peer that stops
+ * right after start-up is not watched with the start-up limit.
+ *
+ * The datagrams also carry the blocking-call counts of the context (struct hora_calls, core/ctx.h):
+ * each heartbeat to rank 0 the sender's count of entered calls, each of rank 0's heartbeats the
+ * rank with the fewest (the stall inspection of the call check across nodes names it), and
+ * hora_finalize sends FIN to every rank with its count of completed calls: a rank inside, or
+ * entering, a call above that number waits for a rank that will never come, and fails
+ * (check_outside) instead of hanging.
  *
  * A rank whose engine fails by itself (an MPI error), and every rank that learns of a failure
  * (it declared a peer dead, or rank 0 told it), stops sending heartbeats, so that the ranks that
@@ -62,12 +71,14 @@
 #include "core/fault.h"
 #include "engine/engine.h"
 
-enum { KIND_HB = 1, KIND_DEAD = 2, KIND_BYE = 3, KIND_DEAD_INIT = 4, REPEAT = 3, MAX_ADDRS = 8 };
+enum { KIND_HB = 1, KIND_DEAD = 2, KIND_BYE = 3, KIND_DEAD_INIT = 4, KIND_FIN = 5, REPEAT = 3, MAX_ADDRS = 8 };
 
 /* One datagram (host byte order: a job's ranks share an architecture). */
 typedef struct {
   uint64_t cookie;
   int32_t from, kind, a, b; /* DEAD / DEAD_INIT: a = rank, b = count */
+  uint64_t c; /* HB to rank 0: the sender's entered calls; HB from rank 0: its lag view; FIN: done
+               * calls (struct hora_calls, core/ctx.h) */
 } hb_msg_t;
 
 /* What each rank tells the others at start: where to send it datagrams. */
@@ -93,6 +104,8 @@ struct eng_hb {
   int started;
   atomic_int stop;
   atomic_int mute; /* stop sending heartbeats (this rank's engine failed): peers will notice */
+  atomic_int ready; /* every watched rank heard from (or it said BYE): hora_init may return */
+  struct hora_calls *calls; /* the context's blocking-call counts (NULL: not the root context) */
   double timeout_s, init_timeout_s, period_s;
 };
 
@@ -101,6 +114,7 @@ typedef struct {
   double *last;   /* last message from each rank */
   uint8_t *heard; /* at least one message from the rank */
   uint8_t *bye;
+  uint64_t *entered; /* rank 0: each rank's entered calls, from its heartbeats */
   int declared;
   double t0;      /* start of the thread: HORA_INIT_TIMEOUT_S counts from here */
   double max_gap, first_max; /* longest silence of a heard peer; latest first contact */
@@ -109,8 +123,8 @@ typedef struct {
 
 static int watches(int me, int r) { return r != me && (me == 0 || r == 0); }
 
-static void send_to(eng_hb_t *hb, int r, int kind, int a, int b) {
-  hb_msg_t m = {hb->cookie, hb->eng->rank, kind, a, b};
+static void send_to(eng_hb_t *hb, int r, int kind, int a, int b, uint64_t c) {
+  hb_msg_t m = {hb->cookie, hb->eng->rank, kind, a, b, c};
   for (int i = 0; i < hb->dest[r].n; i++)
     (void)sendto(hb->sock, &m, sizeof m, MSG_DONTWAIT, (const struct sockaddr *)&hb->dest[r].to[i],
                  sizeof hb->dest[r].to[i]);
@@ -120,7 +134,7 @@ static void send_to(eng_hb_t *hb, int r, int kind, int a, int b) {
 static void tell_others(eng_hb_t *hb, int kind, int r, int count) {
   for (int k = 0; k < REPEAT; k++)
     for (int q = 1; q < hb->eng->size; q++)
-      if (q != r) send_to(hb, q, kind, r, count);
+      if (q != r) send_to(hb, q, kind, r, count, 0);
 }
 /* Start-up limit passed with some watched ranks never heard from: one message naming them. */
 static void declare_init(eng_hb_t *hb, hb_state_t *s) {
@@ -161,6 +175,14 @@ static void on_message(eng_hb_t *hb, hb_state_t *s, const hb_msg_t *m, double no
   }
   s->last[from] = now;
   s->heard[from] = 1;
+  if (m->kind == KIND_HB && hb->calls) {
+    if (eng->rank == 0) s->entered[from] = m->c;
+    else if (from == 0) __atomic_store_n(&hb->calls->lag, m->c, __ATOMIC_RELEASE);
+  } else if (m->kind == KIND_FIN && hb->calls) {
+    /* Keep the announcement with the fewest done calls (the first to bite). */
+    uint64_t fin = m->c << 24 | (uint64_t)(from + 1), old = __atomic_load_n(&hb->calls->fin, __ATOMIC_ACQUIRE);
+    if (!old || (old >> 24) > m->c) __atomic_store_n(&hb->calls->fin, fin, __ATOMIC_RELEASE);
+  }
   if (m->kind == KIND_BYE) {
     s->bye[from] = 1;
   } else if ((m->kind == KIND_DEAD || m->kind == KIND_DEAD_INIT) && from == 0 && !s->declared) {
@@ -200,6 +222,57 @@ static void check_peers(eng_hb_t *hb, hb_state_t *s, double now) {
   if (unheard && hb->init_timeout_s > 0 && now - s->t0 > hb->init_timeout_s) declare_init(hb, s);
 }
 
+/* Every watched rank heard from (or gone with BYE): what hora_init waits for (hora__hb_start). */
+static void note_ready(eng_hb_t *hb, const hb_state_t *s) {
+  if (atomic_load(&hb->ready)) return;
+  for (int r = 0; r < hb->eng->size; r++)
+    if (watches(hb->eng->rank, r) && !s->heard[r] && !s->bye[r]) return;
+  atomic_store(&hb->ready, 1);
+}
+
+/* Rank 0: the rank that entered the fewest blocking calls, how many ranks entered that few (its
+ * own count included), packed for its heartbeats and for its own stall inspection. */
+static uint64_t lag_view(eng_hb_t *hb, hb_state_t *s) {
+  int n = hb->eng->size, low_rank = 0, low_count = 0;
+  s->entered[0] = __atomic_load_n(&hb->calls->entered, __ATOMIC_ACQUIRE);
+  uint64_t low = UINT64_MAX;
+  for (int r = 0; r < n; r++) {
+    if (s->bye[r]) continue;
+    if (s->entered[r] < low) low = s->entered[r], low_rank = r, low_count = 0;
+    low_count += s->entered[r] == low;
+  }
+  uint64_t v = low == UINT64_MAX ? 0 : hora__calls_lag_pack(low, low_rank, low_count);
+  __atomic_store_n(&hb->calls->lag, v, __ATOMIC_RELEASE);
+  return v;
+}
+
+/* Failures that come from outside this thread: a peer's hora_finalize announcement (KIND_FIN) when
+ * this rank is in, or enters, a blocking call that the peer never completed, and a verdict that the
+ * algorithm layer set on the context (a stall across nodes ended a call): both fail the engine,
+ * whose silence then tells the peers. */
+static void check_outside(eng_hb_t *hb, hb_state_t *s) {
+  hora_engine_t *eng = hb->eng;
+  if (atomic_load(&eng->dead)) return;
+  if (hora__ctx_failed(eng->ctx)) {
+    s->declared = 1;
+    hora__engine_fail(eng, eng->ctx->verdict->rc, "%s", eng->ctx->verdict->msg);
+    return;
+  }
+  uint64_t fin = hb->calls ? __atomic_load_n(&hb->calls->fin, __ATOMIC_ACQUIRE) : 0;
+  if (!fin) return;
+  /* Only while this rank is inside a call (entered > its own done) that the peer never finished;
+   * between calls nothing waits, and the next call, numbered higher, fails here then. */
+  uint64_t done = fin >> 24, entered = __atomic_load_n(&hb->calls->entered, __ATOMIC_ACQUIRE);
+  if (entered <= done || entered <= __atomic_load_n(&hb->calls->done, __ATOMIC_ACQUIRE)) return;
+  s->declared = 1;
+  hora__engine_fail(eng, HORA_ERR_REMOTE,
+                    "rank %d called hora_finalize after completing %llu blocking collective%s on this context, "
+                    "so it will never join this rank's call number %llu (it skipped that call or left it with an "
+                    "error of its own: its log says which); every pending and later call fails",
+                    (int)(fin & 0xffffff) - 1, (unsigned long long)done, done == 1 ? "" : "s",
+                    (unsigned long long)entered);
+}
+
 /* Read every datagram waiting on the socket. */
 static void drain(eng_hb_t *hb, hb_state_t *s, double now) {
   for (;;) {
@@ -222,29 +295,34 @@ static void *hb_main(void *arg) {
   s.last = calloc((size_t)n, sizeof *s.last);
   s.heard = calloc((size_t)n, 1);
   s.bye = calloc((size_t)n, 1);
-  if (!s.last || !s.heard || !s.bye) goto out;
+  s.entered = calloc((size_t)n, sizeof *s.entered);
+  if (!s.last || !s.heard || !s.bye || !s.entered) goto out;
   double now = hora__now_s(), next_send = now;
   s.t0 = now;
   const int poll_ms = (int)(1000 * (hb->period_s / 4 < 0.05 ? hb->period_s / 4 : 0.05)) + 1;
   for (;;) {
     now = hora__now_s();
     drain(hb, &s, now);
-    int failed = atomic_load(&hb->mute) || hora__fault_muted() || atomic_load(&eng->dead);
+    int failed = atomic_load(&hb->mute) || hora__fault_muted() || atomic_load(&eng->dead) ||
+                 hora__ctx_failed(eng->ctx);
     if (atomic_load(&hb->stop)) {
       /* BYE to each watched peer, unless this rank failed: then its silence must be noticed. */
       for (int k = 0; k < REPEAT && !failed; k++)
         for (int r = 0; r < n; r++)
-          if (watches(me, r)) send_to(hb, r, KIND_BYE, 0, 0);
+          if (watches(me, r)) send_to(hb, r, KIND_BYE, 0, 0, 0);
       break;
     }
     /* Silent after any failure: a rank that knows the job failed must make the ranks that do not
      * know yet (the one declared dead may be alive, waiting for us) fail too. */
     if (now >= next_send && !failed) {
+      uint64_t c = !hb->calls ? 0 : me == 0 ? lag_view(hb, &s) : __atomic_load_n(&hb->calls->entered, __ATOMIC_ACQUIRE);
       for (int r = 0; r < n; r++)
-        if (watches(me, r)) send_to(hb, r, KIND_HB, 0, 0);
+        if (watches(me, r)) send_to(hb, r, KIND_HB, 0, 0, c);
       next_send = now + hb->period_s;
     }
     check_peers(hb, &s, now);
+    check_outside(hb, &s);
+    note_ready(hb, &s);
     struct pollfd pfd = {hb->sock, POLLIN, 0};
     (void)poll(&pfd, 1, poll_ms);
   }
@@ -256,6 +334,8 @@ out:
   free(s.last);
   free(s.heard);
   free(s.bye);
+  free(s.entered);
+  atomic_store(&hb->ready, 1); /* nobody waits for a thread that left */
   return NULL;
 }
 
@@ -319,6 +399,24 @@ static void hb_free(eng_hb_t *hb) {
   free(hb);
 }
 
+/* hora_init returns only once every rank this one watches has been heard from, so that from then
+ * on HORA_PEER_TIMEOUT_S applies to every peer: a peer that stops right after start-up is found
+ * in that time, not after HORA_INIT_TIMEOUT_S. The first datagrams go out as the threads start, so
+ * this costs one exchange; a peer not heard from within HORA_INIT_TIMEOUT_S fails hora_init with
+ * the start-up message (declare_init). */
+static hora_result_t wait_first_contact(eng_hb_t *hb) {
+  hora_engine_t *eng = hb->eng;
+  while (!atomic_load(&hb->ready) && !atomic_load(&eng->dead)) {
+    struct timespec ts = {0, 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  if (!atomic_load(&eng->dead)) return HORA_SUCCESS;
+  pthread_mutex_lock(&eng->mu);
+  hora_result_t rc = HORA_ERR(eng->fail_rc, "hora_init: %s", eng->dead_msg);
+  pthread_mutex_unlock(&eng->mu);
+  return rc;
+}
+
 /* Collective over the world (inside hora_init): every rank's card to every rank. */
 hora_result_t hora__hb_start(hora_engine_t *eng, eng_hb_t **out) {
   *out = NULL;
@@ -333,6 +431,7 @@ hora_result_t hora__hb_start(hora_engine_t *eng, eng_hb_t **out) {
     goto fail;
   }
   hb->eng = eng;
+  hb->calls = eng->ctx->calls;
   hb->timeout_s = eng->prm.peer_timeout_s;
   hb->init_timeout_s = eng->prm.init_timeout_s;
   double p = hb->timeout_s / 6;
@@ -365,6 +464,11 @@ hora_result_t hora__hb_start(hora_engine_t *eng, eng_hb_t **out) {
     goto fail;
   }
   hb->started = hb->timeout_s > 0;
+  if (hb->started && hb->init_timeout_s > 0 && (rc = wait_first_contact(hb)) != HORA_SUCCESS) {
+    hora__hb_mute(hb);
+    hora__hb_stop(hb);
+    return rc;
+  }
   *out = hb;
   return HORA_SUCCESS;
 fail:
@@ -375,6 +479,15 @@ fail:
 
 void hora__hb_mute(eng_hb_t *hb) {
   if (hb) atomic_store(&hb->mute, 1);
+}
+
+void hora__hb_announce_finalize(eng_hb_t *hb) {
+  /* After a failure the peers learn it from this rank's silence, with the real cause. */
+  if (!hb || !hb->started || !hb->calls || hora__ctx_failed(hb->eng->ctx)) return;
+  uint64_t done = __atomic_load_n(&hb->calls->done, __ATOMIC_ACQUIRE);
+  for (int k = 0; k < REPEAT; k++)
+    for (int r = 0; r < hb->eng->size; r++)
+      if (r != hb->eng->rank) send_to(hb, r, KIND_FIN, 0, 0, done);
 }
 
 void hora__hb_stop(eng_hb_t *hb) {

@@ -5,6 +5,13 @@
  *   word 0        flags, each phrased so that AND gives the answer:
  *                   NO_SLOW      "I need no coordinator round"       AND=0: run step 2
  *                   WANT_STOP    "hora_finalize is waiting"          AND=1: stop after this cycle
+ *                   NOT_DONE     "I have not begun hora_finalize     AND=0: every rank stops after
+ *                                with nothing pending"               this cycle: that rank will
+ *                                submit nothing more, so what the others still wait for is
+ *                                cancelled with HORA_ERR_SHUTDOWN instead of hanging (as in
+ *                                Horovod, where one rank's shutdown ends every rank's); while it
+ *                                still has requests pending they may complete (the others submit
+ *                                them, then finalize too), as when every rank finalizes
  *                   IDLE         "nothing pending here"              AND=1: back off the cycle
  *                   NOT_JOINED   "I have not called hora_join"       AND=0: some rank joined
  *                   JOINED       "I have called hora_join"           AND=1: all joined, the
@@ -38,7 +45,7 @@
 
 #include "engine/engine.h"
 
-enum { F_NO_SLOW = 1, F_WANT_STOP = 2, F_IDLE = 4, F_NOT_JOINED = 8, F_JOINED = 16 };
+enum { F_NO_SLOW = 1, F_WANT_STOP = 2, F_IDLE = 4, F_NOT_JOINED = 8, F_JOINED = 16, F_NOT_DONE = 32 };
 
 /* ---- a growable byte buffer for the wire format ---- */
 typedef struct {
@@ -217,7 +224,9 @@ static void bits_fill(cycle_t *c) {
   uint64_t flags = 0;
   if (!want_slow) flags |= F_NO_SLOW;
   pthread_mutex_lock(&eng->mu);
-  if (eng->stop_requested) flags |= F_WANT_STOP;
+  int stopping = eng->stop_requested;
+  if (stopping) flags |= F_WANT_STOP;
+  if (!(stopping && c->nreq == 0 && !eng->joined)) flags |= F_NOT_DONE;
   pthread_mutex_unlock(&eng->mu);
   if (c->nreq == 0 && !eng->joined) flags |= F_IDLE;
   if (!eng->joined) flags |= F_NOT_JOINED;
@@ -483,7 +492,7 @@ hora_result_t hora__negotiate(hora_engine_t *eng, eng_resp_t **run_list, size_t 
   bits_fill(&c);
   HORA_CHECK_GOTO(bits_exchange(&c), rc, done);
   uint64_t flags = c.bits[0];
-  *stop = (flags & F_WANT_STOP) != 0;
+  *stop = (flags & F_WANT_STOP) != 0 || (flags & F_NOT_DONE) == 0;
   *all_idle = (flags & F_IDLE) != 0;
   eng->any_joined = !(flags & F_NOT_JOINED);
   HORA_CHECK_GOTO(bits_apply(&c), rc, done);

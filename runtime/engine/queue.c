@@ -130,6 +130,15 @@ void hora__engine_fail(hora_engine_t *eng, hora_result_t rc, const char *fmt, ..
   HORA_WARN(ENGINE, "%s", msg);
 }
 
+const char *hora__engine_who_finalized(const hora_engine_t *eng) {
+  static _Thread_local char buf[48];
+  const hora_engine_t *root = eng->up ? eng->up : eng;
+  uint64_t fin = root->ctx->calls ? __atomic_load_n(&root->ctx->calls->fin, __ATOMIC_ACQUIRE) : 0;
+  if (!fin) return "another rank";
+  snprintf(buf, sizeof buf, eng->up ? "rank %d of the parent context" : "rank %d", (int)(fin & 0xffffff) - 1);
+  return buf;
+}
+
 /* ---- queue ---- */
 
 hora_result_t hora__engine_submit(hora_engine_t *eng, eng_req_t *first, eng_req_t *last) {
@@ -139,6 +148,9 @@ hora_result_t hora__engine_submit(hora_engine_t *eng, eng_req_t *first, eng_req_
     rc = HORA_ERR(eng->fail_rc, "%s", eng->dead_msg);
   } else if (eng->stop_requested) {
     rc = HORA_ERR(HORA_ERR_SHUTDOWN, "async collective submitted after hora_finalize began");
+  } else if (eng->peer_stopped) {
+    rc = HORA_ERR(HORA_ERR_SHUTDOWN, "async collective submitted after %s called hora_finalize (the async "
+                  "engine stops on every rank once a rank in hora_finalize has nothing pending)", hora__engine_who_finalized(eng));
   } else {
     last->qnext = NULL;
     if (eng->qtail) eng->qtail->qnext = first;

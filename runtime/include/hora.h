@@ -146,14 +146,22 @@ typedef struct {
  *   differs between ranks: the message names it, the values and the ranks holding each), HORA_ERR_CUDA (cudaSetDevice failed),
  *   HORA_ERR_LAYOUT (world size differs from SLURM_NTASKS or HORA_SIZE; the message says how to
  *   start the job), HORA_ERR_MPI (MPI could not start or lacks MPI_THREAD_MULTIPLE),
- *   HORA_ERR_NO_MEMORY, HORA_ERR_INTERNAL (HORA_TEST_FAULT injected a failure). On error *ctx is
+ *   HORA_ERR_NO_MEMORY, HORA_ERR_INTERNAL (HORA_TEST_FAULT injected a failure), HORA_ERR_REMOTE
+ *   (a rank's first heartbeat did not arrive within HORA_INIT_TIMEOUT_S: the message names the
+ *   ranks never heard from; see below). On error *ctx is
  *   left unchanged and nothing stays allocated; MPI, when hora_init started it, is finalized only
  *   if the failure came before the GPU and engine start-up (later ones may be this rank's alone,
  *   and MPI_Finalize would wait for the ranks that went on).
  * Also installs, once per process and before MPI_Init, hora's handler for SIGSEGV, SIGBUS,
  * SIGFPE, SIGILL and SIGABRT (one async-signal-safe line naming rank, node, host, pid, thread and
  * signal, then the default action), unless the program installed its own first; Open MPI then
- * installs none (docs/design.md, "When a job fails"). */
+ * installs none (docs/design.md, "When a job fails").
+ * Start-up of the heartbeat (HORA_PEER_TIMEOUT_S > 0, more than one rank): hora_init returns only
+ * once the first heartbeat of every rank this one watches has arrived (rank 0 watches every rank,
+ * the others rank 0; one UDP exchange, milliseconds), so that from then on a peer that stops is
+ * found within HORA_PEER_TIMEOUT_S. A rank not heard from within HORA_INIT_TIMEOUT_S fails
+ * hora_init with HORA_ERR_REMOTE naming it on rank 0, and on the other ranks through rank 0
+ * (HORA_INIT_TIMEOUT_S=0: hora_init does not wait, and such a rank is never declared dead). */
 hora_result_t hora_init(hora_ctx_t **ctx);
 /* hora_init_ex: hora_init with options (opts may be NULL for defaults). Same errors, and
  * HORA_ERR_INVALID_ARGUMENT if opts->size is smaller than the first field's end. */
@@ -168,7 +176,22 @@ hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t **ctx);
  * checkpoint result broadcast, shared-memory window frees, MPI_Finalize: the process then ends
  * with MPI initialized, which mpirun/srun report) and leaks the buffers MPI may still write.
  * Buffers of async requests that failed with HORA_ERR_REMOTE may likewise still be written by MPI
- * if the peer was only slow: a program should end after HORA_ERR_REMOTE, not reuse them. */
+ * if the peer was only slow: a program should end after HORA_ERR_REMOTE, not reuse them.
+ * A rank that finalizes while the others still wait for it never hangs them (as in Horovod):
+ *  - Its first step tells every other rank (one UDP datagram each, through the heartbeat) how many
+ *    blocking collectives it completed on ctx. A rank that is in, or later enters, a blocking
+ *    collective numbered above that (one the finalizing rank skipped, or left with an error of
+ *    its own) gets HORA_ERR_REMOTE naming it ("rank 1 called hora_finalize after completing 10
+ *    blocking collectives on this context, so it will never join this rank's call number 11"),
+ *    within a heartbeat poll (50 ms); its context has then failed, like after a dead peer.
+ *  - Once this rank has no async request pending (at once if it has none; else when they have
+ *    completed or the other ranks finalize too), it stops the async engine on every rank (the
+ *    engine's next cycle): requests still pending on any rank complete with HORA_ERR_SHUTDOWN
+ *    naming it, and later async submits there return HORA_ERR_SHUTDOWN.
+ *  This rank's hora_finalize then returns within about HORA_PEER_TIMEOUT_S plus 2 s when a peer
+ *  failed this way (it falls silent), with HORA_ERR_REMOTE; when every rank finalizes after its
+ *  last call, none of this happens. Not covered: a blocking collective of a process set (the
+ *  counts are the context hora_init made's). */
 hora_result_t hora_finalize(hora_ctx_t *ctx);
 
 /* Layout queries. Local; valid between hora_init and hora_finalize. Errors:
@@ -214,8 +237,12 @@ hora_result_t hora_device_index(hora_ctx_t *ctx, int *device);
  *   it: set NULL, ranks NULL, nranks 0 or above the size of ctx, a rank out of range or listed
  *   twice, or ctx is a set this rank is not in; the other ranks return the same code with a
  *   message saying another rank rejected its list), HORA_ERR_MISMATCH (ranks passed different
- *   lists), HORA_ERR_SHUTDOWN (ctx is being finalized), HORA_ERR_REMOTE (a peer died),
- *   HORA_ERR_MPI, HORA_ERR_NO_MEMORY. On error *set is unchanged and nothing stays allocated. */
+ *   lists), HORA_ERR_SHUTDOWN (ctx is being finalized), HORA_ERR_REMOTE (a peer died or stopped:
+ *   the agreements on the list and on the result are non-blocking MPI calls whose waits watch the
+ *   heartbeat's verdict, so a rank that never comes ends them within HORA_PEER_TIMEOUT_S plus a
+ *   fraction of a second; the communicator split and the set's engine start in between cannot be
+ *   abandoned, but run only once every rank was present), HORA_ERR_MPI, HORA_ERR_NO_MEMORY. On
+ *   error *set is unchanged and nothing stays allocated. */
 hora_result_t hora_process_set_create(hora_ctx_t *ctx, const int *ranks, size_t nranks,
                                       hora_ctx_t **set);
 /* hora_process_set_destroy: stop the set's engine (requests still pending fail with
@@ -224,7 +251,9 @@ hora_result_t hora_process_set_create(hora_ctx_t *ctx, const int *ranks, size_t 
  * parent's hora_finalize destroys the sets still live, newest first; a set must not be used after
  * either. set NULL is a no-op. Errors: HORA_ERR_NOT_INITIALIZED (not a live context),
  * HORA_ERR_INVALID_ARGUMENT (set was made by hora_init: use hora_finalize), HORA_ERR_REMOTE
- * (after a peer's death; the set is freed anyway). hora_finalize on a set returns
+ * (a peer died or stopped, before or during the destroy, which then returns within about
+ * HORA_PEER_TIMEOUT_S plus 2 s: a set's waits also watch its parent's verdict; the set is freed
+ * anyway). hora_finalize on a set returns
  * HORA_ERR_INVALID_ARGUMENT and leaves it alive. */
 hora_result_t hora_process_set_destroy(hora_ctx_t *set);
 /* hora_process_set_included: *included = 1 if this rank is in the set, else 0 (a context made
@@ -273,15 +302,23 @@ hora_result_t hora_process_set_included(hora_ctx_t *set, int *included);
  * A live rank that never calls (it skipped the call, or is stuck elsewhere) is named by the check's
  * stall inspection on one node: a warning after HORA_STALL_WARNING_S (60 s), and with
  * HORA_STALL_SHUTDOWN_S > 0 the call returns HORA_ERR_TIMEOUT naming it after that long, nothing
- * written, the context still usable (across nodes the check waits without it: not done yet).
+ * written, the context still usable. Across nodes (the context hora_init made) the same warning and
+ * HORA_ERR_TIMEOUT name the rank that entered the fewest blocking calls as rank 0 last saw it
+ * (each rank's count rides on its heartbeats, so the view is up to one heartbeat period old:
+ * HORA_PEER_TIMEOUT_S / 6, at most 1 s); there the check's MPI allreduce is already posted and
+ * cannot be taken back, so the context then fails: every later call on it returns the same
+ * HORA_ERR_TIMEOUT, and its heartbeats stop, so the missing rank gets HORA_ERR_REMOTE within
+ * HORA_PEER_TIMEOUT_S. (Process sets across nodes: no stall inspection; the call waits.)
+ * A rank that called hora_finalize instead of this call: HORA_ERR_REMOTE naming it at once (see
+ * hora_finalize).
  *
  * A dead or stopped peer (crashed, killed, SIGSTOPped, or so starved that its heartbeat thread
  * is silent): every blocking collective here, every algorithm (ring, shm, hier, the MPI path)
  * and device path (staged, NCCL), returns HORA_ERR_REMOTE on every surviving rank, with a
  * message naming the rank ("rank 3 sent no heartbeat for 30 s (HORA_PEER_TIMEOUT_S)"), within
  * HORA_PEER_TIMEOUT_S plus a fraction of a second of the peer falling silent (measured: 0 to
- * 0.25 s; seconds more on an overloaded node; docs/design.md). A peer that stops before its first
- * heartbeat arrived (right after hora_init) is reported after HORA_INIT_TIMEOUT_S instead. Every
+ * 0.25 s; seconds more on an overloaded node; docs/design.md), also right after hora_init (which
+ * waits for every peer's first heartbeat). Every
  * wait inside the call watches the heartbeat's verdict; a call made after the verdict returns it
  * at once. recvbuf (and buf) is then undefined and MPI may still write
  * it if the peer was only slow: do not reuse it; call hora_finalize, which returns promptly, and
@@ -396,13 +433,14 @@ hora_result_t hora_barrier(hora_ctx_t *ctx);
  *    size_t, partially overlapping buffers, scale factors other than 1.0 for integer dtypes),
  *    HORA_ERR_NOT_SUPPORTED (HORA_DEVICE_CUDA buffers in a build without CUDA),
  *    HORA_ERR_REMOTE (a peer was declared dead: see hora_wait), HORA_ERR_SHUTDOWN (hora_finalize
- *    has begun), HORA_ERR_NO_MEMORY.
+ *    has begun here, or on another rank, which stopped the engine everywhere), HORA_ERR_NO_MEMORY.
  *  - Completion results (returned by hora_wait): HORA_SUCCESS; HORA_ERR_MISMATCH (see above);
  *    HORA_ERR_TIMEOUT (some ranks never submitted this name within HORA_STALL_SHUTDOWN_S; the
  *    message lists the missing ranks); HORA_ERR_REMOTE (a rank sent no heartbeat for
  *    HORA_PEER_TIMEOUT_S seconds: it died or hangs; the message names it; every pending and later
  *    request of this process then fails the same way); HORA_ERR_SHUTDOWN (hora_finalize ran
- *    while the request was pending); HORA_ERR_INVALID_ARGUMENT (this rank already had a pending
+ *    while the request was pending, on this rank or on another: one rank's hora_finalize stops
+ *    the engine on every rank, and the message then names that rank); HORA_ERR_INVALID_ARGUMENT (this rank already had a pending
  *    request with the same name, or a collective other than a SUM/AVERAGE allreduce was submitted
  *    while some rank had joined: see hora_join); HORA_ERR_NOT_SUPPORTED (device buffers in a
  *    CUDA build whose GPU path does not provide this collective); HORA_ERR_MPI (the transport

@@ -49,6 +49,10 @@ HORA_EXPORT hora_result_t hora_finalize(hora_ctx_t *ctx) {
   if (ctx->parent)
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_finalize: the context is a process set: release "
                     "it with hora_process_set_destroy");
+  /* Tell the peers first that this rank makes no more calls: one that waits for it in a blocking
+   * call it never completed then fails instead of hanging (and so does not keep this rank waiting
+   * in the finalizers below, which agree with every rank). */
+  hora__engine_on_finalize_begin(ctx);
   /* Module finalizers, newest first, while the context is still live for them. */
   hora_result_t first = hora__ctx_run_finalizers(ctx);
   hora__ctx_discard(ctx);

@@ -5,12 +5,18 @@
  *   parent world  0 1 2 3            hora_process_set_create(parent, {1,3}) on every parent rank
  *                   │   │            1. local checks of the list, then one MPI_Allreduce(MAX) of
  *                   ▼   ▼               {error, n, hash, -n, -hash}: a bad list on any rank or two
- *   set world       0   1               different lists fail on every rank (no hang)
+ *   set world       0   1               different lists fail on every rank (no hang); non-blocking
+ *                                       and waited on with the heartbeat's verdict watched
+ *                                       (hora__algo_wait), so a dead or stopped rank of the
+ *                                       parent ends it with HORA_ERR_REMOTE naming that rank
  *                                    2. MPI_Comm_split(parent world): members get the sub-comm
  *                                    3. members: layout on it, the set's engine (its own thread and
  *                                       communicators, the root's heartbeat), publish
  *                                    4. one more MPI_Allreduce over the parent: a failure of any
- *                                       rank in 3 is every rank's error
+ *                                       rank in 3 is every rank's error (watched as in 1)
+ *
+ * Steps 2 and 3 (MPI_Comm_split, the layout on the new communicator, the engine's MPI_Comm_dup)
+ * have no form that can be abandoned; they run right after step 1 has shown every rank present.
  *
  * Ranks outside the set get an `excluded` context: every call on it but hora_process_set_destroy
  * returns HORA_ERR_INVALID_ARGUMENT naming the set's ranks (hora__ctx_check).
@@ -24,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "algo/state.h"
 #include "core/ctx.h"
 #include "engine/engine_init.h"
 
@@ -61,6 +68,19 @@ static hora_result_t check_list(const hora_ctx_t *ctx, const int *ranks, size_t 
   return HORA_SUCCESS;
 }
 
+/* MPI_Allreduce(MAX) of n int64 over the parent, waited on with the verdict watched. After a
+ * verdict MPI may still write `out`: it lives in a static buffer then, never on the caller's stack
+ * (leaked by design, like the ring's buffers: core/ctx.h). */
+static hora_result_t allreduce_max(hora_ctx_t *ctx, const int64_t *in, int64_t *out, int n) {
+  static _Thread_local int64_t buf[2][8];
+  memcpy(buf[0], in, (size_t)n * sizeof *in);
+  MPI_Request req = MPI_REQUEST_NULL;
+  HORA_MPI_CHECK(MPI_Iallreduce(buf[0], buf[1], n, MPI_INT64_T, MPI_MAX, ctx->world, &req));
+  HORA_CHECK(hora__algo_wait(ctx, 1, &req, "hora_process_set_create"));
+  memcpy(out, buf[1], (size_t)n * sizeof *out);
+  return HORA_SUCCESS;
+}
+
 /* Step 1's agreement: every rank's check result and its (sorted) list, compared. */
 static hora_result_t agree_list(hora_ctx_t *ctx, hora_result_t mine, const int *sorted, size_t n) {
   uint64_t h = 1469598103934665603ull; /* FNV-1a over the sorted list */
@@ -71,7 +91,7 @@ static hora_result_t agree_list(hora_ctx_t *ctx, hora_result_t mine, const int *
   int64_t hv = (int64_t)(h >> 1), nv = (int64_t)n;
   int64_t v[5] = {mine != HORA_SUCCESS ? (int64_t)mine : 0, nv, hv, -nv, -hv}, mx[5];
   if (mine != HORA_SUCCESS) v[1] = v[2] = v[3] = v[4] = INT64_MIN + 1; /* not compared */
-  HORA_MPI_CHECK(MPI_Allreduce(v, mx, 5, MPI_INT64_T, MPI_MAX, ctx->world));
+  HORA_CHECK(allreduce_max(ctx, v, mx, 5));
   if (mine != HORA_SUCCESS) return mine;
   if (mx[0]) return HORA_ERR((hora_result_t)mx[0], "hora_process_set_create: another rank rejected its "
                              "rank list (%s)", hora_result_name((hora_result_t)mx[0]));
@@ -136,12 +156,12 @@ HORA_EXPORT hora_result_t hora_process_set_create(hora_ctx_t *ctx, const int *ra
   rc = build_set(ctx, sorted, nranks, &c);
   if (rc == HORA_SUCCESS) rc = hora__ctx_add_finalizer(ctx, parent_finalizer, c);
   /* Step 4: one rank's failure is everyone's. */
-  int bad = rc != HORA_SUCCESS ? (int)rc : 0, any = 0;
-  int mrc = MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, ctx->world);
-  if (rc == HORA_SUCCESS && (any || mrc != MPI_SUCCESS)) {
-    rc = mrc != MPI_SUCCESS ? hora__mpi_error(mrc, "MPI_Allreduce(process set)", __FILE__, __LINE__)
-                            : HORA_ERR((hora_result_t)any, "hora_process_set_create: another rank failed "
-                                       "to create the set (%s)", hora_result_name((hora_result_t)any));
+  int64_t bad = rc != HORA_SUCCESS ? (int64_t)rc : 0, any = 0;
+  hora_result_t arc = allreduce_max(ctx, &bad, &any, 1);
+  if (rc == HORA_SUCCESS && (any || arc != HORA_SUCCESS)) {
+    rc = arc != HORA_SUCCESS ? arc
+                             : HORA_ERR((hora_result_t)any, "hora_process_set_create: another rank failed "
+                                        "to create the set (%s)", hora_result_name((hora_result_t)any));
     hora__ctx_remove_finalizer(ctx, parent_finalizer, c);
     __atomic_store_n(&c->failed, 1, __ATOMIC_RELEASE);
     hora__engine_abort(c, HORA_ERR_REMOTE, hora_last_error());

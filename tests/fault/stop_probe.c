@@ -35,9 +35,9 @@
 #include "hora.h"
 
 enum { COUNT_SMALL = 256, COUNT_LARGE = 1 << 16 };
-/* Ready only after this long in the loop: a peer is watched with HORA_PEER_TIMEOUT_S only once its
- * first heartbeat has arrived (before that HORA_INIT_TIMEOUT_S applies), and under load the
- * heartbeat thread of a new context may take a while to send it. */
+/* Ready only after this long in the loop: a margin kept from when a peer stopped before its first
+ * heartbeat arrived was watched with HORA_INIT_TIMEOUT_S (hora_init now waits for those first
+ * heartbeats, so the bound holds from the start: test_fault_hang_early_np2_v1). */
 #define READY_AFTER_S 0.6
 
 static double now_s(void) {
