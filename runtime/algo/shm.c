@@ -187,12 +187,6 @@ static hora_result_t shm_barrier_at(struct hora_shm *s, const char *stall_fn, ui
 
 static hora_result_t shm_barrier(struct hora_shm *s) { return shm_barrier_at(s, NULL, 0); }
 
-static int cpus_available(void) {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? (int)n : 1;
-}
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -262,7 +256,12 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
     rc = hora__mpi_error(mrc, "MPI_Win_lock_all/MPI_Barrier", __FILE__, __LINE__);
     goto fail;
   }
-  s->spin = s->L <= cpus_available();
+  /* The node's CPUs are the union of its ranks' affinity masks (ctx->local_cpus, the same on
+   * every local rank), not this rank's own mask: with one core bound per rank (Open MPI's and
+   * launch's default) this rank's mask holds one CPU, and comparing L with it made every waiter
+   * sleep at once, a futex wake-up (17-20 us here) per barrier where a spin takes well under
+   * 1 us (docs/benchmarks.md, "Call check"). */
+  s->spin = s->L <= ctx->local_cpus;
   HORA_INFO(SHM, "shared window: %d local ranks, 2 slots of %zu bytes each, %s", s->L, s->slot_bytes,
             s->spin ? "spin then sleep" : "sleep at once (more ranks than cores)");
   *out = s;
