@@ -7,9 +7,10 @@
  *   one node      : MPI_Allreduce below AUTO_SHM_MIN_BYTES (one MPI call has the lowest latency
  *                   for a few cache lines; AUTO_SHM_MIN_BYTES_OVERSUBSCRIBED when the node has
  *                   more ranks than CPUs, and no MPI at all there for a context whose
- *                   collectives overlap compute), shared memory from there on; with the call
- *                   check on, shared memory also up to HORA_SHM_FLAT_BYTES (its flat form
- *                   carries the check in its one barrier, where MPI would need one more).
+ *                   collectives overlap compute), shared memory from there on; shared memory
+ *                   also below it, up to HORA_SHM_FLAT_BYTES, when every local rank has a CPU
+ *                   or the call check is on (its flat form is one barrier, which also carries
+ *                   the check, where MPI would need one more).
  *   several nodes : hierarchical at every size when every node has the same number of ranks
  *                   (> 1); else MPI_Allreduce below AUTO_NET_MIN_BYTES and the flat ring above.
  * A forced algorithm that cannot run on the layout falls back: shm across nodes -> hier (or ring),
@@ -70,9 +71,13 @@ hora_algo_t hora__algo_resolve(hora_ctx_t *ctx, size_t count, hora_dtype_t dtype
          * shared-memory algorithm, which sleeps, is used at every size (examples/mnist, 4 ranks
          * on 2 cores: 2,560 images/s with MPI up to 256 KiB, 4,920 with shm). */
         if (ctx->local_size > ctx->local_cpus) min = ctx->overlaps_compute ? 0 : AUTO_SHM_MIN_BYTES_OVERSUBSCRIBED;
-        /* The shm algorithm's flat form carries the blocking calls' check in its one barrier,
-         * where the MPI path would need a barrier of its own first (hora__allreduce_checked). */
-        if (bytes <= hora__params()->shm_flat_bytes && hora__call_check_on()) min = 0;
+        /* The shm algorithm's flat form (one barrier) beats MPI_Allreduce at every size up to
+         * HORA_SHM_FLAT_BYTES when the ranks can spin (2 ranks: 0.15-0.37 us from 4 B to 1 KiB
+         * against 0.25-0.48 us; docs/benchmarks.md, "Call check"), and it carries the blocking
+         * calls' check in that barrier, where the MPI path needs a barrier of its own first
+         * (hora__allreduce_checked); with more ranks than CPUs only the latter holds. */
+        if (bytes <= hora__params()->shm_flat_bytes && (ctx->local_size <= ctx->local_cpus || hora__call_check_on()))
+          min = 0;
         return bytes < min ? HORA_ALGO_MPI : HORA_ALGO_SHM;
       }
       if (hier_possible(ctx)) return HORA_ALGO_HIER;
