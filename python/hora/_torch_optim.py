@@ -14,6 +14,7 @@ from ._errors import invalid
 from ._torch_gather import allgather, allgather_async, broadcast_, broadcast_async_
 from ._torch_ops import (Adasum, _check_op, allreduce_async_, grouped_allreduce_async_,
                          synchronize)
+from ._torch_adasum import _DistributedAdasumOptimizer
 from ._torch_psets import _check_set, _view_size, global_process_set
 
 
@@ -159,12 +160,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
             raise ValueError("DistributedOptimizer: backward_passes_per_step must be an int >= 1")
         self._hora_op = _check_op(op, "DistributedOptimizer")
-        if self._hora_op == Adasum:
-            from ._errors import NotSupportedError
-            from ._hora_cffi import lib
-            raise NotSupportedError("DistributedOptimizer(op=Adasum): Horovod's Adasum optimizer "
-                                    "(Adasum of the update deltas) is not supported by hora yet; "
-                                    "hvd.allreduce(op=hvd.Adasum) is", lib.HORA_ERR_NOT_SUPPORTED)
         if gradient_predivide_factor != 1.0 and self._hora_op != Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
         self._hora_view = _check_set(process_set, "DistributedOptimizer")
@@ -412,14 +407,31 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     (the others then each get their own request, as in Horovod).
     sparse_as_dense: sparse gradients become dense before the allreduce (else they are
     allgathered). process_set: the ranks that average their gradients together (a registered
-    ProcessSet; only its members may create the optimizer and step). op=Adasum is
-    NotSupportedError (Horovod's Adasum optimizer is not supported yet; hvd.allreduce takes it).
+    ProcessSet; only its members may create the optimizer and step).
+
+    op=Adasum on more than one rank is Horovod's delta optimizer (_torch_adasum.py): each rank
+    steps on its own gradients and the parameter deltas are combined with Adasum in step()
+    (CPU parameters; a power-of-two number of ranks in the set, else ValueError on every rank;
+    synchronize() does nothing and skip_synchronize() is an AssertionError, as in Horovod). On
+    one rank it is the ordinary optimizer, as in Horovod.
     """
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
                       "in v0.23.0.", DeprecationWarning)
         if groups is None:
             groups = num_groups
+    if _check_op(op, "DistributedOptimizer") == Adasum and size() > 1:
+        if gradient_predivide_factor != 1.0:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        view = _check_set(process_set, "DistributedOptimizer")
+        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+            raise ValueError("DistributedOptimizer: backward_passes_per_step must be an int >= 1")
+        all_params = [p for g in optimizer.param_groups for p in g["params"]]
+        names = _param_names(all_params, named_parameters)
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, names, compression, backward_passes_per_step,
+                   process_set, view)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
