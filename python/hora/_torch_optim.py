@@ -31,6 +31,28 @@ def _named_items(params, what):
             for i, it in enumerate(items)]
 
 
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """The allreduce of a sparse COO tensor as Horovod does it: its indices and values are
+    allgathered (names `<name>.indices`, `<name>.values`), so the result holds every rank's
+    entries (duplicates summed when it is coalesced); op Average divides the values by the
+    set's size, any other op sums. Returns a function that waits and returns the sparse result.
+    Collective over process_set."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise invalid("sparse_allreduce_async: tensor must be a sparse COO torch tensor")
+    view = _check_set(process_set, "sparse_allreduce_async")
+    t = tensor.coalesce()
+    hi = allgather_async(t.indices().t().contiguous(), name=f"{name}.indices",
+                         process_set=process_set)
+    hv = allgather_async(t.values().contiguous(), name=f"{name}.values", process_set=process_set)
+
+    def handle():
+        values, indices = synchronize(hv), synchronize(hi)
+        if op == Average:
+            values = values / _view_size(view)
+        return torch.sparse_coo_tensor(indices.t(), values, t.shape)
+    return handle
+
+
 def broadcast_parameters(params, root_rank=0):
     """Copy root_rank's tensors into every rank's, in place: model.state_dict() (matched by
     sorted name), model.named_parameters(), or a list of tensors (matched by position).
@@ -239,18 +261,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return waits
 
     def _hora_sparse(self, p):
-        g = p.grad.coalesce()
-        name = self._hora_names[p]
-        hi = allgather_async(g.indices().t().contiguous(), name=f"{name}.indices",
-                             process_set=self._hora_set)
-        hv = allgather_async(g.values().contiguous(), name=f"{name}.values",
-                             process_set=self._hora_set)
+        handle = sparse_allreduce_async(p.grad, self._hora_names[p], self._hora_op,
+                                        self._hora_set)
 
         def finish():
-            values, indices = synchronize(hv), synchronize(hi)
-            if self._hora_op == Average:
-                values = values / _view_size(self._hora_view)
-            p.grad = torch.sparse_coo_tensor(indices.t(), values, g.shape)
+            p.grad = handle()
         return finish
 
     def synchronize(self):

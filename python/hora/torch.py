@@ -51,7 +51,7 @@ from ._torch_gather import (  # noqa: E402,F401
 from ._torch_syncbn import SyncBatchNorm  # noqa: E402,F401
 from ._torch_optim import (  # noqa: E402,F401
     DistributedOptimizer, allgather_object, broadcast_object, broadcast_optimizer_state,
-    broadcast_parameters,
+    broadcast_parameters, sparse_allreduce_async,
 )
 
 
@@ -152,3 +152,17 @@ def stop_timeline():
     if not os.environ.get("HORA_TIMELINE"):
         raise NotSupportedError("stop_timeline(): no timeline is running (HORA_TIMELINE is not "
                                 "set)", lib.HORA_ERR_NOT_SUPPORTED)
+
+
+# Horovod's submodules, as programs import them (`from horovod.torch.mpi_ops import synchronize`,
+# `from horovod.torch.compression import Compression`): each name is this module, which holds
+# everything they export.
+def _alias_submodules():
+    import sys
+    me = sys.modules[__name__]
+    for sub in ("mpi_ops", "compression", "functions", "optimizer", "sync_batch_norm"):
+        sys.modules[f"{__name__}.{sub}"] = me
+        setattr(me, sub, me)
+
+
+_alias_submodules()
