@@ -107,8 +107,19 @@ def gloo_enabled():
 
 
 def nccl_built():
-    """True when libhora was built with NCCL (its GPU path)."""
-    return _built("nccl")
+    """As Horovod: the version code of the NCCL libhora runs on (e.g. 22703 for 2.27.3) when it
+    was built with NCCL (its GPU path), else 0. Horovod's tests compare it with 2700."""
+    if not _built("nccl"):
+        return 0
+    import ctypes
+    try:  # the libnccl that libhora is linked against, already loaded by it
+        nccl = ctypes.CDLL("libnccl.so.2")
+        ver = ctypes.c_int(0)
+        if nccl.ncclGetVersion(ctypes.byref(ver)) == 0 and ver.value > 0:
+            return int(ver.value)
+    except (OSError, AttributeError):
+        pass
+    return 1
 
 
 def ddl_built():

@@ -119,8 +119,10 @@ def test_layout_and_info_calls():
     assert hvd.mpi_threads_supported() is True
     for f in (hvd.gloo_built, hvd.gloo_enabled, hvd.ddl_built, hvd.ccl_built, hvd.rocm_built):
         assert f() is False
-    assert isinstance(hvd.cuda_built(), bool) and isinstance(hvd.nccl_built(), bool)
+    assert isinstance(hvd.cuda_built(), bool) and type(hvd.nccl_built()) is int
     assert not hvd.nccl_built() or hvd.cuda_built()  # NCCL only comes with CUDA
+    # As Horovod: NCCL's version code (>= 2700 for every NCCL hora builds with), else 0.
+    assert hvd.nccl_built() == 0 or hvd.nccl_built() >= 2700
     with pytest.raises(hvd.NotSupportedError, match="HORA_TIMELINE"):
         hvd.start_timeline("/nonexistent/timeline.json")
     ps = hvd.add_process_set([0])  # every rank, ranks outside the set too
