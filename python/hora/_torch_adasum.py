@@ -30,6 +30,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self._hora_adasum_params = sorted((p for p in all_params if p.requires_grad),
                                           key=lambda p: names[id(p)])
         self._hora_names = {p: "adasum.delta." + names[id(p)] for p in all_params}
+        self._parameter_names = {p: names[id(p)] for p in all_params}  # Horovod's attribute
         self._hora_compression = compression
         self._hora_passes = backward_passes_per_step
         self._hora_set = process_set

@@ -15,7 +15,7 @@ from ._torch_gather import allgather, allgather_async, broadcast_, broadcast_asy
 from ._torch_ops import (Adasum, _check_op, allreduce_async_, grouped_allreduce_async_,
                          synchronize)
 from ._torch_adasum import _DistributedAdasumOptimizer
-from ._torch_psets import _check_set, _view_size, global_process_set
+from ._torch_psets import ProcessSet, _check_set, _view_size, global_process_set
 
 
 def _named_items(params, what):
@@ -184,9 +184,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hora_op = _check_op(op, "DistributedOptimizer")
         if gradient_predivide_factor != 1.0 and self._hora_op != Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
-        self._hora_view = _check_set(process_set, "DistributedOptimizer")
+        # A rank outside process_set steps on its own gradients, as in Horovod (no hooks, no
+        # collectives).
+        self._hora_outside = isinstance(process_set, ProcessSet) and \
+            process_set.included() is False
+        self._hora_view = None if self._hora_outside else _check_set(process_set,
+                                                                     "DistributedOptimizer")
         self._hora_set = process_set
         self._hora_names = {p: "grad." + names[id(p)] for p in all_params}
+        self._parameter_names = {p: names[id(p)] for p in all_params}  # Horovod's attribute
         self._hora_compression = compression
         self._hora_passes = backward_passes_per_step
         self._hora_pre = 1.0 / gradient_predivide_factor
@@ -202,7 +208,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hora_synced = False
         self._hora_skip = False
         self._hora_hooks = [p.register_post_accumulate_grad_hook(self._hora_hook)
-                            for p in all_params if p.requires_grad]
+                            for p in all_params if p.requires_grad and not self._hora_outside]
 
     def _hora_hook(self, p):
         # Runs inside backward, right after p.grad has been accumulated.
@@ -271,7 +277,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Wait until every gradient's allreduce is done. Parameters whose gradient was not
         computed on this rank this step contribute zeros, so that every rank submits the same
-        names (as in Horovod)."""
+        names (as in Horovod). On a rank outside the optimizer's process set: nothing."""
+        if self._hora_outside:
+            self._hora_synced = True
+            return
         for p in self._hora_names:
             if p.requires_grad and self._hora_delay[p] > 0 and \
                     p not in self._hora_handles and \
@@ -422,7 +431,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     (the others then each get their own request, as in Horovod).
     sparse_as_dense: sparse gradients become dense before the allreduce (else they are
     allgathered). process_set: the ranks that average their gradients together (a registered
-    ProcessSet; only its members may create the optimizer and step).
+    ProcessSet); on a rank outside it the optimizer steps on that rank's own gradients, as in
+    Horovod.
 
     op=Adasum on more than one rank is Horovod's delta optimizer (_torch_adasum.py): each rank
     steps on its own gradients and the parameter deltas are combined with Adasum in step()
