@@ -233,13 +233,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _hora_start(self, params, name):
         """Submit the allreduce of the gradients of params; returns a function that waits and
         writes the result into p.grad."""
-        dense, sparse = [], []
+        dense, sparse, densified = [], [], set()
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
             if p.grad.is_sparse:
                 if self._hora_sparse_as_dense:
                     p.grad = p.grad.to_dense()
+                    densified.add(p)
                 else:
                     sparse.append(p)
                     continue
@@ -263,6 +264,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 for p, b, (_, ctx) in zip(dense, bufs, comp):
                     if b.data_ptr() != p.grad.data_ptr():
                         p.grad.copy_(self._hora_compression.decompress(b, ctx))
+                    if p in densified:  # back to sparse before the update, as in Horovod
+                        p.grad = p.grad.to_sparse()
             waits.append(finish)
         return waits
 
@@ -429,8 +432,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     by 1/f before the sum and by f/size after it (op Average only). num_groups (deprecated) /
     groups: an int n (n groups, each one grouped allreduce) or a list of lists of parameters
     (the others then each get their own request, as in Horovod).
-    sparse_as_dense: sparse gradients become dense before the allreduce (else they are
-    allgathered). process_set: the ranks that average their gradients together (a registered
+    sparse_as_dense: sparse gradients become dense for the allreduce and sparse again before
+    the update (else they are allgathered). process_set: the ranks that average their gradients together (a registered
     ProcessSet); on a rank outside it the optimizer steps on that rank's own gradients, as in
     Horovod.
 
