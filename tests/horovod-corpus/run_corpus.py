@@ -18,10 +18,11 @@ supplies beside the programs and is not Horovod's API: test/utils/common.py's th
 (written here; Horovod's file imports horovod.runner, cloudpickle and mock), and, on Python >=
 3.11, `inspect.getargspec` (which Python removed; the tests call it to filter optimizer kwargs).
 
-Each test case runs in its own mpirun (a hang or a desynchronised failure stays in its case),
-with a per-case timeout. A case passes when it passes on every rank. Skips are classified by
-their reason: a GPU needed, Gloo needed (Horovod skips these under MPI too), or skipped in
-Horovod's source itself.
+Each test file runs in one mpirun, with a per-case timeout; when it ends early the cases left
+run in a new one. Every failed case then runs again alone in its own mpirun (as Horovod's CI
+runs each case in a fresh process with pytest --forked), and that result counts. A case passes
+when it passes on every rank. Skips are classified by their reason: a GPU needed, Gloo needed
+(Horovod skips these under MPI too), or skipped in Horovod's source itself.
 """
 import argparse
 import ast
