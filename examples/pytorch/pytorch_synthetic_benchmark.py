@@ -92,9 +92,10 @@ if __name__ == "__main__":
                                              named_parameters=model.named_parameters(),
                                              compression=compression,
                                              op=hvd.Adasum if args.use_adasum else hvd.Average)
-    except NotImplementedError as e:
-        # Every rank fails the same way here (before any collective), so none is left waiting.
-        sys.exit(f"--use-adasum: this build does not support Adasum ({e}); run without it")
+    except (NotImplementedError, ValueError) as e:
+        # Every rank fails the same way here (before any collective), so none is left waiting:
+        # Adasum needs a power-of-two number of ranks.
+        sys.exit(f"--use-adasum: {e}; run without it")
 
     # Every rank starts from rank 0's weights and optimizer state.
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)

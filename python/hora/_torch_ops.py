@@ -10,7 +10,6 @@ import itertools
 import queue
 import threading
 import warnings
-import weakref
 
 import numpy as np
 import torch
@@ -69,13 +68,26 @@ def _check_tensor(t, what):
 
 # ---- names ------------------------------------------------------------------------------------
 # Names of requests in flight on this rank: the same name submitted again before the first
-# completes is a ValueError at the second call (as in Horovod). Values are the handles, weakly.
-_inflight = weakref.WeakValueDictionary()
+# completes is a ValueError at the second call (as in Horovod). Each name holds a _Claim of its
+# request's parts, strongly: a handle dropped without synchronize (Horovod's fire-and-forget)
+# keeps its name claimed until its request completes, as Horovod's tensor queue does.
+class _Claim:
+    __slots__ = ("parts",)
+
+    def __init__(self, parts):
+        self.parts = parts  # the handle's list of engine handles / chains (appended after claim)
+
+    def done(self):
+        return all(p.done() for p in self.parts)
+
+
+_inflight = {}
 _inflight_lock = threading.Lock()
+_sweep = {"at": 256}  # drop completed claims when the table grows past this
 _counter = itertools.count()
 
 
-def _claim(name, kind, handle_holder):
+def _claim(name, kind, parts):
     if name is None:
         name = f"{kind}.noname.{next(_counter)}"
     elif not isinstance(name, str):
@@ -85,13 +97,17 @@ def _claim(name, kind, handle_holder):
         if prev is not None and not prev.done():
             raise ValueError(f"{kind}: a request named {name!r} is already in flight on this "
                              "rank; wait for it (synchronize) before submitting the name again")
-        _inflight[name] = handle_holder
-    return name
+        if len(_inflight) >= _sweep["at"]:
+            for n in [n for n, c in _inflight.items() if c.done()]:
+                del _inflight[n]
+            _sweep["at"] = max(256, 2 * len(_inflight))
+        claim = _inflight[name] = _Claim(parts)
+    return name, claim
 
 
-def _release(name, holder):
+def _release(name, claim):
     with _inflight_lock:
-        if _inflight.get(name) is holder:
+        if _inflight.get(name) is claim:
             del _inflight[name]
 
 
@@ -114,8 +130,8 @@ class TorchHandle:
         self._names = []
 
     def _claim(self, name, kind):
-        name = _claim(name, kind, self)
-        self._names.append(name)
+        name, claim = _claim(name, kind, self._parts)
+        self._names.append((name, claim))
         return name
 
     def done(self):
@@ -130,8 +146,8 @@ class TorchHandle:
                 self._error = e
             self._waited = True
             self._parts = []
-            for n in self._names:
-                _release(n, self)
+            for n, claim in self._names:
+                _release(n, claim)
         if self._error is not None:
             raise self._error
         return self._result

@@ -14,7 +14,8 @@ from ._errors import invalid
 from ._torch_gather import allgather, allgather_async, broadcast_, broadcast_async_
 from ._torch_ops import (Adasum, _check_op, allreduce_async_, grouped_allreduce_async_,
                          synchronize)
-from ._torch_psets import _check_set, _view_size, global_process_set
+from ._torch_adasum import _DistributedAdasumOptimizer
+from ._torch_psets import ProcessSet, _check_set, _view_size, global_process_set
 
 
 def _named_items(params, what):
@@ -28,6 +29,28 @@ def _named_items(params, what):
     # named_parameters() pairs, or plain tensors (named by position, as Horovod does).
     return [(str(it[0]), it[1]) if isinstance(it, tuple) and len(it) == 2 else (f"param.{i}", it)
             for i, it in enumerate(items)]
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """The allreduce of a sparse COO tensor as Horovod does it: its indices and values are
+    allgathered (names `<name>.indices`, `<name>.values`), so the result holds every rank's
+    entries (duplicates summed when it is coalesced); op Average divides the values by the
+    set's size, any other op sums. Returns a function that waits and returns the sparse result.
+    Collective over process_set."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise invalid("sparse_allreduce_async: tensor must be a sparse COO torch tensor")
+    view = _check_set(process_set, "sparse_allreduce_async")
+    t = tensor.coalesce()
+    hi = allgather_async(t.indices().t().contiguous(), name=f"{name}.indices",
+                         process_set=process_set)
+    hv = allgather_async(t.values().contiguous(), name=f"{name}.values", process_set=process_set)
+
+    def handle():
+        values, indices = synchronize(hv), synchronize(hi)
+        if op == Average:
+            values = values / _view_size(view)
+        return torch.sparse_coo_tensor(indices.t(), values, t.shape)
+    return handle
 
 
 def broadcast_parameters(params, root_rank=0):
@@ -159,17 +182,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
             raise ValueError("DistributedOptimizer: backward_passes_per_step must be an int >= 1")
         self._hora_op = _check_op(op, "DistributedOptimizer")
-        if self._hora_op == Adasum:
-            from ._errors import NotSupportedError
-            from ._hora_cffi import lib
-            raise NotSupportedError("DistributedOptimizer(op=Adasum): Horovod's Adasum optimizer "
-                                    "(Adasum of the update deltas) is not supported by hora yet; "
-                                    "hvd.allreduce(op=hvd.Adasum) is", lib.HORA_ERR_NOT_SUPPORTED)
         if gradient_predivide_factor != 1.0 and self._hora_op != Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
-        self._hora_view = _check_set(process_set, "DistributedOptimizer")
+        # A rank outside process_set steps on its own gradients, as in Horovod (no hooks, no
+        # collectives).
+        self._hora_outside = isinstance(process_set, ProcessSet) and \
+            process_set.included() is False
+        self._hora_view = None if self._hora_outside else _check_set(process_set,
+                                                                     "DistributedOptimizer")
         self._hora_set = process_set
         self._hora_names = {p: "grad." + names[id(p)] for p in all_params}
+        self._parameter_names = {p: names[id(p)] for p in all_params}  # Horovod's attribute
         self._hora_compression = compression
         self._hora_passes = backward_passes_per_step
         self._hora_pre = 1.0 / gradient_predivide_factor
@@ -185,7 +208,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hora_synced = False
         self._hora_skip = False
         self._hora_hooks = [p.register_post_accumulate_grad_hook(self._hora_hook)
-                            for p in all_params if p.requires_grad]
+                            for p in all_params if p.requires_grad and not self._hora_outside]
 
     def _hora_hook(self, p):
         # Runs inside backward, right after p.grad has been accumulated.
@@ -210,13 +233,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _hora_start(self, params, name):
         """Submit the allreduce of the gradients of params; returns a function that waits and
         writes the result into p.grad."""
-        dense, sparse = [], []
+        dense, sparse, densified = [], [], set()
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
             if p.grad.is_sparse:
                 if self._hora_sparse_as_dense:
                     p.grad = p.grad.to_dense()
+                    densified.add(p)
                 else:
                     sparse.append(p)
                     continue
@@ -240,28 +264,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 for p, b, (_, ctx) in zip(dense, bufs, comp):
                     if b.data_ptr() != p.grad.data_ptr():
                         p.grad.copy_(self._hora_compression.decompress(b, ctx))
+                    if p in densified:  # back to sparse before the update, as in Horovod
+                        p.grad = p.grad.to_sparse()
             waits.append(finish)
         return waits
 
     def _hora_sparse(self, p):
-        g = p.grad.coalesce()
-        name = self._hora_names[p]
-        hi = allgather_async(g.indices().t().contiguous(), name=f"{name}.indices",
-                             process_set=self._hora_set)
-        hv = allgather_async(g.values().contiguous(), name=f"{name}.values",
-                             process_set=self._hora_set)
+        handle = sparse_allreduce_async(p.grad, self._hora_names[p], self._hora_op,
+                                        self._hora_set)
 
         def finish():
-            values, indices = synchronize(hv), synchronize(hi)
-            if self._hora_op == Average:
-                values = values / _view_size(self._hora_view)
-            p.grad = torch.sparse_coo_tensor(indices.t(), values, g.shape)
+            p.grad = handle()
         return finish
 
     def synchronize(self):
         """Wait until every gradient's allreduce is done. Parameters whose gradient was not
         computed on this rank this step contribute zeros, so that every rank submits the same
-        names (as in Horovod)."""
+        names (as in Horovod). On a rank outside the optimizer's process set: nothing."""
+        if self._hora_outside:
+            self._hora_synced = True
+            return
         for p in self._hora_names:
             if p.requires_grad and self._hora_delay[p] > 0 and \
                     p not in self._hora_handles and \
@@ -410,16 +432,34 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     by 1/f before the sum and by f/size after it (op Average only). num_groups (deprecated) /
     groups: an int n (n groups, each one grouped allreduce) or a list of lists of parameters
     (the others then each get their own request, as in Horovod).
-    sparse_as_dense: sparse gradients become dense before the allreduce (else they are
-    allgathered). process_set: the ranks that average their gradients together (a registered
-    ProcessSet; only its members may create the optimizer and step). op=Adasum is
-    NotSupportedError (Horovod's Adasum optimizer is not supported yet; hvd.allreduce takes it).
+    sparse_as_dense: sparse gradients become dense for the allreduce and sparse again before
+    the update (else they are allgathered). process_set: the ranks that average their gradients together (a registered
+    ProcessSet); on a rank outside it the optimizer steps on that rank's own gradients, as in
+    Horovod.
+
+    op=Adasum on more than one rank is Horovod's delta optimizer (_torch_adasum.py): each rank
+    steps on its own gradients and the parameter deltas are combined with Adasum in step()
+    (CPU parameters; a power-of-two number of ranks in the set, else ValueError on every rank;
+    synchronize() does nothing and skip_synchronize() is an AssertionError, as in Horovod). On
+    one rank it is the ordinary optimizer, as in Horovod.
     """
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
                       "in v0.23.0.", DeprecationWarning)
         if groups is None:
             groups = num_groups
+    if _check_op(op, "DistributedOptimizer") == Adasum and size() > 1:
+        if gradient_predivide_factor != 1.0:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        view = _check_set(process_set, "DistributedOptimizer")
+        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+            raise ValueError("DistributedOptimizer: backward_passes_per_step must be an int >= 1")
+        all_params = [p for g in optimizer.param_groups for p in g["params"]]
+        names = _param_names(all_params, named_parameters)
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, names, compression, backward_passes_per_step,
+                   process_set, view)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,

@@ -52,7 +52,7 @@ from ._torch_gather import (  # noqa: E402,F401
 from ._torch_syncbn import SyncBatchNorm  # noqa: E402,F401
 from ._torch_optim import (  # noqa: E402,F401
     DistributedOptimizer, allgather_object, broadcast_object, broadcast_optimizer_state,
-    broadcast_parameters,
+    broadcast_parameters, sparse_allreduce_async,
 )
 from . import _torch_elastic as elastic  # noqa: E402  (hvd.elastic.run, TorchState, ...)
 
@@ -111,8 +111,19 @@ def gloo_enabled():
 
 
 def nccl_built():
-    """True when libhora was built with NCCL (its GPU path)."""
-    return _built("nccl")
+    """As Horovod: the version code of the NCCL libhora runs on (e.g. 22703 for 2.27.3) when it
+    was built with NCCL (its GPU path), else 0. Horovod's tests compare it with 2700."""
+    if not _built("nccl"):
+        return 0
+    import ctypes
+    try:  # the libnccl that libhora is linked against, already loaded by it
+        nccl = ctypes.CDLL("libnccl.so.2")
+        ver = ctypes.c_int(0)
+        if nccl.ncclGetVersion(ctypes.byref(ver)) == 0 and ver.value > 0:
+            return int(ver.value)
+    except (OSError, AttributeError):
+        pass
+    return 1
 
 
 def ddl_built():
@@ -156,3 +167,17 @@ def stop_timeline():
     if not os.environ.get("HORA_TIMELINE"):
         raise NotSupportedError("stop_timeline(): no timeline is running (HORA_TIMELINE is not "
                                 "set)", lib.HORA_ERR_NOT_SUPPORTED)
+
+
+# Horovod's submodules, as programs import them (`from horovod.torch.mpi_ops import synchronize`,
+# `from horovod.torch.compression import Compression`): each name is this module, which holds
+# everything they export.
+def _alias_submodules():
+    import sys
+    me = sys.modules[__name__]
+    for sub in ("mpi_ops", "compression", "functions", "optimizer", "sync_batch_norm"):
+        sys.modules[f"{__name__}.{sub}"] = me
+        setattr(me, sub, me)
+
+
+_alias_submodules()

@@ -102,6 +102,12 @@ def test_names_and_signatures_are_horovods():
                  "start_timeline", "stop_timeline", "SyncBatchNorm", "is_homogeneous"]:
         assert hasattr(hvd, name), name
     assert len({hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product, hvd.Adasum}) == 6
+    # Horovod's submodules, as programs import them.
+    from hora.torch.mpi_ops import synchronize
+    from hora.torch.compression import Compression
+    import hora.torch.functions as functions
+    assert synchronize is hvd.synchronize and Compression is hvd.Compression
+    assert functions.broadcast_parameters is hvd.broadcast_parameters
 
 
 def test_layout_and_info_calls():
@@ -113,8 +119,10 @@ def test_layout_and_info_calls():
     assert hvd.mpi_threads_supported() is True
     for f in (hvd.gloo_built, hvd.gloo_enabled, hvd.ddl_built, hvd.ccl_built, hvd.rocm_built):
         assert f() is False
-    assert isinstance(hvd.cuda_built(), bool) and isinstance(hvd.nccl_built(), bool)
+    assert isinstance(hvd.cuda_built(), bool) and type(hvd.nccl_built()) is int
     assert not hvd.nccl_built() or hvd.cuda_built()  # NCCL only comes with CUDA
+    # As Horovod: NCCL's version code (>= 2700 for every NCCL hora builds with), else 0.
+    assert hvd.nccl_built() == 0 or hvd.nccl_built() >= 2700
     with pytest.raises(hvd.NotSupportedError, match="HORA_TIMELINE"):
         hvd.start_timeline("/nonexistent/timeline.json")
     ps = hvd.add_process_set([0])  # every rank, ranks outside the set too
@@ -423,6 +431,50 @@ def test_same_name_twice_in_flight_is_a_value_error_on_every_rank():
     # Once completed, the name may be used again.
     assert torch.equal(hvd.allreduce(x, name="dup1"), x)
     assert errors == 1
+
+
+def test_dropped_handle_keeps_its_name_until_done_on_every_rank():
+    """Horovod's duplicate-name tests drop the first handle (fire-and-forget): its name stays
+    claimed until the request completes, for allreduce, allgather and broadcast alike."""
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    x = torch.ones(6)
+    submit = {"allreduce": lambda nm: hvd.allreduce_async(x, name=nm),
+              "allgather": lambda nm: hvd.allgather_async(x, name=nm),
+              "broadcast": lambda nm: hvd.broadcast_async(x, 0, name=nm)}
+    errors = 0
+    for kind, f in submit.items():
+        nm = f"dropped.dup.{kind}"
+        if r == 0:
+            f(nm)  # dropped at once, pending until the other ranks submit after the barrier
+            try:
+                f(nm)
+            except ValueError as e:
+                errors += "already in flight" in str(e)
+        hvd.barrier()
+        if r != 0:
+            hvd.synchronize(f(nm))  # completes rank 0's dropped request
+    total = hvd.allreduce(torch.tensor([errors]), op=hvd.Sum, name="dropped.dup.count")
+    assert int(total[0]) == len(submit)
+
+
+@pytest.mark.parametrize("op", ["Average", "Sum"])
+def test_sparse_allreduce_async_matches_the_dense_reference(op):
+    r, n = rank_size()
+
+    def dense(q):
+        t = torch.rand(12, 5, generator=torch.Generator().manual_seed(70 + q))
+        t[t < 0.7] = 0
+        return t
+    handle = hvd.sparse_allreduce_async(dense(r).to_sparse(), name=f"sparse.{op}",
+                                        op=getattr(hvd, op))
+    out = handle()
+    ref = sum(dense(q) for q in range(n)) / (n if op == "Average" else 1)
+    assert out.is_sparse and out.shape == (12, 5)
+    torch.testing.assert_close(out.to_dense(), ref, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="sparse"):
+        hvd.sparse_allreduce_async(dense(r), name="sparse.bad", op=hvd.Sum)
 
 
 def test_shape_mismatch_with_equal_counts_raises_on_every_rank():

@@ -223,8 +223,8 @@ def test_optimizer_groups_list_num_groups_and_bad_arguments():
         ht.DistributedOptimizer(sgd, groups=-1)
     with pytest.raises(ValueError, match="backward_passes_per_step"):
         ht.DistributedOptimizer(sgd, backward_passes_per_step=0)
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        ht.DistributedOptimizer(sgd, op=ht.Adasum)
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        ht.DistributedOptimizer(sgd, op=ht.Adasum, gradient_predivide_factor=2.0)
 
 
 def test_synchronize_then_skip_synchronize_and_clip():
@@ -286,7 +286,70 @@ def test_sparse_gradients(sparse_as_dense):
     opt.zero_grad()
     emb(idx[r]).sum().backward()
     opt.step()
+    # Sparse again for the update either way (as Horovod: SparseAdam takes sparse gradients only).
+    assert emb.weight.grad.is_sparse
     ref_opt.zero_grad()
     (sum(ref(i).sum() for i in idx) / n).backward()
     ref_opt.step()
     torch.testing.assert_close(emb.weight.detach(), ref.weight.detach(), rtol=1e-12, atol=1e-12)
+
+
+def _adasum_reference_step(refs, ref_opts, batches):
+    """Horovod's Adasum optimizer in one process: every rank's model copy steps on its own
+    batch, and all copies become the old parameters plus the Adasum tree (NumPy, float64) of the
+    ranks' deltas, parameter by parameter."""
+    from test_torch_psets import _adasum_ref
+    starts = [p.detach().clone() for p in refs[0].parameters()]
+    deltas = []
+    for m, o, (x, y) in zip(refs, ref_opts, batches):
+        o.zero_grad()
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+        o.step()
+        deltas.append([(p.detach() - s).numpy().ravel() for p, s in zip(m.parameters(), starts)])
+    with torch.no_grad():
+        for i, s in enumerate(starts):
+            new = s + torch.from_numpy(_adasum_ref([d[i] for d in deltas]).reshape(s.shape))
+            for m in refs:
+                list(m.parameters())[i].copy_(new)
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+def test_adasum_optimizer_against_numpy(opt_name):
+    """DistributedOptimizer(op=Adasum): the delta optimizer, 3 steps against the reference (each
+    rank's optimizer state stays its own, as in Horovod); 3 ranks: ValueError on every rank."""
+    r, n = rank_size()
+
+    def make(params):
+        return (torch.optim.SGD(params, lr=0.1, momentum=0.9) if opt_name == "sgd"
+                else torch.optim.Adam(params, lr=0.01))
+    model = make_model(seed=21)
+    if n & (n - 1):
+        with pytest.raises(ValueError, match="power-of-two"):
+            ht.DistributedOptimizer(make(model.parameters()), op=ht.Adasum,
+                                    named_parameters=model.named_parameters())
+        return
+    refs = [make_model(seed=21) for _ in range(n)]
+    ref_opts = [make(m.parameters()) for m in refs]
+    opt = ht.DistributedOptimizer(make(model.parameters()), op=ht.Adasum,
+                                  named_parameters=model.named_parameters())
+    assert isinstance(opt, torch.optim.Optimizer) and type(opt).__name__ == type(ref_opts[0]).__name__
+    w0 = [p.detach().clone() for p in model.parameters()]
+    for step in range(3):
+        x, y = global_batch(step, n)
+        batches = [(x[q * 4:(q + 1) * 4], y[q * 4:(q + 1) * 4]) for q in range(n)]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(batches[r][0]), batches[r][1]).backward()
+        opt.synchronize()  # nothing to wait for: the deltas are combined in step()
+        opt.step()
+        _adasum_reference_step(refs, ref_opts, batches)
+        for p, q in zip(model.parameters(), refs[0].parameters()):
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-10, atol=1e-12)
+    # The parameters moved (the unused one, whose gradient is None, did not), and equally on
+    # every rank.
+    moved = [not torch.equal(p.detach(), w) for p, w in zip(model.parameters(), w0)]
+    assert moved == [name != "unused" for name, _ in model.named_parameters()]
+    flat = torch.cat([p.detach().ravel() for p in model.parameters()])
+    assert torch.equal(ht.broadcast(flat, 0, name="adasum.opt.check"), flat)
+    with pytest.raises(AssertionError, match="not supported"):
+        with opt.skip_synchronize():
+            pass

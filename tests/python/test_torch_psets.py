@@ -105,19 +105,22 @@ def test_distributed_optimizer_process_set():
     r, n = rank_size()
     a = hvd.add_process_set([n - 1, 0])
     try:
-        if r in a.ranks:
-            torch.manual_seed(0)
-            model = torch.nn.Linear(4, 1, bias=False)
-            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                           named_parameters=model.named_parameters(),
-                                           process_set=a)
-            w0 = model.weight.detach().clone()
-            x = torch.arange(4, dtype=torch.float32).reshape(1, 4) * (r + 1)
-            model(x).sum().backward()
-            opt.step()
-            # The gradient of sum(w.x) is x: averaged over the set's ranks only.
-            g = sum(torch.arange(4, dtype=torch.float32).reshape(1, 4) * (q + 1) for q in a.ranks)
-            assert torch.allclose(model.weight.detach(), w0 - 0.1 * g / len(a.ranks))
+        # Every rank creates the optimizer; a rank outside the set (rank 1 of 3) steps on its
+        # own gradient, as in Horovod.
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1, bias=False)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(),
+                                       process_set=a)
+        w0 = model.weight.detach().clone()
+        x = torch.arange(4, dtype=torch.float32).reshape(1, 4) * (r + 1)
+        model(x).sum().backward()
+        opt.step()
+        # The gradient of sum(w.x) is x: averaged over the set's ranks only.
+        members = a.ranks if r in a.ranks else [r]
+        g = sum(torch.arange(4, dtype=torch.float32).reshape(1, 4) * (q + 1) for q in members)
+        assert torch.allclose(model.weight.detach(), w0 - 0.1 * g / len(members))
+        assert sorted(opt._parameter_names.values()) == ["weight"]
         hvd.barrier()
     finally:
         hvd.remove_process_set(a)
