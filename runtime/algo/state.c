@@ -24,19 +24,6 @@ int hora__algo_wait_backoff(unsigned i, double *until) {
   return 1;
 }
 
-hora_result_t hora__algo_wait(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what) {
-  double until = 0;
-  for (unsigned i = 0;; i++) {
-    int flag = 0;
-    int mrc = MPI_Testall(n, req, &flag, MPI_STATUSES_IGNORE);
-    if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, what, __FILE__, __LINE__);
-    if (flag) return HORA_SUCCESS;
-    /* Leave the requests: MPI may still use their buffers, which the caller therefore leaks. */
-    if (hora__ctx_failed(ctx)) return hora__ctx_verdict(ctx, what);
-    hora__algo_wait_backoff(i, &until);
-  }
-}
-
 /* The stall inspection across nodes: the rank that entered the fewest calls, as rank 0 last saw
  * it (its heartbeats relay it: core/ctx.h, struct hora_calls), written into `out`; "" when none is
  * known to be behind this rank's call `call`. */
@@ -50,44 +37,67 @@ static void laggards(const hora_ctx_t *ctx, uint64_t call, char *out, size_t cap
   else snprintf(out, cap, "rank %d", rank);
 }
 
-hora_result_t hora__algo_wait_call(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what) {
+/* State of one wait's stall inspection (hora__algo_wait_call). */
+typedef struct {
+  uint64_t call;
+  double t0;
+  int warned;
+} stall_t;
+
+/* One look of the stall inspection, `waited` seconds into the wait: a warning after
+ * HORA_STALL_WARNING_S, the context's failure after HORA_STALL_SHUTDOWN_S (returned). */
+static hora_result_t stall_look(hora_ctx_t *ctx, stall_t *st, double waited, const char *what) {
   const hora_params_t *p = hora__params();
-  if (!ctx->calls || (p->stall_warning_s <= 0 && p->stall_shutdown_s <= 0)) return hora__algo_wait(ctx, n, req, what);
-  uint64_t call = __atomic_load_n(&ctx->calls->entered, __ATOMIC_ACQUIRE);
-  double until = 0, t0 = hora__now_s(), next_look = t0 + 0.1;
-  int warned = 0;
+  int over_warn = p->stall_warning_s > 0 && waited >= p->stall_warning_s && !st->warned;
+  int over_stop = p->stall_shutdown_s > 0 && waited >= p->stall_shutdown_s;
+  if (!over_warn && !over_stop) return HORA_SUCCESS;
+  char who[64];
+  laggards(ctx, st->call, who, sizeof who);
+  if (over_warn) {
+    st->warned = 1;
+    HORA_WARN(COMM, "%s: waited %.0f s for %s to call it too (alive, but skipped this call or still busy; "
+              "HORA_STALL_SHUTDOWN_S ends such a wait with an error)", what, waited,
+              who[0] ? who : "another rank (rank 0 has not seen who is behind yet)");
+  }
+  if (!over_stop) return HORA_SUCCESS;
+  /* The check's allreduce is posted and cannot be taken back: a later call would be paired with
+   * it. So the context fails (its verdict), and its heartbeats stop: the rank that never came
+   * learns of it within HORA_PEER_TIMEOUT_S instead of waiting for this one. */
+  char msg[256];
+  snprintf(msg, sizeof msg, "%s did not call %s within HORA_STALL_SHUTDOWN_S=%g s (alive, but skipped this "
+           "call or stuck elsewhere); the context is failed: every later call returns this error",
+           who[0] ? who : "another rank", what, p->stall_shutdown_s);
+  hora__ctx_fail(ctx, HORA_ERR_TIMEOUT, msg);
+  return hora__ctx_verdict(ctx, what);
+}
+
+/* The polled wait of both entry points; st NULL: no stall inspection. */
+static hora_result_t wait_all(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what, stall_t *st) {
+  double until = 0, next_look = st ? st->t0 + 0.1 : 0;
   for (unsigned i = 0;; i++) {
     int flag = 0;
     int mrc = MPI_Testall(n, req, &flag, MPI_STATUSES_IGNORE);
     if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, what, __FILE__, __LINE__);
     if (flag) return HORA_SUCCESS;
+    /* Leave the requests: MPI may still use their buffers, which the caller therefore leaks. */
     if (hora__ctx_failed(ctx)) return hora__ctx_verdict(ctx, what);
-    if (hora__algo_wait_backoff(i, &until) && hora__now_s() >= next_look) {
-      double now = hora__now_s(), waited = now - t0;
+    if (hora__algo_wait_backoff(i, &until) && st && hora__now_s() >= next_look) {
+      double now = hora__now_s();
       next_look = now + 0.1;
-      char who[64];
-      int over_warn = p->stall_warning_s > 0 && waited >= p->stall_warning_s && !warned;
-      int over_stop = p->stall_shutdown_s > 0 && waited >= p->stall_shutdown_s;
-      if (over_warn || over_stop) laggards(ctx, call, who, sizeof who);
-      if (over_warn) {
-        warned = 1;
-        HORA_WARN(COMM, "%s: waited %.0f s for %s to call it too (alive, but skipped this call or still busy; "
-                  "HORA_STALL_SHUTDOWN_S ends such a wait with an error)", what, waited,
-                  who[0] ? who : "another rank (rank 0 has not seen who is behind yet)");
-      }
-      if (over_stop) {
-        /* The check's allreduce is posted and cannot be taken back: a later call would be paired
-         * with it. So the context fails (its verdict), and its heartbeats stop: the rank that
-         * never came learns of it within HORA_PEER_TIMEOUT_S instead of waiting for this one. */
-        char msg[256];
-        snprintf(msg, sizeof msg, "%s did not call %s within HORA_STALL_SHUTDOWN_S=%g s (alive, but skipped this "
-                 "call or stuck elsewhere); the context is failed: every later call returns this error",
-                 who[0] ? who : "another rank", what, p->stall_shutdown_s);
-        hora__ctx_fail(ctx, HORA_ERR_TIMEOUT, msg);
-        return hora__ctx_verdict(ctx, what);
-      }
+      HORA_CHECK(stall_look(ctx, st, now - st->t0, what));
     }
   }
+}
+
+hora_result_t hora__algo_wait(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what) {
+  return wait_all(ctx, n, req, what, NULL);
+}
+
+hora_result_t hora__algo_wait_call(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what) {
+  const hora_params_t *p = hora__params();
+  if (!ctx->calls || (p->stall_warning_s <= 0 && p->stall_shutdown_s <= 0)) return wait_all(ctx, n, req, what, NULL);
+  stall_t st = {__atomic_load_n(&ctx->calls->entered, __ATOMIC_ACQUIRE), hora__now_s(), 0};
+  return wait_all(ctx, n, req, what, &st);
 }
 
 size_t hora__ring_segment_elems(size_t es) {
