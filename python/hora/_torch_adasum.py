@@ -16,6 +16,18 @@ from ._torch_ops import Adasum, grouped_allreduce_async_, synchronize
 from ._torch_psets import _view_size
 
 
+def _count_backward_pass(delay, p):
+    """One more gradient of p accumulated (its post-accumulate hook, inside backward): counts down
+    delay[p] from backward_passes_per_step and returns what is left; Horovod's AssertionError
+    when more passes came than the optimizer was told to accumulate."""
+    if delay[p] <= 0:
+        raise AssertionError("Gradients were computed more than backward_passes_per_step "
+                             "times before call to step(). Increase "
+                             "backward_passes_per_step to accumulate gradients locally.")
+    delay[p] -= 1
+    return delay[p]
+
+
 class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     """The methods mixed into the user's optimizer class by DistributedOptimizer(op=Adasum)."""
 
@@ -39,11 +51,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                             for p in self._hora_adasum_params]
 
     def _hora_hook(self, p):
-        if self._hora_delay[p] <= 0:
-            raise AssertionError("Gradients were computed more than backward_passes_per_step "
-                                 "times before call to step(). Increase "
-                                 "backward_passes_per_step to accumulate gradients locally.")
-        self._hora_delay[p] -= 1
+        _count_backward_pass(self._hora_delay, p)
 
     def synchronize(self):
         """Nothing to wait for: the Adasum optimizer combines the deltas in step()."""

@@ -14,7 +14,7 @@ from ._errors import invalid
 from ._torch_gather import allgather, allgather_async, broadcast_, broadcast_async_
 from ._torch_ops import (Adasum, _check_op, allreduce_async_, grouped_allreduce_async_,
                          synchronize)
-from ._torch_adasum import _DistributedAdasumOptimizer
+from ._torch_adasum import _DistributedAdasumOptimizer, _count_backward_pass
 from ._torch_psets import ProcessSet, _check_set, _view_size, global_process_set
 
 
@@ -212,12 +212,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _hora_hook(self, p):
         # Runs inside backward, right after p.grad has been accumulated.
-        if self._hora_delay[p] <= 0:
-            raise AssertionError("Gradients were computed more than backward_passes_per_step "
-                                 "times before call to step(). Increase "
-                                 "backward_passes_per_step to accumulate gradients locally.")
-        self._hora_delay[p] -= 1
-        if self._hora_delay[p] == 0:
+        if _count_backward_pass(self._hora_delay, p) == 0:
             self._hora_mark_ready(p)
 
     def _hora_mark_ready(self, p):

@@ -14,6 +14,25 @@ static int rank, size;
 
 /* The collectives on one set of which this rank is a member; `members` lists the set's parent
  * ranks in order (so the set rank of members[i] is i). */
+/* Wrong values after an allreduce (sum, divided by `div`), an allgather and a broadcast on the set
+ * of n members: every member k contributed (members[k] + 1) * (i + 1) + round at element i; the
+ * broadcast's root contributed root_f * (i + 1) + round, times bc_scale. */
+static long wrong_values(const int *members, int n, int round, const double *out, const double *gat,
+                         const double *bc, int div, int root_f, double bc_scale) {
+  long bad = 0;
+  for (int i = 0; i < N; i++) {
+    double want = 0;
+    for (int k = 0; k < n; k++) {
+      double v = (members[k] + 1) * (i + 1) + round;
+      want += v;
+      bad += gat[k * N + i] != v;
+    }
+    bad += out[i] != want / div;
+    bad += bc[i] != bc_scale * (double)(root_f * (i + 1) + round);
+  }
+  return bad;
+}
+
 static void run_on_set(hora_ctx_t *set, const int *members, int n, int round) {
   int srank = -1, ssize = -1;
   EXPECT_OK(hora_rank(set, &srank));
@@ -27,17 +46,7 @@ static void run_on_set(hora_ctx_t *set, const int *members, int n, int round) {
   EXPECT_OK(hora_allgather(set, in, gat, N, HORA_FLOAT64, HORA_DEVICE_HOST));
   for (int i = 0; i < N; i++) bc[i] = srank == n - 1 ? in[i] : -1;
   EXPECT_OK(hora_broadcast(set, bc, N, HORA_FLOAT64, n - 1, HORA_DEVICE_HOST));
-  long bad = 0;
-  for (int i = 0; i < N; i++) {
-    double want = 0;
-    for (int k = 0; k < n; k++) {
-      double v = (members[k] + 1) * (i + 1) + round;
-      want += v;
-      bad += gat[k * N + i] != v;
-    }
-    bad += out[i] != want;
-    bad += bc[i] != (double)((members[n - 1] + 1) * (i + 1) + round);
-  }
+  long bad = wrong_values(members, n, round, out, gat, bc, 1, (members[n - 1] + 1), 1.0);
   EXPECT(bad == 0, "blocking collectives on the set: %ld wrong values (round %d)", bad, round);
 
   /* Async on the set while the parent runs its own async allreduce (the parent's part is in
@@ -51,17 +60,7 @@ static void run_on_set(hora_ctx_t *set, const int *members, int n, int round) {
     if (h[k]) EXPECT_OK(hora_wait(h[k]));
     hora_handle_free(h[k]);
   }
-  bad = 0;
-  for (int i = 0; i < N; i++) {
-    double want = 0;
-    for (int k = 0; k < n; k++) {
-      double v = (members[k] + 1) * (i + 1) + round;
-      want += v;
-      bad += gat[k * N + i] != v;
-    }
-    bad += out[i] != want / n;
-    bad += bc[i] != 2.0 * ((members[0] + 1) * (i + 1) + round);
-  }
+  bad = wrong_values(members, n, round, out, gat, bc, n, (members[0] + 1), 2.0);
   EXPECT(bad == 0, "async collectives on the set: %ld wrong values (round %d)", bad, round);
 }
 
