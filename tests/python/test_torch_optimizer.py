@@ -350,6 +350,12 @@ def test_adasum_optimizer_against_numpy(opt_name):
     assert moved == [name != "unused" for name, _ in model.named_parameters()]
     flat = torch.cat([p.detach().ravel() for p in model.parameters()])
     assert torch.equal(ht.broadcast(flat, 0, name="adasum.opt.check"), flat)
-    with pytest.raises(AssertionError, match="not supported"):
+    if n == 1:
+        # One rank: Horovod 0.28 returns the ordinary DistributedOptimizer, whose
+        # skip_synchronize() is allowed.
         with opt.skip_synchronize():
-            pass
+            opt.step()
+    else:
+        with pytest.raises(AssertionError, match="not supported"):
+            with opt.skip_synchronize():
+                pass
