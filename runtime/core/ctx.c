@@ -306,7 +306,7 @@ hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out) {
   c->world = c->local = c->cross = MPI_COMM_NULL;
   c->device = -1;
   c->verdict = calloc(1, sizeof *c->verdict);
-  c->calls = calloc(1, sizeof *c->calls);
+  c->calls = calloc(1 + HORA_SET_SLOTS, sizeof *c->calls);
   if (!c->verdict || !c->calls) {
     free(c->verdict);
     free(c->calls);
@@ -400,7 +400,9 @@ void hora__ctx_discard(hora_ctx_t *c) {
   int owned = c->mpi_owned && !__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE);
   ctx_free_comms(c);
   if (!hora__ctx_verdict_set(c->verdict)) free(c->verdict); /* else leaked: a thread stuck in MPI may read it */
-  free(c->calls); /* the heartbeat thread, its only other reader, stopped in the finalizers */
+  /* The heartbeat thread, the counts' only other reader, stopped in the finalizers; a set's are
+   * a slot of its root's. */
+  if (!c->parent) free(c->calls);
   pthread_mutex_destroy(&c->lock);
   free(c->set_ranks);
   free(c);

@@ -33,8 +33,10 @@ struct hora_ctx {
                                * would wait for every rank (MPI_Finalize, window frees) is skipped */
   struct hora_verdict *verdict; /* why it failed (hora__ctx_fail); shared with the engine's shadow
                                  * context, so that every wait of either sees one verdict */
-  struct hora_calls *calls;     /* the blocking-call counts the heartbeat reads (below): the
-                                 * context hora_init made only, NULL on its shadow and on sets */
+  struct hora_calls *calls;     /* the blocking-call counts the heartbeat reads (below): on the
+                                 * context hora_init made, an array of 1 + HORA_SET_SLOTS (the
+                                 * world's, then one per process-set slot); on a set made from
+                                 * it, its slot; NULL on the shadow and on sets without a slot */
   pthread_mutex_t lock;       /* guards the finalizer list and module slots */
   struct hora_finalizer *finalizers;
 
@@ -125,7 +127,19 @@ hora_result_t hora__ctx_verdict(const hora_ctx_t *ctx, const char *what);
  *   names it. 0: not known yet. */
 struct hora_calls {
   uint64_t entered, done, fin, lag;
+  /* Process-set slots only (the world's entry leaves them 0): `live` is 1 while a set of this
+   * rank uses the slot (written last at creation, first at destroy; the heartbeat thread reads
+   * the slot only while it is 1), `what` names the set in messages. */
+  int live;
+  char what[56];
 };
+/* Process-set slots: a set made from the context hora_init made gets the lowest slot free on
+ * every rank of its parent, agreed in its creation (runtime/init/pset.c), so that a slot names
+ * the same set on every rank; the heartbeat relays each slot's counts as the world's (finalize
+ * announcement, stall inspection across nodes). A set made from a set, or made when every slot
+ * is taken, has none: its calls are not counted (no finalize announcement, no stall inspection
+ * across nodes; docs/api.md). */
+#define HORA_SET_SLOTS 64
 /* lag's packing: entered (40 bits) | rank + 1 (16 bits) | how many ranks entered that few (8 bits,
  * saturated at 255). Unpacked: *rank is -1 for 0 (not known). */
 static inline uint64_t hora__calls_lag_pack(uint64_t entered, int rank, int count) {

@@ -71,14 +71,16 @@
 #include "core/fault.h"
 #include "engine/engine.h"
 
-enum { KIND_HB = 1, KIND_DEAD = 2, KIND_BYE = 3, KIND_DEAD_INIT = 4, KIND_FIN = 5, REPEAT = 3, MAX_ADDRS = 8 };
+enum { KIND_HB = 1, KIND_DEAD = 2, KIND_BYE = 3, KIND_DEAD_INIT = 4, KIND_FIN = 5, KIND_SET_HB = 6, KIND_SET_LAG = 7,
+       REPEAT = 3, MAX_ADDRS = 8 };
 
 /* One datagram (host byte order: a job's ranks share an architecture). */
 typedef struct {
   uint64_t cookie;
-  int32_t from, kind, a, b; /* DEAD / DEAD_INIT: a = rank, b = count */
-  uint64_t c; /* HB to rank 0: the sender's entered calls; HB from rank 0: its lag view; FIN: done
-               * calls (struct hora_calls, core/ctx.h) */
+  int32_t from, kind, a, b; /* DEAD / DEAD_INIT: a = rank, b = count; FIN: a = 0 (the context) or
+                             * 1 + a process-set slot; SET_HB / SET_LAG: a = the slot */
+  uint64_t c; /* HB and SET_HB to rank 0: the sender's entered calls; HB and SET_LAG from rank 0: its
+               * lag view; FIN: done calls (struct hora_calls, core/ctx.h) */
 } hb_msg_t;
 
 /* What each rank tells the others at start: where to send it datagrams. */
@@ -115,6 +117,11 @@ typedef struct {
   uint8_t *heard; /* at least one message from the rank */
   uint8_t *bye;
   uint64_t *entered; /* rank 0: each rank's entered calls, from its heartbeats */
+  /* Rank 0, per process-set slot (allocated on its first SET_HB): each member's entered calls and
+   * when they came; entries older than three periods are left out (a set destroyed, a slot
+   * reused). */
+  uint64_t *set_entered[HORA_SET_SLOTS];
+  double *set_seen[HORA_SET_SLOTS];
   int declared;
   double t0;      /* start of the thread: HORA_INIT_TIMEOUT_S counts from here */
   /* last, t0 and the gaps are on the watcher's own clock (`awake` in hb_main), not wall time. */
@@ -164,6 +171,23 @@ static void declare_init(eng_hb_t *hb, hb_state_t *s) {
                     count > 1 ? "they" : "it", eng->rank);
 }
 
+/* Rank 0: member `r` of the set in `slot` entered `entered` calls (heard at `now`). */
+static void set_note(hb_state_t *s, int n, int slot, int r, uint64_t entered, double now) {
+  if (!s->set_entered[slot]) {
+    s->set_entered[slot] = calloc((size_t)n, sizeof *s->set_entered[slot]);
+    s->set_seen[slot] = malloc((size_t)n * sizeof *s->set_seen[slot]);
+    if (!s->set_entered[slot] || !s->set_seen[slot]) {
+      free(s->set_entered[slot]);
+      free(s->set_seen[slot]);
+      s->set_entered[slot] = NULL, s->set_seen[slot] = NULL;
+      return; /* out of memory: this set's stall inspection names nobody */
+    }
+    for (int q = 0; q < n; q++) s->set_seen[slot][q] = -1e300;
+  }
+  s->set_entered[slot][r] = entered;
+  s->set_seen[slot][r] = now;
+}
+
 /* A datagram from `from` arrived: note it; DEAD from rank 0 fails this rank's engine. */
 static void on_message(eng_hb_t *hb, hb_state_t *s, const hb_msg_t *m, double now) {
   hora_engine_t *eng = hb->eng;
@@ -180,10 +204,18 @@ static void on_message(eng_hb_t *hb, hb_state_t *s, const hb_msg_t *m, double no
   if (m->kind == KIND_HB && hb->calls) {
     if (eng->rank == 0) s->entered[from] = m->c;
     else if (from == 0) __atomic_store_n(&hb->calls->lag, m->c, __ATOMIC_RELEASE);
-  } else if (m->kind == KIND_FIN && hb->calls) {
-    /* Keep the announcement with the fewest done calls (the first to bite). */
-    uint64_t fin = m->c << 24 | (uint64_t)(from + 1), old = __atomic_load_n(&hb->calls->fin, __ATOMIC_ACQUIRE);
-    if (!old || (old >> 24) > m->c) __atomic_store_n(&hb->calls->fin, fin, __ATOMIC_RELEASE);
+  } else if (m->kind == KIND_FIN && hb->calls && m->a >= 0 && m->a <= HORA_SET_SLOTS) {
+    /* Keep the announcement with the fewest done calls (the first to bite); a set's only while
+     * this rank's set holds the slot. */
+    struct hora_calls *k = &hb->calls[m->a];
+    uint64_t fin = m->c << 24 | (uint64_t)(from + 1), old = __atomic_load_n(&k->fin, __ATOMIC_ACQUIRE);
+    if ((m->a == 0 || __atomic_load_n(&k->live, __ATOMIC_ACQUIRE)) && (!old || (old >> 24) > m->c))
+      __atomic_store_n(&k->fin, fin, __ATOMIC_RELEASE);
+  } else if (m->kind == KIND_SET_HB && hb->calls && eng->rank == 0 && m->a >= 0 && m->a < HORA_SET_SLOTS) {
+    set_note(s, eng->size, m->a, from, m->c, now);
+  } else if (m->kind == KIND_SET_LAG && hb->calls && from == 0 && m->a >= 0 && m->a < HORA_SET_SLOTS) {
+    struct hora_calls *k = &hb->calls[1 + m->a];
+    if (__atomic_load_n(&k->live, __ATOMIC_ACQUIRE)) __atomic_store_n(&k->lag, m->c, __ATOMIC_RELEASE);
   }
   if (m->kind == KIND_BYE) {
     s->bye[from] = 1;
@@ -260,19 +292,54 @@ static void check_outside(eng_hb_t *hb, hb_state_t *s) {
     hora__engine_fail(eng, eng->ctx->verdict->rc, "%s", eng->ctx->verdict->msg);
     return;
   }
-  uint64_t fin = hb->calls ? __atomic_load_n(&hb->calls->fin, __ATOMIC_ACQUIRE) : 0;
-  if (!fin) return;
-  /* Only while this rank is inside a call (entered > its own done) that the peer never finished;
-   * between calls nothing waits, and the next call, numbered higher, fails here then. */
-  uint64_t done = fin >> 24, entered = __atomic_load_n(&hb->calls->entered, __ATOMIC_ACQUIRE);
-  if (entered <= done || entered <= __atomic_load_n(&hb->calls->done, __ATOMIC_ACQUIRE)) return;
-  s->declared = 1;
-  hora__engine_fail(eng, HORA_ERR_REMOTE,
-                    "rank %d called hora_finalize after completing %llu blocking collective%s on this context, "
-                    "so it will never join this rank's call number %llu (it skipped that call or left it with an "
-                    "error of its own: its log says which); every pending and later call fails",
-                    (int)(fin & 0xffffff) - 1, (unsigned long long)done, done == 1 ? "" : "s",
-                    (unsigned long long)entered);
+  for (int k = 0; hb->calls && k <= HORA_SET_SLOTS; k++) {
+    struct hora_calls *c = &hb->calls[k];
+    if (k > 0 && !__atomic_load_n(&c->live, __ATOMIC_ACQUIRE)) continue;
+    uint64_t fin = __atomic_load_n(&c->fin, __ATOMIC_ACQUIRE);
+    if (!fin) continue;
+    /* Only while this rank is inside a call (entered > its own done) that the peer never finished;
+     * between calls nothing waits, and the next call, numbered higher, fails here then. */
+    uint64_t done = fin >> 24, entered = __atomic_load_n(&c->entered, __ATOMIC_ACQUIRE);
+    if (entered <= done || entered <= __atomic_load_n(&c->done, __ATOMIC_ACQUIRE)) continue;
+    s->declared = 1;
+    hora__engine_fail(eng, HORA_ERR_REMOTE,
+                      "rank %d called hora_finalize after completing %llu blocking collective%s on %s, so it "
+                      "will never join this rank's call number %llu there (it skipped that call or left it with "
+                      "an error of its own: its log says which); every pending and later call fails",
+                      (int)(fin & 0xffffff) - 1, (unsigned long long)done, done == 1 ? "" : "s",
+                      k ? c->what : "this context", (unsigned long long)entered);
+    return;
+  }
+}
+
+/* Each heartbeat period, for the process sets (core/ctx.h, HORA_SET_SLOTS): every rank sends rank
+ * 0 its entered calls on each set it is in (SET_HB); rank 0 relays, per slot, the member that
+ * entered the fewest (SET_LAG), which the stall inspection across nodes of that set names, as
+ * KIND_HB does for the context itself. */
+static void set_heartbeats(eng_hb_t *hb, hb_state_t *s, double now) {
+  hora_engine_t *eng = hb->eng;
+  for (int k = 0; hb->calls && k < HORA_SET_SLOTS; k++) {
+    struct hora_calls *c = &hb->calls[1 + k];
+    int live = __atomic_load_n(&c->live, __ATOMIC_ACQUIRE);
+    uint64_t entered = __atomic_load_n(&c->entered, __ATOMIC_ACQUIRE);
+    if (eng->rank != 0) {
+      if (live) send_to(hb, 0, KIND_SET_HB, k, 0, entered);
+      continue;
+    }
+    if (live) set_note(s, eng->size, k, 0, entered, now);
+    if (!s->set_entered[k]) continue;
+    uint64_t low = UINT64_MAX;
+    int low_rank = -1, low_count = 0;
+    for (int r = 0; r < eng->size; r++) {
+      if (s->set_seen[k][r] < now - 3 * hb->period_s || s->bye[r]) continue;
+      if (s->set_entered[k][r] < low) low = s->set_entered[k][r], low_rank = r, low_count = 0;
+      low_count += s->set_entered[k][r] == low;
+    }
+    if (low_rank < 0) continue;
+    uint64_t v = hora__calls_lag_pack(low, low_rank, low_count);
+    if (live) __atomic_store_n(&c->lag, v, __ATOMIC_RELEASE);
+    for (int r = 1; r < eng->size; r++) send_to(hb, r, KIND_SET_LAG, k, 0, v);
+  }
 }
 
 /* Read every datagram waiting on the socket. */
@@ -333,6 +400,7 @@ static void *hb_main(void *arg) {
       uint64_t c = !hb->calls ? 0 : me == 0 ? lag_view(hb, &s) : __atomic_load_n(&hb->calls->entered, __ATOMIC_ACQUIRE);
       for (int r = 0; r < n; r++)
         if (watches(me, r)) send_to(hb, r, KIND_HB, 0, 0, c);
+      set_heartbeats(hb, &s, awake);
       next_send = now + hb->period_s;
     }
     check_peers(hb, &s, awake);
@@ -351,6 +419,10 @@ out:
   free(s.heard);
   free(s.bye);
   free(s.entered);
+  for (int k = 0; k < HORA_SET_SLOTS; k++) {
+    free(s.set_entered[k]);
+    free(s.set_seen[k]);
+  }
   atomic_store(&hb->ready, 1); /* nobody waits for a thread that left */
   return NULL;
 }
@@ -500,10 +572,15 @@ void hora__hb_mute(eng_hb_t *hb) {
 void hora__hb_announce_finalize(eng_hb_t *hb) {
   /* After a failure the peers learn it from this rank's silence, with the real cause. */
   if (!hb || !hb->started || !hb->calls || hora__ctx_failed(hb->eng->ctx)) return;
-  uint64_t done = __atomic_load_n(&hb->calls->done, __ATOMIC_ACQUIRE);
-  for (int k = 0; k < REPEAT; k++)
-    for (int r = 0; r < hb->eng->size; r++)
-      if (r != hb->eng->rank) send_to(hb, r, KIND_FIN, 0, 0, done);
+  /* The context's done calls (a = 0), then each live process set's (a = 1 + its slot). */
+  for (int s = 0; s <= HORA_SET_SLOTS; s++) {
+    struct hora_calls *c = &hb->calls[s];
+    if (s > 0 && !__atomic_load_n(&c->live, __ATOMIC_ACQUIRE)) continue;
+    uint64_t done = __atomic_load_n(&c->done, __ATOMIC_ACQUIRE);
+    for (int k = 0; k < REPEAT; k++)
+      for (int r = 0; r < hb->eng->size; r++)
+        if (r != hb->eng->rank) send_to(hb, r, KIND_FIN, s, 0, done);
+  }
 }
 
 void hora__hb_stop(eng_hb_t *hb) {

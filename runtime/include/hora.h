@@ -190,8 +190,10 @@ hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t **ctx);
  *    naming it, and later async submits there return HORA_ERR_SHUTDOWN.
  *  This rank's hora_finalize then returns within about HORA_PEER_TIMEOUT_S plus 2 s when a peer
  *  failed this way (it falls silent), with HORA_ERR_REMOTE; when every rank finalizes after its
- *  last call, none of this happens. Not covered: a blocking collective of a process set (the
- *  counts are the context hora_init made's). */
+ *  last call, none of this happens. The announcement also carries this rank's count for each
+ *  process set made from ctx that it is in (a call on such a set gets "... on process set of N
+ *  ranks (A..B), so it will never join ..."); a set made from a set, or beyond the 64 slots
+ *  (hora_process_set_create), is not covered. */
 hora_result_t hora_finalize(hora_ctx_t *ctx);
 
 /* Layout queries. Local; valid between hora_init and hora_finalize. Errors:
@@ -231,7 +233,11 @@ hora_result_t hora_device_index(hora_ctx_t *ctx, int *device);
  * the set; blocking. On success every rank gets a handle in *set. Ranks outside the set get a
  * handle too: every call on it except hora_process_set_destroy and hora_process_set_included
  * returns HORA_ERR_INVALID_ARGUMENT with a message naming the set's ranks. ctx may itself be a
- * process set (nested sets). Not concurrent with other collectives on ctx.
+ * process set (nested sets). Not concurrent with other collectives on ctx. A set made from the
+ * context hora_init made takes one of 64 call-count slots (the lowest that no rank of ctx uses,
+ * agreed in the same exchange that compares the lists: no extra round trip), through which the
+ * finalize announcement and the stall inspection across nodes cover its blocking calls; a set
+ * made from a set, or while all 64 are taken, works the same without that cover.
  * Errors (on every rank of ctx, never a hang): HORA_ERR_NOT_INITIALIZED (ctx not live: this one
  *   rank returns at once, the others block), HORA_ERR_INVALID_ARGUMENT (on the rank that passed
  *   it: set NULL, ranks NULL, nranks 0 or above the size of ctx, a rank out of range or listed
@@ -308,7 +314,10 @@ hora_result_t hora_process_set_included(hora_ctx_t *set, int *included);
  * HORA_PEER_TIMEOUT_S / 6, at most 1 s); there the check's MPI allreduce is already posted and
  * cannot be taken back, so the context then fails: every later call on it returns the same
  * HORA_ERR_TIMEOUT, and its heartbeats stop, so the missing rank gets HORA_ERR_REMOTE within
- * HORA_PEER_TIMEOUT_S. (Process sets across nodes: no stall inspection; the call waits.)
+ * HORA_PEER_TIMEOUT_S. A process set made from the context hora_init made is inspected the same
+ * way (its members' counts ride on the heartbeats too; the rank named is a rank of the job), and
+ * its HORA_ERR_TIMEOUT fails the job's context as well; a set made from a set is not inspected
+ * across nodes (the call waits).
  * A rank that called hora_finalize instead of this call: HORA_ERR_REMOTE naming it at once (see
  * hora_finalize).
  *

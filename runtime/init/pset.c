@@ -27,6 +27,7 @@
  * thread, algorithm scratch and the shared-memory window (the set's own, on its own ranks).
  * A set's lifetime is inside its parent's: hora_finalize of the parent destroys the sets still
  * live, newest first (a finalizer on the parent, removed by hora_process_set_destroy). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,7 +73,7 @@ static hora_result_t check_list(const hora_ctx_t *ctx, const int *ranks, size_t 
  * verdict MPI may still write `out`: it lives in a static buffer then, never on the caller's stack
  * (leaked by design, like the ring's buffers: core/ctx.h). */
 static hora_result_t allreduce_max(hora_ctx_t *ctx, const int64_t *in, int64_t *out, int n) {
-  static _Thread_local int64_t buf[2][8];
+  static _Thread_local int64_t buf[2][5 + HORA_SET_SLOTS];
   memcpy(buf[0], in, (size_t)n * sizeof *in);
   MPI_Request req = MPI_REQUEST_NULL;
   HORA_MPI_CHECK(MPI_Iallreduce(buf[0], buf[1], n, MPI_INT64_T, MPI_MAX, ctx->world, &req));
@@ -81,17 +82,32 @@ static hora_result_t allreduce_max(hora_ctx_t *ctx, const int64_t *in, int64_t *
   return HORA_SUCCESS;
 }
 
-/* Step 1's agreement: every rank's check result and its (sorted) list, compared. */
-static hora_result_t agree_list(hora_ctx_t *ctx, hora_result_t mine, const int *sorted, size_t n) {
+/* The call-count slot of a set made from `ctx` (core/ctx.h, HORA_SET_SLOTS): 1 in v[k] for each
+ * slot this rank uses, so that the MAX over the parent marks the slots any rank uses; none for a
+ * set made from a set. */
+static int slots_mark(const hora_ctx_t *ctx, int64_t *v) {
+  memset(v, 0, HORA_SET_SLOTS * sizeof *v);
+  if (ctx->parent || !ctx->calls) return 0;
+  for (int k = 0; k < HORA_SET_SLOTS; k++) v[k] = __atomic_load_n(&ctx->calls[1 + k].live, __ATOMIC_ACQUIRE);
+  return 1;
+}
+
+/* Step 1's agreement: every rank's check result and its (sorted) list, compared; *slot gets the
+ * lowest call-count slot no rank of the parent uses (-1: none, or a set made from a set). */
+static hora_result_t agree_list(hora_ctx_t *ctx, hora_result_t mine, const int *sorted, size_t n, int *slot) {
   uint64_t h = 1469598103934665603ull; /* FNV-1a over the sorted list */
   for (size_t i = 0; sorted && i < n; i++) {
     h ^= (uint64_t)(unsigned)sorted[i];
     h *= 1099511628211ull;
   }
   int64_t hv = (int64_t)(h >> 1), nv = (int64_t)n;
-  int64_t v[5] = {mine != HORA_SUCCESS ? (int64_t)mine : 0, nv, hv, -nv, -hv}, mx[5];
+  int64_t v[5 + HORA_SET_SLOTS] = {mine != HORA_SUCCESS ? (int64_t)mine : 0, nv, hv, -nv, -hv}, mx[5 + HORA_SET_SLOTS];
   if (mine != HORA_SUCCESS) v[1] = v[2] = v[3] = v[4] = INT64_MIN + 1; /* not compared */
-  HORA_CHECK(allreduce_max(ctx, v, mx, 5));
+  int counted = slots_mark(ctx, v + 5);
+  HORA_CHECK(allreduce_max(ctx, v, mx, 5 + HORA_SET_SLOTS));
+  *slot = -1;
+  for (int k = 0; counted && k < HORA_SET_SLOTS && *slot < 0; k++)
+    if (!mx[5 + k]) *slot = k;
   if (mine != HORA_SUCCESS) return mine;
   if (mx[0]) return HORA_ERR((hora_result_t)mx[0], "hora_process_set_create: another rank rejected its "
                              "rank list (%s)", hora_result_name((hora_result_t)mx[0]));
@@ -102,7 +118,19 @@ static hora_result_t agree_list(hora_ctx_t *ctx, hora_result_t mine, const int *
   return HORA_SUCCESS;
 }
 
+/* A member's set takes its call-count slot (agreed in step 1): counted from zero from now on. */
+static void slot_take(hora_ctx_t *set, int slot) {
+  if (slot < 0 || set->excluded) return;
+  struct hora_calls *c = &set->parent->calls[1 + slot];
+  c->entered = c->done = c->fin = c->lag = 0;
+  snprintf(c->what, sizeof c->what, "process set of %d ranks (%d..%d)", set->size, set->set_ranks[0],
+           set->set_ranks[set->set_nranks - 1]);
+  set->calls = c;
+  __atomic_store_n(&c->live, 1, __ATOMIC_RELEASE);
+}
+
 static hora_result_t destroy_now(hora_ctx_t *set) {
+  if (set->calls) __atomic_store_n(&set->calls->live, 0, __ATOMIC_RELEASE); /* the heartbeat lets go */
   if (__atomic_load_n(&set->parent->failed, __ATOMIC_ACQUIRE)) __atomic_store_n(&set->failed, 1, __ATOMIC_RELEASE);
   hora_result_t rc = hora__ctx_run_finalizers(set);
   hora__ctx_discard(set);
@@ -147,7 +175,8 @@ HORA_EXPORT hora_result_t hora_process_set_create(hora_ctx_t *ctx, const int *ra
   int *sorted = NULL;
   hora_result_t mine = set ? check_list(ctx, ranks, nranks, &sorted)
                            : HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_process_set_create: set (output) is NULL");
-  hora_result_t rc = agree_list(ctx, mine, sorted, nranks);
+  int slot = -1;
+  hora_result_t rc = agree_list(ctx, mine, sorted, nranks, &slot);
   if (rc != HORA_SUCCESS) {
     free(sorted);
     return rc;
@@ -170,6 +199,7 @@ HORA_EXPORT hora_result_t hora_process_set_create(hora_ctx_t *ctx, const int *ra
     return rc;
   }
   if (rc != HORA_SUCCESS) return rc;
+  slot_take(c, slot);
   if (!c->excluded && c->rank == 0)
     HORA_INFO(INIT, "process set of %d ranks (parent ranks %d..%d) created", c->size, c->set_ranks[0],
               c->set_ranks[c->set_nranks - 1]);

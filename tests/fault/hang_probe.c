@@ -28,6 +28,11 @@
  *             allreduce: the others must log the stall warning naming it after HORA_STALL_WARNING_S
  *             and fail with HORA_ERR_TIMEOUT naming it after HORA_STALL_SHUTDOWN_S; the victim, once
  *             awake, fails at its next call (the context failed)
+ *   psetfin   as finalize, on a process set of all ranks (made, and used, before): the others'
+ *             allreduce on the set must fail with HORA_ERR_REMOTE saying the victim called
+ *             hora_finalize, naming the set
+ *   psetstall as stall, on a process set of all ranks: the others must fail with HORA_ERR_TIMEOUT
+ *             naming the victim after HORA_STALL_SHUTDOWN_S
  *
  * Before each case the ranks run WARMUP allreduces whose results are checked (a wrong value is
  * step "warmup" with rc BAD). After a failure MPI is left unfinalized (hora skips MPI_Finalize):
@@ -102,7 +107,7 @@ int main(int argc, char **argv) {
   const char *ws = getenv("OMPI_COMM_WORLD_SIZE");
   int wsize = ws ? atoi(ws) : 1;
   /* Two fake nodes, the first half of the ranks and the rest, as test_call_check's. */
-  if (!strcmp(kase, "stall")) setenv("HORA_CROSS_RANK", rank < (wsize + 1) / 2 ? "0" : "1", 1);
+  if (!strcmp(kase, "stall") || !strcmp(kase, "psetstall")) setenv("HORA_CROSS_RANK", rank < (wsize + 1) / 2 ? "0" : "1", 1);
   const char *pt = getenv("HORA_PEER_TIMEOUT_S");
   double peer_s = pt ? atof(pt) : 30, hold = 2 * peer_s + 4;
   hora_ctx_t *ctx = NULL;
@@ -119,7 +124,8 @@ int main(int argc, char **argv) {
     }
   }
   hora_ctx_t *set = NULL;
-  if (!strcmp(kase, "destroy")) {
+  int on_set = !strcmp(kase, "psetfin") || !strcmp(kase, "psetstall");
+  if (!strcmp(kase, "destroy") || on_set) {
     int *all = malloc((size_t)n * sizeof *all);
     for (int i = 0; i < n; i++) all[i] = i;
     rc = hora_process_set_create(ctx, all, (size_t)n, &set);
@@ -131,15 +137,15 @@ int main(int argc, char **argv) {
     }
   }
   if (rank == victim) {
-    if (!strcmp(kase, "finalize")) finish(ctx, hold);
+    if (!strcmp(kase, "finalize") || !strcmp(kase, "psetfin")) finish(ctx, hold);
     if (!strcmp(kase, "async")) {
       sleep_s(0.5); /* the others' request is pending by then */
       finish(ctx, hold);
     }
-    if (!strcmp(kase, "stall")) {
+    if (!strcmp(kase, "stall") || !strcmp(kase, "psetstall")) {
       const char *ss = getenv("HORA_STALL_SHUTDOWN_S");
       sleep_s((ss ? atof(ss) : 0) + 2 * peer_s + 2); /* alive, heartbeats flowing, not calling */
-      STEP("late_call", allreduce(ctx, n, &bad));
+      STEP("late_call", allreduce(set ? set : ctx, n, &bad));
       finish(ctx, hold);
     }
     kill(getpid(), SIGSTOP); /* pset, early: hung, not dead (the driver's mpirun kills it at the end) */
@@ -168,7 +174,7 @@ int main(int argc, char **argv) {
     STEP("submit_after", hora_allreduce_async(ctx, "later", a, b, COUNT, HORA_FLOAT32, HORA_SUM, 1.0, 1.0,
                                               HORA_DEVICE_HOST, &h));
   } else {
-    STEP("call", allreduce(ctx, n, &bad));
+    STEP("call", allreduce(on_set ? set : ctx, n, &bad));
   }
   finish(ctx, hold);
   return 0;

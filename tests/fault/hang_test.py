@@ -16,7 +16,9 @@ under mpirun with a hard limit and checks every rank's result lines:
             HORA_ERR_REMOTE within HORA_PEER_TIMEOUT_S plus 4 s, and hora_finalize after it
   early     every other rank: the allreduce fails with HORA_ERR_REMOTE naming the victim within
             HORA_PEER_TIMEOUT_S plus a second and a half (HORA_INIT_TIMEOUT_S is 120 s here)
-  stall     every other rank: the stall warning naming the victim after HORA_STALL_WARNING_S, then
+  psetfin   as finalize, on a process set of all ranks: the message names the set too
+  stall, psetstall (the same on a process set of all ranks)
+            every other rank: the stall warning naming the victim after HORA_STALL_WARNING_S, then
             HORA_ERR_TIMEOUT naming it about HORA_STALL_SHUTDOWN_S into the call; the victim's
             late call fails (HORA_ERR_REMOTE or HORA_ERR_TIMEOUT) at once
 
@@ -34,7 +36,7 @@ PEER_S, WARN_S, STOP_S = 2.0, 1.0, 3.0
 env_extra = {"HORA_PEER_TIMEOUT_S": str(PEER_S), "HORA_INIT_TIMEOUT_S": "120"}
 if case == "early":
     env_extra["HORA_TEST_FAULT"] = f"init:late:{victim}"
-if case == "stall":
+if case in ("stall", "psetstall"):
     env_extra.update(HORA_STALL_WARNING_S=str(WARN_S), HORA_STALL_SHUTDOWN_S=str(STOP_S))
 env = dict(os.environ, **env_extra)
 # Start-up on a loaded 2-core machine, the case (a few timeouts), the ranks' holds, teardown.
@@ -76,6 +78,11 @@ if case == "finalize":
         want(r, "call", ["HORA_ERR_REMOTE"], 1.0, rf"rank {victim} called hora_finalize")
     for r in range(np_):
         want(r, "finalize", ["HORA_SUCCESS", "HORA_ERR_REMOTE"], PEER_S + 6.0)
+elif case == "psetfin":
+    for r in others:
+        want(r, "call", ["HORA_ERR_REMOTE"], 1.0, rf"rank {victim} called hora_finalize.*process set")
+    for r in range(np_):
+        want(r, "finalize", ["HORA_SUCCESS", "HORA_ERR_REMOTE"], PEER_S + 6.0)
 elif case == "async":
     for r in others:
         want(r, "call", ["HORA_ERR_SHUTDOWN"], 1.0, rf"rank {victim} called hora_finalize")
@@ -90,7 +97,7 @@ elif case in ("pset", "early"):
     for r in others:
         want(r, "call", ["HORA_ERR_REMOTE"], PEER_S + 1.5, names_victim)
         want(r, "finalize", ["HORA_SUCCESS", "HORA_ERR_REMOTE"], 5.0)
-elif case == "stall":
+elif case in ("stall", "psetstall"):
     for r in others:
         want(r, "call", ["HORA_ERR_TIMEOUT"], STOP_S + 1.5, rf"rank {victim}\b.*did not call", min_s=STOP_S - 0.2)
         want(r, "finalize", ["HORA_SUCCESS", "HORA_ERR_REMOTE", "HORA_ERR_TIMEOUT"], 5.0)

@@ -99,6 +99,22 @@ static hora_result_t run_once(hora_ctx_t *ctx, const algo_sel_t *a, const void *
   return op == HORA_AVERAGE ? hora__scale_and_average(ctx, recv, count, d, op, 1.0) : HORA_SUCCESS;
 }
 
+/* One more call of the algorithm, its output checked element by element: the number of wrong
+ * elements over all ranks. A call that fails returns no data: that is said, not counted as wrong. */
+static long check_result(hora_ctx_t *ctx, const algo_sel_t *a, const void *send, void *recv, size_t count,
+                         hora_dtype_t dt, hora_op_t op) {
+  memset(recv, 0, count * hora__dtype_size(dt));
+  if (run_once(ctx, a, send, recv, count, dt, op) != HORA_SUCCESS) {
+    fprintf(stderr, "rank %d: %s failed (the call whose result is checked): %s\n", ctx->rank, a->name,
+            hora_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  long bad = 0, all = 0;
+  for (size_t i = 0; i < count; i++) bad += hora__elem_load(recv, dt, i) != expect(dt, op, ctx->size, i);
+  MPI_Allreduce(&bad, &all, 1, MPI_LONG, MPI_SUM, ctx->world);
+  return all;
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -295,11 +311,7 @@ int hora_bench_allreduce(int argc, char **argv) {
     /* The check runs on the output of the last timed call of each algorithm; re-run once per
      * algorithm so each one's own output is checked. */
     for (int k = 0; k < nsel; k++) {
-      memset(recv, 0, count * es);
-      run_once(ctx, &sel[k], send, recv, count, dt, (hora_op_t)op);
-      long bad = 0, all = 0;
-      for (size_t i = 0; i < count; i++) bad += hora__elem_load(recv, dt, i) != expect(dt, (hora_op_t)op, n, i);
-      MPI_Allreduce(&bad, &all, 1, MPI_LONG, MPI_SUM, ctx->world);
+      long all = check_result(ctx, &sel[k], send, recv, count, dt, (hora_op_t)op);
       wrong_total += all;
       qsort(samples + k * repeat, (size_t)repeat, sizeof *samples, cmp_double);
       double t = samples[k * repeat + (best ? 0 : repeat / 2)];
