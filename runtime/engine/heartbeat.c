@@ -192,10 +192,11 @@ static void set_note(hb_state_t *s, int n, int slot, int r, uint64_t entered, do
 static void on_message(eng_hb_t *hb, hb_state_t *s, const hb_msg_t *m, double now) {
   hora_engine_t *eng = hb->eng;
   int from = m->from;
-  if (s->heard[from] && now - s->last[from] > s->max_gap) {
+  int watched = watches(eng->rank, from); /* the margins are about the watched ranks only */
+  if (watched && s->heard[from] && now - s->last[from] > s->max_gap) {
     s->max_gap = now - s->last[from];
     s->max_gap_rank = from;
-  } else if (!s->heard[from] && now - s->t0 > s->first_max) {
+  } else if (watched && !s->heard[from] && now - s->t0 > s->first_max) {
     s->first_max = now - s->t0;
     s->first_max_rank = from;
   }
