@@ -362,6 +362,8 @@ static void *hb_main(void *arg) {
   hora_engine_t *eng = hb->eng;
   int me = eng->rank, n = eng->size;
   hb_state_t s = {0};
+  double cap = hb->timeout_s / 2 < 1.0 ? hb->timeout_s / 2 : 1.0; /* a turn counts at most this (below) */
+  if (cap < hb->period_s) cap = hb->period_s;
   s.last = calloc((size_t)n, sizeof *s.last);
   s.heard = calloc((size_t)n, 1);
   s.bye = calloc((size_t)n, 1);
@@ -369,13 +371,15 @@ static void *hb_main(void *arg) {
   if (!s.last || !s.heard || !s.bye || !s.entered) goto out;
   double now = hora__now_s(), next_send = now, prev = now;
   /* Silences are measured on this thread's own clock (`awake`), which advances by the wall time
-   * between two turns of the loop but by at most one period per turn. A turn that took longer
-   * means this thread did not run: the process or the whole machine was stopped (a VM whose
-   * kernel stalled every timer for 1.5-4 s under the emulated-network load of tests/multinode;
-   * a rank descheduled on an overloaded node). Nothing could be heard in that time, and the
-   * peers were usually stopped with it, so it is not held against them: without this, every rank
-   * declared every other dead on waking. A peer that really died is still found after
-   * HORA_PEER_TIMEOUT_S of this thread running. */
+   * between two turns of the loop but by at most `cap` per turn. A turn that took longer means
+   * this thread did not run: the process or the whole machine was stopped (a VM whose kernel
+   * stalled every timer for 1.5-4 s under the emulated-network load of tests/multinode). Nothing
+   * could be heard in that time, and the peers were usually stopped with it, so it is not held
+   * against them: without this, every rank declared every other dead on waking. `cap` is one
+   * period, or up to a second where that is less than half the timeout, so that a thread merely
+   * slowed by CPU load (turns of some hundred ms) still counts its full time, and a peer that
+   * died is found in HORA_PEER_TIMEOUT_S; a period before the pause plus one cap stays below the
+   * timeout. */
   double awake = 0;
   s.t0 = 0;
   const int poll_ms = (int)(1000 * (hb->period_s / 4 < 0.05 ? hb->period_s / 4 : 0.05)) + 1;
@@ -384,7 +388,7 @@ static void *hb_main(void *arg) {
     double turn = now - prev;
     prev = now;
     if (turn > s.max_stall) s.max_stall = turn;
-    awake += turn < hb->period_s ? turn : hb->period_s;
+    awake += turn < cap ? turn : cap;
     drain(hb, &s, awake);
     int failed = atomic_load(&hb->mute) || hora__fault_muted() || atomic_load(&eng->dead) ||
                  hora__ctx_failed(eng->ctx);
@@ -415,7 +419,7 @@ out:
   HORA_INFO(ENGINE, "heartbeat: longest silence %.3f s (rank %d; HORA_PEER_TIMEOUT_S=%g), latest first "
             "heartbeat %.3f s after start (rank %d; HORA_INIT_TIMEOUT_S=%g), longest stall of this thread "
             "%.3f s (counted as at most %g s)", s.max_gap, s.max_gap_rank, hb->timeout_s, s.first_max,
-            s.first_max_rank, hb->init_timeout_s, s.max_stall, hb->period_s);
+            s.first_max_rank, hb->init_timeout_s, s.max_stall, cap);
   free(s.last);
   free(s.heard);
   free(s.bye);
