@@ -234,8 +234,11 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         sp = _splits_of(splits, n, tensor.shape[0], "alltoall")
     except ValueError:
         # Fire-and-forget the shape exchange with -1 splits: the peers raise instead of waiting.
-        h._parts.append(_Chain(_meta(view, nm, _describe(tensor) + [-1] * n),
-                               lambda meta: _alltoall_refused(meta, nm)))
+        try:
+            h._parts.append(_Chain(_meta(view, nm, _describe(tensor) + [-1] * n),
+                                   lambda meta: _alltoall_refused(meta, nm)))
+        except Exception:  # noqa: BLE001 (the engine refused it, e.g. shut down: no peer waits)
+            pass
         raise
     src = tensor.detach()
     if sum(sp) < tensor.shape[0]:
