@@ -182,35 +182,71 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 # ---- alltoall -------------------------------------------------------------------------------
 def _splits_of(splits, n, rows, kind):
-    if splits is None:  # Horovod: an even split, the first rows % n ranks get one more
-        return [rows // n + (1 if p < rows % n else 0) for p in range(n)]
+    """Horovod 0.28's argument checks of alltoall (EnqueueTensorAlltoall): splits None needs a
+    first dimension divisible by the number of ranks; else n non-negative ints whose sum is at
+    most the first dimension (rows past the sum are not sent)."""
+    if splits is None:
+        if rows % n:
+            raise invalid(f"{kind}: splits not provided, but first dimension of tensor ({rows}) "
+                          f"is not an even multiple of the number of workers ({n})")
+        return [rows // n] * n
     if isinstance(splits, torch.Tensor):
         splits = splits.tolist()
     try:
         sp = [int(v) for v in np.asarray(splits).reshape(-1)]
     except (TypeError, ValueError):
         raise invalid(f"{kind}(splits={splits!r}): expected {n} ints") from None
-    if len(sp) != n or any(v < 0 for v in sp) or sum(sp) != rows:
-        raise invalid(f"{kind}(splits={sp}): need {n} non-negative ints (one per rank) summing "
-                      f"to the first dimension {rows}")
+    if len(sp) != n:
+        raise invalid(f"{kind}(splits={sp}): number of entries in splits ({len(sp)}) does not "
+                      f"equal number of workers ({n})")
+    if any(v < 0 for v in sp):
+        raise invalid(f"{kind}(splits={sp}): splits must be non-negative")
+    if sum(sp) > rows:
+        raise invalid(f"{kind}(splits={sp}): sum of splits entries ({sum(sp)}) is greater than "
+                      f"the first dimension of tensor ({rows})")
     return sp
+
+
+def _alltoall_refused(meta, nm):
+    """Raised on the ranks whose own arguments were valid when a peer's were not (-1 splits)."""
+    bad = [r for r in range(meta.shape[0]) if (meta[r, 4:] < 0).any()]
+    if bad:
+        raise invalid(f"alltoall {nm!r}: rank(s) {bad} refused their arguments (splits not "
+                      "provided with a first dimension that is not an even multiple of the "
+                      "number of workers, or invalid splits); the alltoall did not run")
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Start an alltoall: splits[p] rows of dim 0 go to rank p (splits None: an even split).
-    synchronize(handle) returns (output, received_splits), received_splits an int32 tensor."""
+    synchronize(handle) returns (output, received_splits), received_splits an int32 tensor.
+
+    Invalid splits (or, without splits, a first dimension not divisible by the number of ranks)
+    raise ValueError at this call, as in Horovod; the peers are told through the shape exchange,
+    so theirs raise ValueError at synchronize instead of waiting."""
     view = _check_set(process_set, "alltoall_async")
     _check_tensor(tensor, "alltoall_async(tensor)")
     if tensor.dim() == 0:
         raise invalid("alltoall_async(tensor): a 0-d tensor cannot be split across ranks")
     n, me = _view_size(view), _view_rank(view)
-    sp = _splits_of(splits, n, tensor.shape[0], "alltoall_async")
     h = TorchHandle(lambda outs: outs[0])
     nm = h._claim(name, "alltoall")
+    try:
+        sp = _splits_of(splits, n, tensor.shape[0], "alltoall")
+    except ValueError:
+        # Fire-and-forget the shape exchange with -1 splits: the peers raise instead of waiting.
+        try:
+            h._parts.append(_Chain(_meta(view, nm, _describe(tensor) + [-1] * n),
+                                   lambda meta: _alltoall_refused(meta, nm)))
+        except Exception:  # noqa: BLE001 (the engine refused it, e.g. shut down: no peer waits)
+            pass
+        raise
     src = tensor.detach()
+    if sum(sp) < tensor.shape[0]:
+        src = src[:sum(sp)]
     row, trail = _row(tensor), tuple(tensor.shape[1:])
 
     def then(meta):
+        _alltoall_refused(meta, nm)
         _check_agree(meta, 4, "alltoall", nm)
         S = meta[:, 4:]  # S[p][q]: rows rank p sends to rank q
         recv = [int(S[p, me]) for p in range(n)]
@@ -256,6 +292,7 @@ class _AlltoallFn(torch.autograd.Function):
     def forward(ctx, tensor, splits, name, process_set):
         out, rsplits = alltoall_async(tensor, splits, name, process_set).wait()
         ctx.rsplits = rsplits
+        ctx.rows = tensor.shape[0]
         ctx.ps = process_set
         ctx.mark_non_differentiable(rsplits)
         return out, rsplits
@@ -263,6 +300,8 @@ class _AlltoallFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _):
         g, _ = alltoall(grad.contiguous(), splits=ctx.rsplits, process_set=ctx.ps)
+        if g.shape[0] < ctx.rows:  # rows past sum(splits) were not sent: zero gradient
+            g = torch.cat([g, g.new_zeros((ctx.rows - g.shape[0],) + tuple(g.shape[1:]))])
         return g, None, None, None
 
 

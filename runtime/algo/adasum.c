@@ -3,7 +3,8 @@
  *
  * Two gradients a and b are combined by the adaptive sum
  *     adasum(a, b) = (1 - a.b / (2 |a|^2)) a + (1 - a.b / (2 |b|^2)) b
- * (a coefficient is 1 when its |x|^2 < 1e-8, as Horovod does): orthogonal gradients add, equal
+ * (a coefficient is 1 when its |x|^2 < sqrt(DBL_MIN) = 1.49e-154, the threshold of Horovod 0.28's
+ * horovod/common/ops/adasum/adasum.h, so a zero gradient adds): orthogonal gradients add, equal
  * ones average. n = 2^k ranks combine pairwise in a binary tree of k levels. With 4 ranks holding
  * a, b, c, d (one row per rank, "|" = the part of the vector a rank keeps):
  *
@@ -29,7 +30,7 @@
 #include "algo/algo.h"
 
 #define ADASUM_TAG 4141
-#define ADASUM_EPS 1e-8
+#define ADASUM_EPS 1.4916681462400413e-154 /* sqrt(DBL_MIN), as Horovod 0.28 */
 #define MAX_LEVELS 32
 
 /* Send `sbytes` at sbuf to partner and receive `rbytes` into rbuf (either may be 0). The wait

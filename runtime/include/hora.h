@@ -349,7 +349,7 @@ hora_result_t hora_set_call_shape(hora_ctx_t *ctx, uint64_t fingerprint);
  * HORA_AVERAGE divides the reduced value by the world size (after prescale, before postscale).
  * HORA_ADASUM combines the ranks' whole vectors pairwise in a binary tree of log2(size) levels
  * with adasum(a, b) = (1 - a.b/(2|a|^2)) a + (1 - a.b/(2|b|^2)) b (a coefficient is 1 where
- * |x|^2 < 1e-8), by recursive vector halving and distance doubling (runtime/algo/adasum.c; at
+ * |x|^2 < sqrt(DBL_MIN) = 1.49e-154, Horovod 0.28's threshold), by recursive vector halving and distance doubling (runtime/algo/adasum.c; at
  * level d rank r pairs with r xor d, lower rank's vector first); dot products in double. It
  * needs HORA_FLOAT32 or HORA_FLOAT64 (else HORA_ERR_INVALID_ARGUMENT), host buffers (else
  * HORA_ERR_NOT_SUPPORTED) and a power-of-two world size (else HORA_ERR_INVALID_ARGUMENT, on

@@ -1,8 +1,10 @@
 /* HORA_ADASUM: hora_allreduce's Adasum against a serial reference of the same tree (every rank
  * builds every rank's vector and combines them level by level with
  * adasum(a, b) = (1 - a.b/(2|a|^2)) a + (1 - a.b/(2|b|^2)) b), float64 and float32, in place and
- * not, counts that do not halve evenly, a zero vector; the refusals: a non-power-of-two world
+ * not, counts that do not halve evenly, a zero vector, parallel vectors of squared norm far below
+ * 1e-8 (Horovod 0.28's threshold is sqrt(DBL_MIN): they average); the refusals: a non-power-of-two world
  * (every rank), integer dtypes, reduce-scatter; the async form against the blocking one. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -18,7 +20,8 @@ static void reference(double *v, size_t n) {
     for (int r = 0; r < size; r += 2 * d) {
       double *a = v + (size_t)r * n, *b = v + (size_t)(r + d) * n, ab = 0, aa = 0, bb = 0;
       for (size_t i = 0; i < n; i++) ab += a[i] * b[i], aa += a[i] * a[i], bb += b[i] * b[i];
-      double ca = aa >= 1e-8 ? 1 - ab / (2 * aa) : 1, cb = bb >= 1e-8 ? 1 - ab / (2 * bb) : 1;
+      const double eps = sqrt(DBL_MIN); /* Horovod 0.28's threshold (adasum.h) */
+      double ca = aa >= eps ? 1 - ab / (2 * aa) : 1, cb = bb >= eps ? 1 - ab / (2 * bb) : 1;
       for (size_t i = 0; i < n; i++) a[i] = ca * a[i] + cb * b[i];
     }
 }
@@ -70,6 +73,22 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 8; i++) y[i] = 1.0; /* equal vectors: adasum averages them */
     EXPECT_OK(hora_allreduce(ctx, y, y, 8, HORA_FLOAT64, HORA_ADASUM, 2.0, 3.0, HORA_DEVICE_HOST));
     EXPECT(fabs(y[0] - 6.0) < 1e-12 && fabs(y[7] - 6.0) < 1e-12, "scaled adasum of equal vectors %g, want 6", y[0]);
+    /* Parallel vectors (r + 1) v with |v|^2 ~ 1e-38 (double) and ~ 1e-58 (float32, squares that
+     * underflow in float32, so the dots must run in double):
+     * their coefficients are computed (Horovod's threshold is sqrt(DBL_MIN), not 1e-8), so the
+     * tree averages them: (size + 1) / 2 v on every rank, not the sum. */
+    double t[64], worst = 0;
+    float t32[64];
+    for (int i = 0; i < 64; i++) t[i] = (rank + 1) * 1e-20 * sin(i + 1.0), t32[i] = (float)((rank + 1) * 1e-30 * sin(i + 1.0));
+    EXPECT_OK(hora_allreduce(ctx, t, t, 64, HORA_FLOAT64, HORA_ADASUM, 1, 1, HORA_DEVICE_HOST));
+    EXPECT_OK(hora_allreduce(ctx, t32, t32, 64, HORA_FLOAT32, HORA_ADASUM, 1, 1, HORA_DEVICE_HOST));
+    for (int i = 0; i < 64; i++) {
+      double w = (size + 1) / 2.0 * 1e-20 * sin(i + 1.0), w32 = (size + 1) / 2.0 * 1e-30 * sin(i + 1.0);
+      double e = fabs(t[i] - w) / fabs(w), e32 = fabs(t32[i] - w32) / fabs(w32);
+      if (e > worst) worst = e;
+      if (e32 / 1e3 > worst) worst = e32 / 1e3; /* float32: 1e-6 relative */
+    }
+    EXPECT(worst <= 1e-9, "adasum of tiny parallel vectors: relative error %g (the sum, not the mean?)", worst);
   }
   int32_t ix[4] = {1, 2, 3, 4};
   EXPECT_RC(hora_allreduce(ctx, ix, ix, 4, HORA_INT32, HORA_ADASUM, 1, 1, HORA_DEVICE_HOST), HORA_ERR_INVALID_ARGUMENT);

@@ -327,7 +327,7 @@ def test_broadcast_forms():
         assert hvd.synchronize(hvd.broadcast_async_(y, root)) is y and torch.equal(y, want)
 
 
-def test_alltoall_even_uneven_and_splits():
+def test_alltoall_even_and_splits():
     r, n = rank_size()
     # Without splits, even: block p of rank q's input goes to rank p.
     xs = [torch.arange(2 * n * 3, dtype=torch.float32).reshape(2 * n, 3) + 100 * p
@@ -337,13 +337,6 @@ def test_alltoall_even_uneven_and_splits():
     assert torch.equal(got, torch.cat([xs[p][2 * r:2 * r + 2] for p in range(n)]))
     out, rs = hvd.synchronize(hvd.alltoall_async(xs[r]))  # the handle yields both
     assert torch.equal(out, got) and rs.dtype == torch.int32 and rs.tolist() == [2] * n
-    # Without splits, uneven: the first rows % size ranks get one row more (Horovod).
-    rows = n + 1
-    xs = [torch.arange(rows, dtype=torch.int64) + 10 * p for p in range(n)]
-    sp = [rows // n + (1 if q < rows % n else 0) for q in range(n)]
-    start = sum(sp[:r])
-    got = hvd.alltoall(xs[r])
-    assert torch.equal(got, torch.cat([xs[p][start:start + sp[r]] for p in range(n)]))
     # With splits: rank p sends (p + q) % 3 rows to rank q; returns (output, received_splits).
     S = [[(p + q) % 3 for q in range(n)] for p in range(n)]
     xs = [torch.arange(sum(S[p]) * 2, dtype=torch.float64).reshape(-1, 2) + 1000 * p
@@ -357,8 +350,42 @@ def test_alltoall_even_uneven_and_splits():
     assert torch.equal(out, torch.cat([block(p, r) for p in range(n)]))
     out2, rs2 = hvd.alltoall(xs[r], splits=torch.tensor(S[r], dtype=torch.int32), name="a2a")
     assert torch.equal(out2, out) and torch.equal(rs2, rs)
-    with pytest.raises(ValueError, match="summing"):
+    # Rows past sum(splits) are not sent (Horovod: only a sum above the first dimension errs).
+    extra = torch.cat([xs[r], torch.full((2, 2), -1.0, dtype=torch.float64)])
+    out3, rs3 = hvd.alltoall(extra, splits=S[r])
+    assert torch.equal(out3, out) and torch.equal(rs3, rs)
+    with pytest.raises(ValueError, match="number of workers"):
         hvd.alltoall(xs[r], splits=[1] * (n + 1))
+    with pytest.raises(ValueError, match="greater than the first dimension"):
+        hvd.alltoall(xs[r], splits=[S[r][0] + 1] + S[r][1:])
+
+
+def test_alltoall_uneven_without_splits_is_a_value_error_on_every_rank():
+    """Horovod 0.28: alltoall without splits of a first dimension that the number of ranks does
+    not divide raises ValueError (at the call); a peer whose own tensor divides evenly raises
+    too (at synchronize) instead of waiting, and the ranks stay in step."""
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    for blocking in (True, False):
+        with pytest.raises(ValueError, match="not an even multiple of the number of workers"):
+            if blocking:
+                hvd.alltoall(torch.ones(n + 1, 2))
+            else:
+                hvd.alltoall_async(torch.ones(n + 1, 2), name="uneven")
+    # Only rank 0's tensor is uneven: it raises at the call, every other rank at synchronize.
+    x = torch.ones(n + 1 if r == 0 else 2 * n)
+    if r == 0:
+        with pytest.raises(ValueError, match="not an even multiple"):
+            hvd.alltoall_async(x, name="uneven.0")
+    else:
+        h = hvd.alltoall_async(x, name="uneven.0")
+        with pytest.raises(ValueError, match=r"rank\(s\) \[0\] refused"):
+            hvd.synchronize(h)
+    # The next alltoall runs: no rank was left waiting in the refused one.
+    xs = [torch.arange(2 * n, dtype=torch.int32) + 100 * p for p in range(n)]
+    got = hvd.alltoall(xs[r])
+    assert torch.equal(got, torch.cat([xs[p][2 * r:2 * r + 2] for p in range(n)]))
 
 
 @pytest.mark.parametrize("rows_extra", [0, 1])

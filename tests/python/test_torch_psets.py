@@ -126,6 +126,11 @@ def test_distributed_optimizer_process_set():
         hvd.remove_process_set(a)
 
 
+# Horovod 0.28's Adasum threshold (horovod/common/ops/adasum/adasum.h): a coefficient is 1 only
+# where |x|^2 < sqrt(DBL_MIN).
+_ADASUM_EPS = np.sqrt(np.finfo(np.float64).tiny)
+
+
 def _adasum_ref(vs):
     """The Adasum tree over the list of vectors (float64): at distance d, rank r (lower) and
     r + d combine as a + b - a.b/(2|a|^2) a - a.b/(2|b|^2) b."""
@@ -135,8 +140,8 @@ def _adasum_ref(vs):
         for i in range(0, len(vs), 2 * d):
             a, b = vs[i], vs[i + d]
             ab, aa, bb = a @ b, a @ a, b @ b
-            ca = 1 - ab / (2 * aa) if aa >= 1e-8 else 1.0
-            cb = 1 - ab / (2 * bb) if bb >= 1e-8 else 1.0
+            ca = 1 - ab / (2 * aa) if aa >= _ADASUM_EPS else 1.0
+            cb = 1 - ab / (2 * bb) if bb >= _ADASUM_EPS else 1.0
             vs[i] = ca * a + cb * b
         d *= 2
     return vs[0]
@@ -182,3 +187,26 @@ def test_adasum_against_numpy(dtype):
         hvd.allreduce(torch.ones(3, dtype=torch.int32), op=hvd.Adasum)
     with pytest.raises(ValueError, match="Adasum"):
         hvd.reducescatter(torch.ones(n, 2), op=hvd.Adasum)
+
+
+@pytest.mark.parametrize("dtype,scale", [(torch.float64, 1e-60), (torch.float32, 1e-30)])
+def test_adasum_tiny_parallel_gradients_average(dtype, scale):
+    """Parallel gradients (r + 1) v average under Adasum however small |v|^2 is (here 1e-119 and
+    1e-59, far below 1e-8), as in Horovod 0.28 (test_adasum_pytorch.py's test_stability): the
+    coefficients are computed down to |x|^2 = sqrt(DBL_MIN). At 3 ranks: the set {0, 1}."""
+    r, n = rank_size()
+    ranks = list(range(n)) if not n & (n - 1) else [0, 1]
+    ps = hvd.global_process_set if len(ranks) == n else hvd.add_process_set(ranks)
+    try:
+        if r in ranks:
+            v = np.sin(np.arange(1.0, 65.0)) * scale
+            out = hvd.allreduce(torch.from_numpy(v * (r + 1)).to(dtype), op=hvd.Adasum,
+                                process_set=ps)
+            vs = [np.asarray(torch.from_numpy(v * (q + 1)).to(dtype), np.float64) for q in ranks]
+            rtol = 1e-12 if dtype == torch.float64 else 1e-6
+            np.testing.assert_allclose(out.double().numpy(), _adasum_ref(vs), rtol=rtol, atol=0)
+            np.testing.assert_allclose(out.double().numpy(), np.mean(vs, axis=0),
+                                       rtol=10 * rtol, atol=0)  # the mean, not the sum
+    finally:
+        if ps is not hvd.global_process_set:
+            hvd.remove_process_set(ps)
