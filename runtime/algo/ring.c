@@ -19,8 +19,10 @@
  *
  * Pipelining: the unit of work is a segment, not a step. Segment k of a block is forwarded to the
  * right neighbour as soon as it has been received and reduced, while later segments of the same
- * block are still in flight; RING_SLOTS receives are posted ahead and RING_WINDOW sends may be in
- * flight, so the reduction of one segment overlaps the transfer of the next ones. Messages between
+ * block are still in flight; receives for 4 MiB of segments are posted ahead and 8 MiB of sends
+ * may be in flight (ring_depth: 4 and 8 segments of the 1 MiB default, 32 and 64 of the 65024-byte
+ * segments of a ring across nodes, state.c), so the reduction of one segment overlaps the transfer
+ * of the next ones and the link has data queued while a rank waits for its core. Messages between
  * two neighbours match in posting order (MPI's non-overtaking rule), so one tag suffices.
  *
  * Cost model (N bytes, n ranks, per-message latency a, per-byte transfer time b, per-byte reduce
@@ -30,8 +32,8 @@
  * 2(n-1) * a: for tiny messages a single MPI_Allreduce (log n latency) is better, which is why
  * dispatch.c picks MPI below a threshold.
  *
- * Memory: RING_SLOTS segments of receive scratch per context (reused across calls); the
- * reduce-scatter of hora_reducescatter also needs (n-2) blocks for the partial sums it forwards.
+ * Memory: one segment of receive scratch per receive posted ahead, per context (reused across
+ * calls); the reduce-scatter of hora_reducescatter also needs (n-2) blocks for the partial sums it forwards.
  * Counts are size_t throughout; a segment is at most 1 GiB so that MPI's int count holds it. */
 #include <stdlib.h>
 #include <string.h>
@@ -40,8 +42,13 @@
 #include "hora_kernels.h"
 
 #define RING_TAG 0x4852
-#define RING_SLOTS 4  /* receives posted ahead (each owns one segment of scratch in RS steps) */
-#define RING_WINDOW 8 /* sends in flight */
+/* Receives posted ahead (each owns one segment of scratch in RS steps) and sends in flight: enough
+ * segments for RING_SLOTS_BYTES and RING_WINDOW_BYTES, at least 4 and 8, at most RING_SLOTS_MAX
+ * and RING_WINDOW_MAX (ring_depth). */
+#define RING_SLOTS_BYTES ((size_t)4 << 20)
+#define RING_WINDOW_BYTES ((size_t)8 << 20)
+#define RING_SLOTS_MAX 32
+#define RING_WINDOW_MAX 64
 
 typedef struct {
   MPI_Comm comm;
@@ -54,7 +61,21 @@ typedef struct {
   char *ag;           /* AG steps receive block b at ag + off[b]*es; NULL when steps == n-1 */
   const size_t *off, *len; /* block offsets and lengths in elements */
   hora_ctx_t *ctx;    /* its failure verdict ends a wait (hora__algo_wait) */
+  int nslots, nwin;   /* receives posted ahead, sends in flight (ring_depth) */
 } ring_t;
+
+static int clamp_depth(size_t bytes, size_t segb, int lo, int hi) {
+  size_t d = bytes / (segb ? segb : 1);
+  return d < (size_t)lo ? lo : d > (size_t)hi ? hi : (int)d;
+}
+
+/* The pipeline's depth for segments of segb bytes: the bytes in flight stay about the same
+ * whatever the segment size, so small segments do not starve the link. */
+static void ring_depth(ring_t *R) {
+  size_t segb = R->seg * R->es;
+  R->nslots = clamp_depth(RING_SLOTS_BYTES, segb, 4, RING_SLOTS_MAX);
+  R->nwin = clamp_depth(RING_WINDOW_BYTES, segb, 8, RING_WINDOW_MAX);
+}
 
 /* Position in the sequence of (step, segment) messages of one direction. */
 typedef struct {
@@ -113,7 +134,7 @@ static hora_result_t wait_some(const ring_t *R, int nreq, MPI_Request *req, int 
   }
 }
 
-/* Run the ring described by R. `slots` holds RING_SLOTS segments of scratch. */
+/* Run the ring described by R. `slots` holds R->nslots segments of scratch. */
 static hora_result_t ring_run(const ring_t *R, char *slots) {
   const size_t es = R->es, segb = R->seg * es;
   size_t nrecv = 0, nsend = 0;
@@ -123,9 +144,9 @@ static hora_result_t ring_run(const ring_t *R, char *slots) {
   }
   const size_t first_sends = nseg_of(R, send_block(R, 0)); /* ready at once: our own block */
   const int right = (R->r + 1) % R->n, left = (R->r - 1 + R->n) % R->n;
-  const int nreq = RING_SLOTS + RING_WINDOW;
-  MPI_Request req[RING_SLOTS + RING_WINDOW];
-  int done[RING_SLOTS] = {0}, idx[RING_SLOTS + RING_WINDOW];
+  const int NS = R->nslots, NW = R->nwin, nreq = NS + NW;
+  MPI_Request req[RING_SLOTS_MAX + RING_WINDOW_MAX];
+  int done[RING_SLOTS_MAX] = {0}, idx[RING_SLOTS_MAX + RING_WINDOW_MAX];
   for (int i = 0; i < nreq; i++) req[i] = MPI_REQUEST_NULL;
   cursor_t rpost = cursor_start(R, 0), rproc = rpost, spost = cursor_start(R, 1);
   size_t nrposted = 0, nrdone = 0, nsposted = 0;
@@ -134,12 +155,12 @@ static hora_result_t ring_run(const ring_t *R, char *slots) {
 
   for (;;) {
     /* Post receives ahead. RS segments land in a scratch slot, AG segments in place. */
-    while (nrposted < nrecv && nrposted - nrdone < RING_SLOTS) {
+    while (nrposted < nrecv && nrposted - nrdone < (size_t)NS) {
       int b = recv_block(R, rpost.t);
       size_t m = seg_len(R, b, rpost.seg);
-      char *p = rpost.t < R->n - 1 ? slots + (nrposted % RING_SLOTS) * segb
+      char *p = rpost.t < R->n - 1 ? slots + (nrposted % NS) * segb
                                    : R->ag + (R->off[b] + rpost.seg * R->seg) * es;
-      mrc = MPI_Irecv(p, (int)(m * es), MPI_BYTE, left, RING_TAG, R->comm, &req[nrposted % RING_SLOTS]);
+      mrc = MPI_Irecv(p, (int)(m * es), MPI_BYTE, left, RING_TAG, R->comm, &req[nrposted % NS]);
       if (mrc != MPI_SUCCESS) { what = "MPI_Irecv"; goto fail; }
       nrposted++;
       cursor_next(R, &rpost, 0);
@@ -147,7 +168,7 @@ static hora_result_t ring_run(const ring_t *R, char *slots) {
     /* Post sends that are ready (own block, or a segment already received and reduced) while
      * the next window slot is free. Sends go out in sequence order. */
     while (nsposted < nsend && (nsposted < first_sends || nsposted - first_sends < nrdone)) {
-      MPI_Request *q = &req[RING_SLOTS + nsposted % RING_WINDOW];
+      MPI_Request *q = &req[NS + nsposted % NW];
       if (*q != MPI_REQUEST_NULL) break;
       int b = send_block(R, spost.t);
       size_t m = seg_len(R, b, spost.seg), o = spost.seg * R->seg;
@@ -160,12 +181,12 @@ static hora_result_t ring_run(const ring_t *R, char *slots) {
       cursor_next(R, &spost, 1);
     }
     /* Consume received segments strictly in order. */
-    if (nrdone < nrposted && done[nrdone % RING_SLOTS]) {
-      done[nrdone % RING_SLOTS] = 0;
+    if (nrdone < nrposted && done[nrdone % NS]) {
+      done[nrdone % NS] = 0;
       if (rproc.t < R->n - 1) {
         int b = recv_block(R, rproc.t);
         size_t m = seg_len(R, b, rproc.seg), o = rproc.seg * R->seg;
-        hora_result_t hr = hora__reduce_host(R->out[b] + o * es, slots + (nrdone % RING_SLOTS) * segb,
+        hora_result_t hr = hora__reduce_host(R->out[b] + o * es, slots + (nrdone % NS) * segb,
                                              R->src + (R->off[b] + o) * es, m, R->dtype, R->op, NULL);
         if (hr != HORA_SUCCESS) {
           cancel_all(req, nreq);
@@ -186,7 +207,7 @@ static hora_result_t ring_run(const ring_t *R, char *slots) {
       return wrc; /* after a verdict the requests are left to MPI (their buffers are leaked) */
     }
     for (int i = 0; i < outcount && outcount != MPI_UNDEFINED; i++)
-      if (idx[i] < RING_SLOTS) done[idx[i]] = 1;
+      if (idx[i] < NS) done[idx[i]] = 1;
   }
   if (nrdone != nrecv || nsposted != nsend)
     return HORA_ERR(HORA_ERR_INTERNAL, "ring: stopped after %zu/%zu receives and %zu/%zu sends",
@@ -197,10 +218,11 @@ fail:
   return hora__mpi_error(mrc, what, __FILE__, __LINE__);
 }
 
-/* Get RING_SLOTS segments of scratch from the context. */
-static hora_result_t get_slots(hora_ctx_t *ctx, size_t segb, char **slots) {
+/* Get R->nslots segments of scratch from the context (sets the ring's depth first). */
+static hora_result_t get_slots(hora_ctx_t *ctx, ring_t *R, char **slots) {
   void *p;
-  HORA_CHECK(hora__algo_scratch(ctx, RING_SLOTS * segb, &p));
+  ring_depth(R);
+  HORA_CHECK(hora__algo_scratch(ctx, (size_t)R->nslots * R->seg * R->es, &p));
   *slots = p;
   return HORA_SUCCESS;
 }
@@ -229,10 +251,10 @@ hora_result_t hora__ring_allreduce(hora_ctx_t *ctx, MPI_Comm comm, const void *s
     out[b] = (char *)dst + o * es;
     o += len[b];
   }
-  ring_t R = {comm, n, r, 2 * (n - 1), es, hora__ring_segment_elems(es), dtype, op, src, out, dst, off, len, ctx};
+  ring_t R = {comm, n, r, 2 * (n - 1), es, hora__ring_segment_elems(ctx, es), dtype, op, src, out, dst, off, len, ctx, 0, 0};
   if (R.seg > base + 1) R.seg = base + 1; /* no scratch beyond one block */
   char *slots;
-  hora_result_t rc = get_slots(ctx, R.seg * es, &slots);
+  hora_result_t rc = get_slots(ctx, &R, &slots);
   if (rc == HORA_SUCCESS) rc = ring_run(&R, slots);
   free(off);
   free(out);
@@ -267,10 +289,10 @@ hora_result_t hora__ring_reducescatter(hora_ctx_t *ctx, const void *src, void *d
     int t = mod(r - b - 2, n); /* the RS step that receives block b */
     out[b] = b == r ? (char *)dst : t < n - 2 ? partial + (size_t)t * count * es : NULL;
   }
-  ring_t R = {ctx->world, n, r, n - 1, es, hora__ring_segment_elems(es), dtype, op, src, out, NULL, off, len, ctx};
+  ring_t R = {ctx->world, n, r, n - 1, es, hora__ring_segment_elems(ctx, es), dtype, op, src, out, NULL, off, len, ctx, 0, 0};
   if (R.seg > count) R.seg = count;
   char *slots;
-  rc = get_slots(ctx, R.seg * es, &slots);
+  rc = get_slots(ctx, &R, &slots);
   if (rc == HORA_SUCCESS) rc = ring_run(&R, slots);
 done:
   free(off);

@@ -109,8 +109,17 @@ hora_result_t hora__algo_wait_call(hora_ctx_t *ctx, int n, MPI_Request *req, con
   return wait_all(ctx, n, req, what, &st);
 }
 
-size_t hora__ring_segment_elems(size_t es) {
+/* Why 65024 bytes across nodes: Open MPI sends a message above its TCP eager limit (64 KiB with
+ * the headers) as a rendezvous: a first fragment, then the rest only once the receiver's progress
+ * engine has matched it and replied, a round trip through both ranks' MPI calls per segment. On
+ * nodes where a rank may wait a time slice for its core, each such round trip idles the link; an
+ * eager segment goes into the socket at once and the kernel sends it while the rank is not
+ * running. 2 emulated nodes x 2 ranks, 1 Gbit/s, 16 MiB hier: 192-200 ms against 609-766 ms with
+ * 1 MiB segments in the same run (docs/benchmarks.md). The ring keeps the bytes in flight, not
+ * the number of segments, about constant (ring.c), so small segments do not starve the link. */
+size_t hora__ring_segment_elems(const hora_ctx_t *ctx, size_t es) {
   uint64_t b = hora__params()->ring_segment_bytes;
+  if (b == 0) b = ctx->cross_size > 1 ? HORA_RING_SEGMENT_NET : HORA_RING_SEGMENT_LOCAL;
   if (b > ((uint64_t)1 << 30)) b = (uint64_t)1 << 30;
   size_t n = (size_t)b / es;
   return n ? n : 1;

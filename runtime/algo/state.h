@@ -42,8 +42,12 @@ hora_result_t hora__algo_wait_call(hora_ctx_t *ctx, int n, MPI_Request *req, con
  * core (returns 1 when it did). */
 int hora__algo_wait_backoff(unsigned i, double *until);
 
-/* Segment/chunk sizes in elements of `es` bytes, from HORA_RING_SEGMENT_BYTES, at least one element
- * and at most 1 GiB so that one MPI message count fits an int. */
-size_t hora__ring_segment_elems(size_t es);
+/* The ring's segment in elements of `es` bytes, from HORA_RING_SEGMENT_BYTES (0: HORA_RING_SEGMENT_LOCAL
+ * on one node, HORA_RING_SEGMENT_NET when the context spans nodes, which every ring of a context then
+ * does: ctx->world and ctx->cross), at least one element and at most 1 GiB so that one MPI message
+ * count fits an int. */
+#define HORA_RING_SEGMENT_LOCAL ((uint64_t)1 << 20)
+#define HORA_RING_SEGMENT_NET ((uint64_t)65024) /* Open MPI's TCP eager limit, 64 KiB, less headers */
+size_t hora__ring_segment_elems(const hora_ctx_t *ctx, size_t es);
 
 #endif

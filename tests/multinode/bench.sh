@@ -11,6 +11,11 @@
 # allreduce takes seconds on a 1 Gbit/s link), LAYOUT.txt (the printed tables, tc's counters of
 # every link: sent bytes, drops, and the load average before and after). docs/figures/plot.py
 # renders the JSON; docs/figures/scaling.py fits the model to it.
+#
+# Peer timeout: HORA_PEER_TIMEOUT_S=60 (unless set): on a loaded VM a whole vCPU may stall for
+# seconds while the emulated links are busy, and a rank that sends no heartbeat for the timeout is
+# declared dead by design. Each rank logs its longest heartbeat silence and stall at the end
+# (HORA_LOG=INFO, subsystem ENGINE), so the margins are in LAYOUT.txt.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -33,6 +38,7 @@ sweep() { # sweep TAG MPIRUN... : the two size ranges
 }
 export -f sweep
 export BENCH OUT ALGOS
+export HORA_PEER_TIMEOUT_S="${HORA_PEER_TIMEOUT_S:-60}" HORA_LOG="${HORA_LOG:-INFO}" HORA_LOG_SUBSYS="${HORA_LOG_SUBSYS:-ENGINE}"
 
 for layout in 2x2 3x1; do
   nodes="${layout%x*}" ppn="${layout#*x}"
@@ -41,7 +47,8 @@ for layout in 2x2 3x1; do
   {
     echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)"
     "$HERE/nodes.sh" run -n "$nodes" -r "$RATE" -- bash -c "
-      HORA_MN_PPN=$ppn sweep $layout '$HERE/mpirun.sh' -np $((nodes * ppn))
+      HORA_MN_PPN=$ppn sweep $layout '$HERE/mpirun.sh' -np $((nodes * ppn)) \
+        -x HORA_PEER_TIMEOUT_S -x HORA_LOG -x HORA_LOG_SUBSYS
       for h in \${HORA_MN_HOSTS//,/ }; do echo \"# link of \$h:\"; ip netns exec \$h tc -s qdisc show dev eth0; done"
     echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
   } 2>&1 | tee "$OUT/$layout.txt"
