@@ -101,11 +101,21 @@ def scontrol(*args):
     return subprocess.run(["scontrol", *args], capture_output=True, text=True)
 
 
-def wait_for(path, pattern, after, bound, t0):
-    """The first match of pattern in the output file at or after character `after`."""
+# What happens between the kill and training again, as lines of the job's output (the time each
+# first appears, polled every 0.1 s): the recovery breakdown the test prints.
+MARKS = (("detected", r"sent no heartbeat"), ("survivor exited", r"stopped for the job to re-form"),
+         ("step ended", r"launch: elastic: step 0 ended"), ("new step", r"launch: elastic: step 1 \("))
+
+
+def wait_for(path, pattern, after, bound, t0, marks=None):
+    """The first match of pattern in the output file at or after character `after`; marks (a
+    dict) gets the time each of MARKS first appeared there."""
     rx = re.compile(pattern)
     while time.time() - t0 < bound:
         text = open(path).read() if os.path.exists(path) else ""
+        for name, mp in MARKS if marks is not None else ():
+            if name not in marks and re.search(mp, text[after:]):
+                marks[name] = time.time()
         m = rx.search(text, after)
         if m:
             return m, text
@@ -147,7 +157,8 @@ def run(work, out):
             pass
     r["killed"] = len(pids)
     after = len(text)
-    m, text = wait_for(out, rf"{TAG} train world 2 epoch \d+ (?:step \d+ )?t=([\d.]+)", after, 150, t0)
+    r["marks"] = {}
+    m, text = wait_for(out, rf"{TAG} train world 2 epoch \d+ (?:step \d+ )?t=([\d.]+)", after, 150, t0, r["marks"])
     if not m:
         r["error"] = "no training on world 2"
         return job, r
@@ -194,7 +205,13 @@ def check(r, text):
             errors.append(f"survivors that saved their commit: {saved}, expected ranks 0 and 1, one commit")
         elif {int(c) for _, w, c, _ in syncs if w == "2"} != {int(saved[0][1])}:
             errors.append(f"world 2 did not resume the saved commit {saved[0][1]}: {syncs}")
-    for pat in (r"launch: elastic: step 1 \(step exited with status \d+ \(a rank or node was lost\)\): 1 nodes \(n1\), "
+    # The driver starts step 1 as soon as it learns of the lost ranks (not when step 0 has ended),
+    # and step 1's sync waits until step 0 has ended (its survivors have saved their commit).
+    m0 = re.search(r"launch: elastic: step 0 ended: status \d+ \(its survivors have saved their commit\)", text)
+    m1 = re.search(rf"{TAG} sync rank \d+ world 2 ", text)
+    if not m0 or not m1 or m0.start() > m1.start():
+        errors.append("step 0's end is not logged before world 2's sync")
+    for pat in (r"launch: elastic: step 1 \(a rank or node was lost; step 0 still ending\): 1 nodes \(n1\), "
                 r"world size 2 \(was 4\)",
                 r"launch: elastic: step 2 \(2 nodes usable again, step exited with status 4\): 2 nodes \(n1,n2\), "
                 r"world size 4 \(was 2\)"):
@@ -221,6 +238,20 @@ def check(r, text):
     if rec is None or not 0 < rec < PEER_TIMEOUT_S + (90 if MODE == "torch" else 25):
         errors.append(f"recovery {rec} s")
     return errors
+
+
+def breakdown(r, text):
+    """The MARKS seen by the test, and the new step's own times where the program prints them
+    (torch: interpreter up, imports done, hvd.init done, sync done)."""
+    parts = [(name, t - r["t_kill"]) for name, t in r.get("marks", {}).items()]
+    m = re.search(r"ELASTIC_TORCH start world 2 t_start=([\d.]+) t_import=([\d.]+) t_init=([\d.]+)", text)
+    if m:
+        parts += [(name, float(v) - r["t_kill"]) for name, v in zip(("python up", "imported", "hvd.init"), m.groups())]
+    m = re.search(r"ELASTIC_TORCH sync rank 0 world 2 commit \d+ hash \w+ t=([\d.]+)", text)
+    if m:
+        parts.append(("synced", float(m.group(1)) - r["t_kill"]))
+    parts.append(("training", r["recovery_s"]))
+    return ", ".join(f"{name} {t:.2f}" for name, t in sorted(parts, key=lambda p: p[1]))
 
 
 def check_mnist(text, data):
@@ -292,6 +323,7 @@ def main():
     print(f"ELASTIC_RESULT {r}")
     errors = check(r, text)
     if r.get("recovery_s") is not None:
+        print("recovery breakdown (s after the SIGKILL): " + breakdown(r, text))
         load = open("/proc/loadavg").read().split()[0]
         print(f"recovery: {r['recovery_s']:.2f} s from SIGKILL of n2's ranks to training on n1 "
               f"(HORA_PEER_TIMEOUT_S={PEER_TIMEOUT_S}, load average {load})")
