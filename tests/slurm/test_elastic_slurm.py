@@ -11,8 +11,8 @@ time from the kill to training again on the remaining node.
     test_elastic_slurm.py c|torch|mnist
 
 `mnist` runs the MNIST CNN (examples/mnist, `--elastic`) on the 10k real digits (else the
-Fashion-MNIST cut, tests/common/real_data.sh), 5 epochs of batch 32 with a commit every 20 steps:
-the same story (n2 lost in epoch 2, back at an epoch boundary), the state CRC at each resume equal
+Fashion-MNIST cut, tests/common/real_data.sh), 3 epochs of batch 32 with a commit every 20 steps:
+the same story (n2 lost in epoch 1, back at an epoch boundary), the state CRC at each resume equal
 to the commit's, the survivors' saved commits, and the final test accuracy within 0.015 of the
 non-elastic runs' (docs/mnist.md). `torch` runs tests/slurm/elastic_torch.py instead (hora.torch.elastic: TorchState, ElasticSampler,
 @hvd.elastic.run) with the same story; it checks the parameter hash at each resume against the
@@ -41,11 +41,16 @@ TAG = {"c": "ELASTIC_PROBE", "mnist": "mnist: elastic:"}.get(MODE, "ELASTIC_TORC
 KILL_AFTER_COMMIT = 6
 TORCH_EPOCHS, TORCH_STEP_MS = 8, 50
 # mnist: 8000 training images in 4 shards, batch 32: 62 steps per epoch at world 4 (commits at
-# steps 20, 40, 60 and the end: commit 6 is step 40 of epoch 2), 125 at world 2. Five epochs leave
-# the driver a whole epoch on world 2 to see n2 return. Test accuracy of the same run without
-# elastic (mpirun, world 4 and world 2 throughout; measured): digits 0.9715 / 0.9700, Fashion-MNIST
-# 0.8565 / 0.8540.
-MNIST_EPOCHS, MNIST_BAND = 5, {"digits": (0.971, 0.015), "fashion": (0.855, 0.015)}
+# steps 20, 40, 60 and the end: commit 2 is step 40 of epoch 1), 125 at world 2. n2 is lost after
+# commit 2; the driver has the rest of epoch 1 and all of epoch 2 on world 2 to see n2 return.
+# Three epochs: a world of 4 ranks on a 2-core machine loaded by other jobs is slow. Test accuracy
+# of the same run without elastic (mpirun, world 4 and world 2 throughout; measured): digits
+# 0.9605 / 0.9655, Fashion-MNIST 0.8330 / 0.8365.
+MNIST_EPOCHS, MNIST_BAND = 3, {"digits": (0.963, 0.015), "fashion": (0.835, 0.015)}
+if MODE == "mnist":
+    KILL_AFTER_COMMIT = 2
+# Bounds of the whole story (s from sbatch): the mnist job trains 4 ranks of a CNN.
+BOUND_S = 420 if MODE == "mnist" else 220
 
 
 def program(work):
@@ -139,7 +144,7 @@ def run(work, out):
     job = sub.stdout.strip().split(";")[0]
     r = {"job": job}
     # Epoch 1 has begun (commit 5: the first of epoch 1 at step 5) on 4 ranks: lose n2.
-    m, text = wait_for(out, rf"{TAG} commit {KILL_AFTER_COMMIT} world 4", 0, 120, t0)
+    m, text = wait_for(out, rf"{TAG} commit {KILL_AFTER_COMMIT} world 4", 0, BOUND_S // 2, t0)
     if not m:
         r["error"] = f"no commit {KILL_AFTER_COMMIT} on 4 ranks"
         return job, r
@@ -158,17 +163,17 @@ def run(work, out):
     r["killed"] = len(pids)
     after = len(text)
     r["marks"] = {}
-    m, text = wait_for(out, rf"{TAG} train world 2 epoch \d+ (?:step \d+ )?t=([\d.]+)", after, 150, t0, r["marks"])
+    m, text = wait_for(out, rf"{TAG} train world 2 epoch \d+ (?:step \d+ )?t=([\d.]+)", after, BOUND_S * 2 // 3, t0, r["marks"])
     if not m:
         r["error"] = "no training on world 2"
         return job, r
     r["recovery_s"] = float(m.group(1)) - r["t_kill"]
     scontrol("update", "nodename=n2", "state=resume")
-    m, text = wait_for(out, rf"{TAG} train world 4", m.end(), 200, t0)
+    m, text = wait_for(out, rf"{TAG} train world 4", m.end(), BOUND_S - 20, t0)
     if not m:
         r["error"] = "no training on world 4 after n2 came back"
         return job, r
-    while time.time() - t0 < 220:
+    while time.time() - t0 < BOUND_S:
         info = scontrol("-o", "show", "job", job).stdout
         s = re.search(r"JobState=(\S+)", info)
         r["state"] = s.group(1) if s else ""
@@ -260,9 +265,9 @@ def check_mnist(text, data):
     done = [int(e) for e in re.findall(r"^(?:\[\d+\] )?epoch (\d+)/\d+ done:", text, re.M)]
     if sorted(done) != list(range(1, MNIST_EPOCHS + 1)):
         errors.append(f"epochs done {done}, want 1..{MNIST_EPOCHS} once each")
-    if not re.search(r"mnist: elastic: resumed commit \d+ \(epoch 2 after \d+ steps at world size 4\); "
-                     r"world size 2 goes on at epoch 2 after [1-9]\d* of 125 steps", text):
-        errors.append("world 2 did not go on mid-epoch 2 from the commit of world 4")
+    if not re.search(r"mnist: elastic: resumed commit \d+ \(epoch 1 after \d+ steps at world size 4\); "
+                     r"world size 2 goes on at epoch 1 after [1-9]\d* of 125 steps", text):
+        errors.append("world 2 did not go on mid-epoch 1 from the commit of world 4")
     want, tol = MNIST_BAND[data]
     m = re.search(r"^(?:\[\d+\] )?test_accuracy=([\d.]+) images_per_s=\d+ ranks=4$", text, re.M)
     if not m or abs(float(m.group(1)) - want) > tol:
