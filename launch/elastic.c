@@ -278,6 +278,7 @@ static int pick_nodes(const el_t *e, char *list, size_t cap) {
     n = query_usable(e, usable);
     if (n < 0) n = e->nall;
     if (n >= minn || now_s() >= until) break;
+    reap_prev(e, 0); /* keep copying an ending step's stderr (a full pipe would block its ranks) */
     usleep(500000);
   }
   int k = 0;
