@@ -78,5 +78,17 @@ hora_result_t mnist_ckpt_close(mnist_ckpt_t *c) {
   free(c);
   return rc;
 }
+hora_ckpt_t *mnist_ckpt_handle(mnist_ckpt_t *c) { return c ? c->ck : NULL; }
+
+/* ---- elastic training ---- */
+
+int64_t mnist_elastic_resume_step(const mnist_elastic_pos_t *p, int size, int batch, int64_t spe) {
+  const int64_t images = p->step * p->batch * p->world; /* of epoch p->epoch, over all ranks */
+  const int64_t per_step = (int64_t)batch * size;
+  int64_t epoch = p->epoch, s = (images + per_step - 1) / per_step;
+  if (s >= spe) epoch++, s = 0;
+  return epoch * spe + s;
+}
+
 hora_result_t mnist_on_signal(hora_ctx_t *ctx) { return hora_ckpt_on_signal(ctx); }
 hora_result_t mnist_should_stop(hora_ctx_t *ctx, int *stop) { return hora_should_stop(ctx, stop); }

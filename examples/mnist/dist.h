@@ -49,6 +49,26 @@ hora_result_t mnist_ckpt_meta_get(mnist_ckpt_t *ck, const char *key, const char 
 hora_result_t mnist_ckpt_flush(mnist_ckpt_t *ck);
 hora_result_t mnist_ckpt_close(mnist_ckpt_t *ck);
 
+/* The hora_ckpt_t behind ck (for hora_elastic_open); NULL for NULL. */
+hora_ckpt_t *mnist_ckpt_handle(mnist_ckpt_t *ck);
+
+/* ---- elastic training (hora_elastic_*, docs/elastic.md) ----
+ * The blob of every commit: where in the data the committed state is. */
+typedef struct {
+  int64_t epoch;       /* the epoch the position is in (0-based) */
+  int64_t step;        /* steps of that epoch done (0: at its start) */
+  int64_t world;       /* world size that took those steps */
+  int64_t batch;       /* images per rank and step */
+  uint64_t seed;       /* --seed of the run */
+  int64_t global_step; /* steps done in all (the schedule's step at that world size) */
+} mnist_elastic_pos_t;
+
+/* Where a world of `size` ranks with `spe` steps per epoch goes on from p: the same epoch, after
+ * as many steps as cover the images p's world had taken in it (rounded up, so no step of the new
+ * world trains on fewer images than were committed); a position at an epoch's end is the next
+ * epoch's start. Returns the global step (epoch * spe + step in the epoch). */
+int64_t mnist_elastic_resume_step(const mnist_elastic_pos_t *p, int size, int batch, int64_t spe);
+
 /* ---- preemption ---- */
 /* Installs flag-only handlers for SIGUSR1 and SIGTERM (Slurm's --signal and scancel). */
 hora_result_t mnist_on_signal(hora_ctx_t *ctx);

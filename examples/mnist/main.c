@@ -11,7 +11,8 @@
  * scalars and saves checkpoints; the last line is
  *   test_accuracy=<0..1> images_per_s=<n> ranks=<n>
  * Exit status: 0 done, 1 failure, 2 usage error, MNIST_EXIT_REQUEUE (3) after a checkpoint taken
- * because of SIGUSR1/SIGTERM (the job script requeues). */
+ * because of SIGUSR1/SIGTERM (the job script requeues); with --elastic, HORA_EXIT_ELASTIC (4) after
+ * a lost peer or a changed node count, with the last commit saved (`launch --elastic` re-forms). */
 #include <cblas.h>
 #include <getopt.h>
 #include <math.h>
@@ -34,6 +35,8 @@
 
 typedef struct {
   const char *data, *ckpt_dir, *persist_dir, *tensorboard, *cache_dir, *save_weights;
+  const char *elastic_dir; /* --elastic-dir (NULL: hora's default) */
+  int elastic, commit_every;
   const char *device; /* auto|cpu|cuda */
   int epochs, batch, ckpt_every, resume, log_every, threads;
   double lr, momentum, warmup_epochs;
@@ -88,12 +91,19 @@ static void usage(FILE *f) {
 #endif
     "  --log-every STEPS     progress line every STEPS steps (default 50)\n"
     "  --threads N           OpenBLAS threads per rank (default: the cores this rank is bound to)\n"
+    "  --elastic             elastic training under `launch --elastic` (docs/elastic.md): commit\n"
+    "                        the state every --commit-every steps and at each epoch's end, go on\n"
+    "                        from the last commit when a rank is lost, grow at epoch boundaries\n"
+    "  --commit-every STEPS  steps between elastic commits inside an epoch (default 20); with\n"
+    "                        --elastic, --ckpt-every N makes every N-th commit a checkpoint too\n"
+    "  --elastic-dir DIR     where survivors write their commit (default: hora's, HORA_ELASTIC_DIR)\n"
     "  --max-steps N         stop after global step N (checkpoint, test, final line)\n"
     "  --cache-dir DIR       where IDX input is converted to record shards\n"
     "                        (default $TMPDIR or /tmp, hora-mnist-<uid>/<hash of --data>)\n"
     "  --save-weights FILE   rank 0 writes the final parameters as raw float32 to FILE\n"
-    "Exit status: 0 done, 1 error, 2 usage, %d checkpointed after SIGUSR1/SIGTERM (requeue).\n",
-    MNIST_EXIT_REQUEUE);
+    "Exit status: 0 done, 1 error, 2 usage, %d checkpointed after SIGUSR1/SIGTERM (requeue),\n"
+    "%d (--elastic) last commit saved after a lost peer or a changed node count (re-form).\n",
+    MNIST_EXIT_REQUEUE, HORA_EXIT_ELASTIC);
 }
 
 /* Numbers are checked in full by the tools' shared parser (runtime/tools/opt.h): digits only, no
@@ -111,7 +121,7 @@ static int parse_double(const char *opt, const char *s, double lo, double hi, do
 static int parse_args(int argc, char **argv, opts_t *o) {
   memset(o, 0, sizeof *o);
   o->epochs = 10, o->batch = 64, o->lr = -1, o->momentum = 0.9, o->warmup_epochs = 1;
-  o->seed = 42, o->log_every = 50, o->lr_scaling = "auto", o->cosine = 1;
+  o->seed = 42, o->log_every = 50, o->lr_scaling = "auto", o->cosine = 1, o->commit_every = 20;
   const char *device = "auto", *opt = "adam";
   static const struct option lo[] = {
       {"data", 1, 0, 'd'},        {"epochs", 1, 0, 'e'},      {"batch-size", 1, 0, 'b'},
@@ -121,7 +131,8 @@ static int parse_args(int argc, char **argv, opts_t *o) {
       {"log-every", 1, 0, 'L'},   {"threads", 1, 0, 'T'},     {"max-steps", 1, 0, 'M'},
       {"cache-dir", 1, 0, 'C'},   {"momentum", 1, 0, 'm'},    {"lr-scaling", 1, 0, 'S'},
       {"warmup-epochs", 1, 0, 'w'}, {"save-weights", 1, 0, 'W'}, {"help", 0, 0, 'h'},
-      {"lr-schedule", 1, 0, 'R'},
+      {"lr-schedule", 1, 0, 'R'}, {"elastic", 0, 0, 'E'},     {"commit-every", 1, 0, 'F'},
+      {"elastic-dir", 1, 0, 'G'},
       {0, 0, 0, 0}};
   int c;
   long v;
@@ -161,6 +172,9 @@ static int parse_args(int argc, char **argv, opts_t *o) {
         break;
       case 'w': ok = parse_double(nm, a, 0, 1000, &o->warmup_epochs); break;
       case 'W': o->save_weights = a; break;
+      case 'E': o->elastic = 1; break;
+      case 'F': ok = parse_int(nm, a, 1, 1L << 30, &v), o->commit_every = (int)v; break;
+      case 'G': o->elastic_dir = a; break;
       case 'R': ok = !strcmp(a, "cosine") || !strcmp(a, "constant"), o->cosine = !strcmp(a, "cosine"); break;
       case 'h': usage(stdout); return 0;
       default: {
@@ -188,6 +202,11 @@ static int parse_args(int argc, char **argv, opts_t *o) {
   }
   if (!o->data) {
     opt_error("mnist", "--data DIR is required");
+    return -1;
+  }
+  if (o->elastic && o->resume) {
+    /* the elastic sync takes the newest commit (and, with --ckpt-every, the checkpoint) itself */
+    opt_error("mnist", "--resume cannot be combined with --elastic (the elastic sync resumes)");
     return -1;
   }
   o->device = device;
@@ -321,6 +340,84 @@ static hora_result_t save_ckpt(mnist_ckpt_t *ck, int64_t step, int64_t spe, cons
   return mnist_ckpt_save(ck, step, t, nt, meta, 6);
 }
 
+
+/* FNV-1a (64 bits) over the bytes of the tensors, in order: the elastic lines print it at each
+ * commit and each sync, so that a resume can be checked bit for bit against its commit. */
+static uint64_t state_crc(const mnist_tensor_t *t, size_t n, int cuda) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++) {
+    const size_t bytes = t[i].count * sizeof(float);
+    const unsigned char *p = t[i].data;
+    unsigned char *staged = NULL;
+#ifdef MNIST_HAVE_CUDA
+    if (cuda) {
+      staged = malloc(bytes);
+      if (!staged || cudaMemcpy(staged, t[i].data, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        free(staged);
+        return 0;
+      }
+      p = staged;
+    }
+#endif
+    (void)cuda;
+    for (size_t k = 0; k < bytes; k++) h = (h ^ p[k]) * 0x100000001b3ull;
+    free(staged);
+  }
+  return h;
+}
+
+/* hora_elastic_commit of the tensors with the data position; rank 0 prints the commit line. */
+static hora_result_t elastic_commit(hora_elastic_t *es, const mnist_tensor_t *t, size_t n, int cuda,
+                                    const mnist_elastic_pos_t *pos) {
+  hora_result_t rc = hora_elastic_commit(es, t, n, pos, sizeof *pos);
+  if (rc != HORA_SUCCESS) return rc;
+  int64_t c = -1;
+  hora_elastic_commit_id(es, &c);
+  if (g_rank == 0)
+    say("mnist: elastic: commit %lld world %lld crc %016llx epoch %lld step %lld\n", (long long)c,
+        (long long)pos->world, (unsigned long long)state_crc(t, n, cuda), (long long)pos->epoch + 1,
+        (long long)pos->step);
+  return HORA_SUCCESS;
+}
+
+/* The elastic start of a step: hora_elastic_sync (the newest commit of any rank, else a fresh
+ * commit 0 of rank 0's tensors), every rank's sync line, and the global step to go on from in this
+ * world (mnist_elastic_resume_step). HORA_ERR_MISMATCH with a message in err when the commit was
+ * made with another --batch-size or --seed. */
+static hora_result_t elastic_resume(hora_elastic_t *es, const opts_t *o, int size, int64_t spe,
+                                    mnist_tensor_t *t, size_t n, int cuda, int64_t *step,
+                                    char *err, size_t errlen) {
+  mnist_elastic_pos_t p;
+  size_t bb = 0;
+  int64_t c = -1;
+  hora_result_t rc = hora_elastic_sync(es, t, n, &p, sizeof p, &bb, &c);
+  if (rc != HORA_SUCCESS) return snprintf(err, errlen, "%s", hora_last_error()), rc;
+  printf("mnist: elastic: sync rank %d world %d commit %lld crc %016llx\n", g_rank, size,
+         (long long)c, (unsigned long long)state_crc(t, n, cuda));
+  fflush(stdout);
+  if (bb == 0) { /* a fresh start: commit 0 holds the initial parameters */
+    *step = 0;
+    say("mnist: elastic: fresh start (commit %lld), world size %d\n", (long long)c, size);
+    return HORA_SUCCESS;
+  }
+  if (bb != sizeof p) {
+    snprintf(err, errlen, "commit %lld has a %zu-byte blob, not this program's position", (long long)c, bb);
+    return HORA_ERR_MISMATCH;
+  }
+  if (p.batch != o->batch || p.seed != o->seed) {
+    snprintf(err, errlen, "commit %lld was made with --batch-size %lld --seed %llu, this run has "
+             "--batch-size %d --seed %llu", (long long)c, (long long)p.batch,
+             (unsigned long long)p.seed, o->batch, (unsigned long long)o->seed);
+    return HORA_ERR_MISMATCH;
+  }
+  *step = mnist_elastic_resume_step(&p, size, o->batch, spe);
+  say("mnist: elastic: resumed commit %lld (epoch %lld after %lld steps at world size %lld); "
+      "world size %d goes on at epoch %lld after %lld of %lld steps\n",
+      (long long)c, (long long)p.epoch + 1, (long long)p.step, (long long)p.world, size,
+      (long long)(*step / spe) + 1, (long long)(*step % spe), (long long)spe);
+  return HORA_SUCCESS;
+}
+
 #define FAIL(...)                                             \
   do {                                                        \
     fprintf(stderr, "mnist: rank %d: ", g_rank);              \
@@ -329,9 +426,19 @@ static hora_result_t save_ckpt(mnist_ckpt_t *ck, int64_t step, int64_t spe, cons
     exit_code = 1;                                            \
     goto done;                                                \
   } while (0)
+/* With --elastic, a peer's death (HORA_ERR_REMOTE) is not a failure: the survivors save their
+ * last commit and exit HORA_EXIT_ELASTIC for `launch --elastic` (label lost). */
+#define LOST_IF_REMOTE(rc, what)          \
+  do {                                    \
+    if ((rc) == HORA_ERR_REMOTE && es) {  \
+      lost_what = what;                   \
+      goto lost;                          \
+    }                                     \
+  } while (0)
 #define CHECK(call, what)                                                                  \
   do {                                                                                     \
     hora_result_t rc_ = (call);                                                            \
+    LOST_IF_REMOTE(rc_, what);                                                             \
     if (rc_ != HORA_SUCCESS) FAIL("%s: %s: %s", what, hora_result_name(rc_), err_text(cuda)); \
   } while (0)
 
@@ -354,6 +461,9 @@ int main(int argc, char **argv) {
   hora_tb_t *tb = NULL;
   hora_gpumon_t *gpumon = NULL;
   hora_records_reader_t *reader = NULL;
+  hora_elastic_t *es = NULL;  /* --elastic */
+  const char *lost_what = ""; /* the call that reported a lost peer */
+  mnist_grad_sync_t sync = {ctx, &m, {0}};
   char err[4400] = "";
   int pa = parse_args(argc, argv, &o);
   if (pa <= 0) {
@@ -437,6 +547,17 @@ int main(int argc, char **argv) {
       {"opt.v", opt_v, m.nparams, HORA_FLOAT32, mem, 0, NULL}};
   const size_t ntensors = o.sgd ? 2 : 3;
   int64_t step = 0;
+  if (o.elastic) {
+    /* --ckpt-every N with --elastic: every N-th commit is also a checkpoint (the fallback of the
+     * sync when no survivor's commit is left, e.g. after a requeue on other nodes). */
+    rc = hora_elastic_open(ctx, o.elastic_dir, o.ckpt_every ? mnist_ckpt_handle(ck) : NULL, o.ckpt_every, &es);
+    if (rc != HORA_SUCCESS)
+      FAIL("elastic (--elastic-dir %s): %s: %s", o.elastic_dir ? o.elastic_dir : "(default)",
+           hora_result_name(rc), hora_last_error());
+    rc = elastic_resume(es, &o, size, spe, tensors, ntensors, cuda, &step, err, sizeof err);
+    LOST_IF_REMOTE(rc, "elastic sync");
+    if (rc != HORA_SUCCESS) FAIL("elastic sync: %s: %s", hora_result_name(rc), err);
+  }
   if (o.resume) {
     int64_t s;
     rc = mnist_ckpt_restore(ck, &s, tensors, ntensors);
@@ -509,13 +630,12 @@ int main(int argc, char **argv) {
   const double lr_target =
       o.lr * (!strcmp(o.lr_scaling, "linear") ? size : !strcmp(o.lr_scaling, "sqrt") ? sqrt(size) : 1.0);
   const double warm_steps = o.warmup_epochs * (double)spe;
-  mnist_grad_sync_t sync = {ctx, &m, {0}};
   double train_time = 0, t_start = now_s(), t_log = t_start;
   int64_t images_trained = 0, log_steps = 0;
   double stats[3] = {0, 0, 0}; /* loss sum, correct, images since the last line */
   double ep_stats[3] = {0, 0, 0};
   double test_acc = -1, test_loss = 0;
-  int stopped = 0;
+  int stopped = 0, trained = 0;
   const uint64_t dropout_base = hora__rng_u64(o.seed, 0x64726f70ull + (uint64_t)g_rank);
 
   for (int64_t epoch = step / spe; epoch < o.epochs && step < last_step && !stopped; epoch++) {
@@ -526,6 +646,13 @@ int main(int argc, char **argv) {
     double t_epoch = now_s();
     for (int64_t s = first; s < spe && step < last_step; s++) {
       double t0 = now_s();
+      if (es && !trained) { /* the time a re-formed world is training again (docs/benchmarks.md) */
+        struct timespec rt;
+        clock_gettime(CLOCK_REALTIME, &rt);
+        say("mnist: elastic: train world %d epoch %lld step %lld t=%.3f\n", size, (long long)epoch + 1,
+            (long long)s, (double)rt.tv_sec + rt.tv_nsec * 1e-9);
+      }
+      trained = 1;
       size_t got;
       rc = mnist_read_batch(reader, (size_t)B, m.x_in, m.labels_in, &got, err, sizeof err);
       if (rc != HORA_SUCCESS) FAIL("train data: %s", err);
@@ -583,8 +710,12 @@ int main(int argc, char **argv) {
       }
       int stop = 0;
       CHECK(mnist_should_stop(ctx, &stop), "stop check");
-      int periodic = o.ckpt_every > 0 && step % o.ckpt_every == 0;
-      if (periodic || stop) {
+      const mnist_elastic_pos_t pos = {epoch, s + 1, size, B, o.seed, step};
+      if (es && (stop || ((s + 1) % o.commit_every == 0 && s + 1 < spe)))
+        CHECK(elastic_commit(es, tensors, ntensors, cuda, &pos), "elastic commit");
+      if (es && stop) CHECK(hora_elastic_save(es), "elastic save");
+      int periodic = !es && o.ckpt_every > 0 && step % o.ckpt_every == 0;
+      if (periodic || (stop && !es)) {
         /* the reader agrees with the position derived from the step */
         uint64_t pe, pr;
         hora_records_reader_position(reader, &pe, &pr);
@@ -595,8 +726,8 @@ int main(int argc, char **argv) {
       }
       if (stop) {
         CHECK(mnist_ckpt_flush(ck), "checkpoint flush");
-        say("mnist: stop signal: checkpoint of step %lld saved; exiting with %d for requeue\n",
-            (long long)step, MNIST_EXIT_REQUEUE);
+        say("mnist: stop signal: %s of step %lld saved; exiting with %d for requeue\n",
+            es ? "elastic commit" : "checkpoint", (long long)step, MNIST_EXIT_REQUEUE);
         stopped = 1;
         exit_code = MNIST_EXIT_REQUEUE;
         break;
@@ -606,10 +737,11 @@ int main(int argc, char **argv) {
     reader = NULL;
     if (stopped) break;
     /* The end-of-run checkpoint (also when --max-steps ends the run mid-epoch). */
-    if (step == last_step && !(o.ckpt_every > 0 && step % o.ckpt_every == 0))
+    if (!es && step == last_step && !(o.ckpt_every > 0 && step % o.ckpt_every == 0))
       CHECK(save_ckpt(ck, step, spe, &o, size, tensors, ntensors), "checkpoint save");
     double ep_time = now_s() - t_epoch;
     rc = evaluate(ctx, &m, &data, &test_loss, &test_acc, err, sizeof err);
+    LOST_IF_REMOTE(rc, "test");
     if (rc != HORA_SUCCESS) FAIL("test: %s", err);
     double g[3];
     CHECK(hora_allreduce(ctx, ep_stats, g, 3, HORA_FLOAT64, HORA_SUM, 1.0, 1.0, HORA_DEVICE_HOST),
@@ -621,6 +753,20 @@ int main(int argc, char **argv) {
     if (tb) {
       hora_tb_scalar(tb, "test/accuracy", step, test_acc);
       hora_tb_scalar(tb, "test/loss", step, test_loss);
+    }
+    if (es) {
+      /* Commit at the epoch's end, then grow (or shrink) here if the driver's node count changed. */
+      const mnist_elastic_pos_t pos = {epoch + 1, 0, size, B, o.seed, step};
+      CHECK(elastic_commit(es, tensors, ntensors, cuda, &pos), "elastic commit");
+      int changed = 0;
+      CHECK(hora_elastic_hosts_changed(es, &changed), "elastic host check");
+      if (changed && epoch + 1 < o.epochs && step < last_step) {
+        CHECK(hora_elastic_save(es), "elastic save");
+        say("mnist: elastic: the driver has another node count: re-forming after epoch %lld\n",
+            (long long)epoch + 1);
+        stopped = 1;
+        exit_code = HORA_EXIT_ELASTIC;
+      }
     }
   }
   if (!stopped) {
@@ -648,6 +794,7 @@ done:
   if (reader) hora_records_reader_close(reader);
   if (gpumon) hora_gpumon_stop(gpumon); /* before the TensorBoard file it writes to */
   if (tb) hora_tb_close(tb);
+  hora_elastic_close(es); /* before the checkpointer it may use */
   if (ck) {
     hora_result_t crc = mnist_ckpt_close(ck);
     if (crc != HORA_SUCCESS && exit_code == 0) {
@@ -660,4 +807,20 @@ done:
   mnist_zfree(cuda, opt_v);
   hora_finalize(ctx);
   return exit_code;
+
+lost: {
+  /* A peer died or fell silent: this world is broken (no collective call may follow). Keep the
+   * last commit in a file for the next step's sync, and leave with HORA_EXIT_ELASTIC. */
+  int64_t c = -1;
+  hora_elastic_commit_id(es, &c);
+  hora_result_t src = hora_elastic_save(es);
+  printf("mnist: elastic: rank %d lost a peer (%s): saved commit %lld: %s\n", g_rank, lost_what,
+         (long long)c, src == HORA_SUCCESS ? "ok" : hora_last_error());
+  fflush(NULL);
+  mnist_grad_wait(&sync); /* handles of a broken world end at once */
+  if (reader) hora_records_reader_close(reader);
+  hora_elastic_close(es);
+  hora_finalize(ctx);
+  return src == HORA_SUCCESS ? HORA_EXIT_ELASTIC : 1;
+}
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ckpt/elastic.h"
@@ -294,6 +295,48 @@ static void report_resumed(const hora_elastic_t *es, const char *source) {
   if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) unlink(tmp);
 }
 
+/* A driver that started this step before the previous one ended (launch --elastic, at a lost rank)
+ * keeps "<HORA_ELASTIC_HOSTS_FILE>.prev" while the previous step's survivors may still be saving
+ * their commit. Rank 0 waits until the file is gone (at most the peer timeout + 60 s: the driver
+ * removes it when that step's srun ends, and a hung step gets SIGKILL at the peer timeout + 30 s),
+ * then joins the others in an allreduce, so that no rank looks for commit files before they are
+ * written. The other ranks wait in it, watching the heartbeat. */
+static hora_result_t wait_prev_step(hora_elastic_t *es) {
+  const char *hf = hora__params()->elastic_hosts_file;
+  int *waited = malloc(sizeof(int));
+  if (!waited) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+  *waited = 0;
+  if (es->rank == 0 && hf && *hf) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s.prev", hf);
+    const double bound = hora__params()->peer_timeout_s + 60;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+      if (access(path, F_OK) != 0) break;
+      clock_gettime(CLOCK_MONOTONIC, &t);
+      double s = (double)(t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) * 1e-9;
+      if (s > bound) {
+        HORA_WARN(CKPT, "elastic: %s still there after %.0f s: syncing without waiting for the previous step", path, s);
+        break;
+      }
+      *waited = 1;
+      usleep(20000);
+    }
+    if (*waited) HORA_INFO(CKPT, "elastic: waited for the previous step's survivors to save their commit");
+  }
+  int *out = malloc(sizeof(int));
+  if (!out) {
+    free(waited);
+    return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
+  }
+  /* an allreduce, like the sync's next call (a rank in another collective must not match it) */
+  hora_result_t rc = el_allreduce(es, waited, out, 1, MPI_INT, MPI_MAX);
+  el_free(es, waited);
+  el_free(es, out);
+  return rc;
+}
+
 HORA_EXPORT hora_result_t hora_elastic_sync(hora_elastic_t *es, hora_tensor_t *tensors, size_t ntensors, void *blob,
                                             size_t blob_cap, size_t *blob_bytes, int64_t *commit) {
   if (!es) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_elastic_sync: es is NULL");
@@ -303,6 +346,9 @@ HORA_EXPORT hora_result_t hora_elastic_sync(hora_elastic_t *es, hora_tensor_t *t
                             : HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_elastic_sync: commit is NULL");
   el_commit_t cand = {.id = -1}, c = {.id = -1};
   int from_mem = 0;
+  /* every rank, whatever its arguments: a collective */
+  hora_result_t wrc = wait_prev_step(es);
+  if (wrc != HORA_SUCCESS) return wrc;
   if (rc == HORA_SUCCESS && es->cur.id >= 0 && es->cur.layout == layout && es->cur.data_bytes == bytes) {
     from_mem = 1;
     cand = es->cur; /* this rank's memory: the step it belonged to went on in this process */

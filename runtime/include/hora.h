@@ -810,6 +810,9 @@ hora_result_t hora_elastic_restore(hora_elastic_t *es, hora_tensor_t *tensors, s
  * checkpoint is restored (if ck was given), else rank 0's current tensors are broadcast and
  * become commit 0 with an empty blob (a fresh start). Commit files older than the result are
  * removed. *commit gets the id held now; *blob_bytes (may be NULL) the blob's length.
+ * Under `launch --elastic`, a step started while the previous one is still ending waits first: rank
+ * 0 waits while "<HORA_ELASTIC_HOSTS_FILE>.prev" exists (the driver removes it when that step has
+ * ended; at most HORA_PEER_TIMEOUT_S + 60 s, then a warning), so the survivors' files are written.
  * Waits watch the heartbeat: a peer that dies during the call gives HORA_ERR_REMOTE within
  * HORA_PEER_TIMEOUT_S, and this rank's commit stays (hora_elastic_save still works).
  * Errors (every rank returns the same code, except HORA_ERR_MPI): HORA_ERR_INVALID_ARGUMENT

@@ -5,7 +5,9 @@ SGD with momentum, ElasticSampler, TorchState, @hvd.elastic.run.
     python elastic_torch.py WORK_DIR EPOCHS STEP_MS
 
 Lines (rank 0 unless said):
-    ELASTIC_TORCH sync rank R world W commit C hash H          (every rank, after the sync)
+    ELASTIC_TORCH start world W t_start=T t_import=T t_init=T   (the interpreter up, torch and
+        hora.torch imported, hvd.init() done: UNIX times for the recovery breakdown)
+    ELASTIC_TORCH sync rank R world W commit C hash H t=T      (every rank, after the sync)
     ELASTIC_TORCH train world W epoch E t=REALTIME              (first batch after each sync)
     ELASTIC_TORCH commit C world W hash H
     ELASTIC_TORCH epoch E world W resumed R new N dup D missing M   (the samples of epoch E:
@@ -13,15 +15,19 @@ Lines (rank 0 unless said):
         processed or seen twice, M of the dataset never: both must be 0)
     ELASTIC_TORCH done world W accuracy A
 """
-import hashlib
-import os
-import sys
 import time
 
-import numpy as np
-import torch
+T_START = time.time()  # the interpreter is up (before any import)
+import hashlib  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
 
-import hora.torch as hvd
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import hora.torch as hvd  # noqa: E402
+
+T_IMPORT = time.time()
 
 N, F, K, B = 512, 8, 4, 8
 
@@ -44,6 +50,9 @@ def main():
     work, epochs, step_ms = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     hvd.init()
     r, w = hvd.rank(), hvd.size()
+    if r == 0:
+        print(f"ELASTIC_TORCH start world {w} t_start={T_START:.3f} t_import={T_IMPORT:.3f} t_init={time.time():.3f}",
+              flush=True)
     with open(os.path.join(work, f"pid.{os.environ.get('SLURMD_NODENAME', 'local')}.{r}"), "w") as f:
         f.write(f"{os.getpid()}\n")
     torch.manual_seed(100 + r)  # every rank starts different: the first sync makes them equal
@@ -56,7 +65,8 @@ def main():
 
     @hvd.elastic.run
     def train(state):
-        print(f"ELASTIC_TORCH sync rank {r} world {w} commit {state.commit_id} hash {phash(model)}", flush=True)
+        print(f"ELASTIC_TORCH sync rank {r} world {w} commit {state.commit_id} hash {phash(model)} t={time.time():.3f}",
+              flush=True)
         resumed = sampler.processed.copy()
         first = True
         for state.epoch in range(state.epoch, epochs):
