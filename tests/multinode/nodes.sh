@@ -69,6 +69,8 @@ teardown() {
     for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
     ip link del "hmn${ID}v$i" 2>/dev/null || true # the pair, with its end in the node
     ip netns del "$ns" 2>/dev/null || true
+    # Open MPI's session folder of this host name, left behind when a rank was killed.
+    rm -rf "${TMPDIR:-/tmp}/ompi.$ns."*
   done
   ip link del "$BR" 2>/dev/null || true
   NODES=()
