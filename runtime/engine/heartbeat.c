@@ -124,7 +124,6 @@ typedef struct {
   double *set_seen[HORA_SET_SLOTS];
   int declared;
   double t0;      /* start of the thread: HORA_INIT_TIMEOUT_S counts from here */
-  /* last, t0 and the gaps are on the watcher's own clock (`awake` in hb_main), not wall time. */
   double max_gap, first_max; /* longest silence of a heard peer; latest first contact */
   double max_stall;          /* longest turn of the loop (this thread not running) */
   int max_gap_rank, first_max_rank;
@@ -235,8 +234,9 @@ static void on_message(eng_hb_t *hb, hb_state_t *s, const hb_msg_t *m, double no
   }
 }
 
-/* Steady-state and start-up limits; declares at most once. */
-static void check_peers(eng_hb_t *hb, hb_state_t *s, double now) {
+/* Steady-state and start-up limits; declares at most once. `upto`: silences count until then
+ * (`now`, or the start of this thread's pause while it has just woken from one: hb_main). */
+static void check_peers(eng_hb_t *hb, hb_state_t *s, double now, double upto) {
   hora_engine_t *eng = hb->eng;
   if (s->declared || atomic_load(&eng->dead)) return;
   int unheard = 0;
@@ -246,7 +246,7 @@ static void check_peers(eng_hb_t *hb, hb_state_t *s, double now) {
       unheard = 1;
       continue;
     }
-    if (now - s->last[r] <= hb->timeout_s) continue;
+    if (now - s->last[r] <= hb->timeout_s || upto - s->last[r] <= hb->timeout_s) continue;
     s->declared = 1;
     if (eng->rank == 0) tell_others(hb, KIND_DEAD, r, 1);
     hora__engine_fail(eng, HORA_ERR_REMOTE,
@@ -362,34 +362,31 @@ static void *hb_main(void *arg) {
   hora_engine_t *eng = hb->eng;
   int me = eng->rank, n = eng->size;
   hb_state_t s = {0};
-  double cap = hb->timeout_s / 2 < 1.0 ? hb->timeout_s / 2 : 1.0; /* a turn counts at most this (below) */
-  if (cap < hb->period_s) cap = hb->period_s;
   s.last = calloc((size_t)n, sizeof *s.last);
   s.heard = calloc((size_t)n, 1);
   s.bye = calloc((size_t)n, 1);
   s.entered = calloc((size_t)n, sizeof *s.entered);
   if (!s.last || !s.heard || !s.bye || !s.entered) goto out;
   double now = hora__now_s(), next_send = now, prev = now;
-  /* Silences are measured on this thread's own clock (`awake`), which advances by the wall time
-   * between two turns of the loop but by at most `cap` per turn. A turn that took longer means
-   * this thread did not run: the process or the whole machine was stopped (a VM whose kernel
-   * stalled every timer for 1.5-4 s under the emulated-network load of tests/multinode). Nothing
-   * could be heard in that time, and the peers were usually stopped with it, so it is not held
-   * against them: without this, every rank declared every other dead on waking. `cap` is one
-   * period, or up to a second where that is less than half the timeout, so that a thread merely
-   * slowed by CPU load (turns of some hundred ms) still counts its full time, and a peer that
-   * died is found in HORA_PEER_TIMEOUT_S; a period before the pause plus one cap stays below the
-   * timeout. */
-  double awake = 0;
-  s.t0 = 0;
+  s.t0 = now;
   const int poll_ms = (int)(1000 * (hb->period_s / 4 < 0.05 ? hb->period_s / 4 : 0.05)) + 1;
+  /* A turn of this loop longer than a period means this thread did not run: the process or the
+   * whole machine was stopped (a VM whose kernel stalled every timer for 1.5-4 s under the
+   * emulated-network load of tests/multinode). Nothing could be heard in that time, and peers
+   * stopped with it sent nothing, so on waking (`woke`) a silence that began during the pause is
+   * not held against a peer until it has had `grace` to be heard again (it sends at once on its
+   * own waking): without this, every rank declared every other dead on waking. A peer already
+   * silent for the whole timeout before the pause began is declared at once, so a thread slowed
+   * by load (many long turns) still finds a dead peer within one turn of the timeout. */
+  const double grace = hb->period_s + 2 * poll_ms / 1000.0;
+  double woke = -1e300;
   for (;;) {
     now = hora__now_s();
-    double turn = now - prev;
+    double turn = now - prev, began = prev;
     prev = now;
     if (turn > s.max_stall) s.max_stall = turn;
-    awake += turn < cap ? turn : cap;
-    drain(hb, &s, awake);
+    if (turn > hb->period_s) woke = now;
+    drain(hb, &s, now);
     int failed = atomic_load(&hb->mute) || hora__fault_muted() || atomic_load(&eng->dead) ||
                  hora__ctx_failed(eng->ctx);
     if (atomic_load(&hb->stop)) {
@@ -405,10 +402,10 @@ static void *hb_main(void *arg) {
       uint64_t c = !hb->calls ? 0 : me == 0 ? lag_view(hb, &s) : __atomic_load_n(&hb->calls->entered, __ATOMIC_ACQUIRE);
       for (int r = 0; r < n; r++)
         if (watches(me, r)) send_to(hb, r, KIND_HB, 0, 0, c);
-      set_heartbeats(hb, &s, awake);
+      set_heartbeats(hb, &s, now);
       next_send = now + hb->period_s;
     }
-    check_peers(hb, &s, awake);
+    check_peers(hb, &s, now, now < woke + grace ? began : now);
     check_outside(hb, &s);
     note_ready(hb, &s);
     struct pollfd pfd = {hb->sock, POLLIN, 0};
@@ -418,8 +415,8 @@ out:
   /* The margins: how close this run came to a false death (docs/design.md, the load test). */
   HORA_INFO(ENGINE, "heartbeat: longest silence %.3f s (rank %d; HORA_PEER_TIMEOUT_S=%g), latest first "
             "heartbeat %.3f s after start (rank %d; HORA_INIT_TIMEOUT_S=%g), longest stall of this thread "
-            "%.3f s (counted as at most %g s)", s.max_gap, s.max_gap_rank, hb->timeout_s, s.first_max,
-            s.first_max_rank, hb->init_timeout_s, s.max_stall, cap);
+            "%.3f s (longer than a period, %g s: its peers were heard again before any was declared)", s.max_gap, s.max_gap_rank, hb->timeout_s, s.first_max,
+            s.first_max_rank, hb->init_timeout_s, s.max_stall, hb->period_s);
   free(s.last);
   free(s.heard);
   free(s.bye);

@@ -24,9 +24,9 @@ PEER_S = 2.0
 FREEZE_S = 2.5 * PEER_S
 LIMIT_S = 120.0
 env = dict(os.environ, HORA_PEER_TIMEOUT_S=str(PEER_S), HORA_LOG="INFO", HORA_LOG_SUBSYS="ENGINE")
-# About 2 s of timed allreduces per algorithm on an idle machine: long enough for the freeze to land inside.
+# About 3 s of timed allreduces per algorithm on an idle machine: long enough for the freeze to land inside.
 cmd = [mpiexec, *flags, "-np", str(np_), bench, "allreduce", "--algo", "shm,ring", "--min-bytes", "64K",
-       "--max-bytes", "64K", "--iters", "20000", "--warmup", "10"]
+       "--max-bytes", "64K", "--iters", "60000", "--warmup", "10"]
 p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True)
 errors = []
 lines = []
@@ -37,7 +37,7 @@ for line in p.stdout:
     lines.append(line)
     if "size(B)" in line:
         break
-time.sleep(1.0)  # inside the first algorithm's timed loop
+time.sleep(0.3)  # inside the first algorithm's warm-up or timed loop
 out = subprocess.run(["pgrep", "-f", "-P", str(p.pid), os.path.basename(bench)], capture_output=True, text=True).stdout
 pids = [int(x) for x in out.split()]
 if len(pids) != np_:
