@@ -267,16 +267,22 @@ static void note_ready(eng_hb_t *hb, const hb_state_t *s) {
 
 /* Rank 0: the rank that entered the fewest blocking calls, how many ranks entered that few (its
  * own count included), packed for its heartbeats and for its own stall inspection. */
-static uint64_t lag_view(eng_hb_t *hb, hb_state_t *s) {
-  int n = hb->eng->size, low_rank = 0, low_count = 0;
-  s->entered[0] = __atomic_load_n(&hb->calls->entered, __ATOMIC_ACQUIRE);
+/* The rank with the fewest entered calls among those that did not say BYE (and, with `seen`, were
+ * heard since `since`), packed (hora__calls_lag_pack); 0 when there is none. */
+static uint64_t lowest(const hb_state_t *s, int n, const uint64_t *entered, const double *seen, double since) {
   uint64_t low = UINT64_MAX;
+  int low_rank = -1, low_count = 0;
   for (int r = 0; r < n; r++) {
-    if (s->bye[r]) continue;
-    if (s->entered[r] < low) low = s->entered[r], low_rank = r, low_count = 0;
-    low_count += s->entered[r] == low;
+    if (s->bye[r] || (seen && seen[r] < since)) continue;
+    if (entered[r] < low) low = entered[r], low_rank = r, low_count = 0;
+    low_count += entered[r] == low;
   }
-  uint64_t v = low == UINT64_MAX ? 0 : hora__calls_lag_pack(low, low_rank, low_count);
+  return low_rank < 0 ? 0 : hora__calls_lag_pack(low, low_rank, low_count);
+}
+
+static uint64_t lag_view(eng_hb_t *hb, hb_state_t *s) {
+  s->entered[0] = __atomic_load_n(&hb->calls->entered, __ATOMIC_ACQUIRE);
+  uint64_t v = lowest(s, hb->eng->size, s->entered, NULL, 0);
   __atomic_store_n(&hb->calls->lag, v, __ATOMIC_RELEASE);
   return v;
 }
@@ -329,15 +335,8 @@ static void set_heartbeats(eng_hb_t *hb, hb_state_t *s, double now) {
     }
     if (live) set_note(s, eng->size, k, 0, entered, now);
     if (!s->set_entered[k]) continue;
-    uint64_t low = UINT64_MAX;
-    int low_rank = -1, low_count = 0;
-    for (int r = 0; r < eng->size; r++) {
-      if (s->set_seen[k][r] < now - 3 * hb->period_s || s->bye[r]) continue;
-      if (s->set_entered[k][r] < low) low = s->set_entered[k][r], low_rank = r, low_count = 0;
-      low_count += s->set_entered[k][r] == low;
-    }
-    if (low_rank < 0) continue;
-    uint64_t v = hora__calls_lag_pack(low, low_rank, low_count);
+    uint64_t v = lowest(s, eng->size, s->set_entered[k], s->set_seen[k], now - 3 * hb->period_s);
+    if (!v) continue;
     if (live) __atomic_store_n(&c->lag, v, __ATOMIC_RELEASE);
     for (int r = 1; r < eng->size; r++) send_to(hb, r, KIND_SET_LAG, k, 0, v);
   }
@@ -415,8 +414,9 @@ out:
   /* The margins: how close this run came to a false death (docs/design.md, the load test). */
   HORA_INFO(ENGINE, "heartbeat: longest silence %.3f s (rank %d; HORA_PEER_TIMEOUT_S=%g), latest first "
             "heartbeat %.3f s after start (rank %d; HORA_INIT_TIMEOUT_S=%g), longest stall of this thread "
-            "%.3f s (longer than a period, %g s: its peers were heard again before any was declared)", s.max_gap, s.max_gap_rank, hb->timeout_s, s.first_max,
-            s.first_max_rank, hb->init_timeout_s, s.max_stall, hb->period_s);
+            "%.3f s (a pause over one period, %g s, gives the peers a grace to be heard first)", s.max_gap,
+            s.max_gap_rank, hb->timeout_s, s.first_max, s.first_max_rank, hb->init_timeout_s, s.max_stall,
+            hb->period_s);
   free(s.last);
   free(s.heard);
   free(s.bye);
