@@ -4,23 +4,43 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "algo/state.h"
 
 /* Polling, not MPI_Waitall: a blocking MPI wait never returns when a peer is dead or stopped (Open
  * MPI 4.1 has no fault tolerance), and the heartbeat thread's verdict must end it. Open MPI moves
  * data only inside MPI calls, and MPI_Waitall itself spins on its progress engine, so a tight
- * MPI_Testall loop costs the same on the healthy path (docs/benchmarks.md). After WAIT_SPINS polls
- * and WAIT_SPIN_NS of polling (a peer that is running answers within microseconds) each poll also
- * yields the core, which a rank sharing it (more ranks than cores) then gets. */
+ * MPI_Testall loop costs the same on the healthy path (docs/benchmarks.md).
+ * The backoff: WAIT_SPINS polls and WAIT_SPIN_NS of polling (a peer that is running answers
+ * within microseconds), then each poll also yields the core (which a rank sharing it, more ranks
+ * than cores, then gets) until the wait has lasted WAIT_YIELD_S; from then on each poll is
+ * followed by a sleep of 1/16 of the time waited so far, at most WAIT_SLEEP_MAX_S, so a long wait
+ * (a slow link, a peer busy elsewhere) costs at most about 6 % in latency and leaves the core.
+ * Why not yield for ever: a rank that yields in a loop for seconds kept its core on the
+ * development VM while runnable processes of other sessions (other emulated nodes' ranks and
+ * their heartbeat threads, other jobs) waited 1.5-10 s on the run queue: sched_yield only yields
+ * to tasks of the caller's own scheduling group (docs/design.md, "A frozen machine"). */
 #define WAIT_SPINS 64
 #define WAIT_SPIN_NS 20000
-int hora__algo_wait_backoff(unsigned i, double *until) {
+#define WAIT_YIELD_S 1e-3
+#define WAIT_SLEEP_MAX_S 1e-3
+int hora__algo_wait_backoff(unsigned i, hora_backoff_t *b) {
   if (i < WAIT_SPINS) return 0;
-  if (i == WAIT_SPINS) *until = hora__now_s() + WAIT_SPIN_NS * 1e-9;
-  if (*until > 0 && ((i & 63) != 0 || hora__now_s() < *until)) return 0;
-  *until = 0; /* spun long enough: yield from now on */
-  sched_yield();
+  if (i == WAIT_SPINS) {
+    b->start = hora__now_s();
+    b->until = b->start + WAIT_SPIN_NS * 1e-9;
+  }
+  if (b->until > 0 && ((i & 63) != 0 || hora__now_s() < b->until)) return 0;
+  b->until = 0; /* spun long enough: yield, then sleep, from now on */
+  double waited = hora__now_s() - b->start;
+  if (waited < WAIT_YIELD_S) {
+    sched_yield();
+    return 1;
+  }
+  double nap = waited / 16 < WAIT_SLEEP_MAX_S ? waited / 16 : WAIT_SLEEP_MAX_S;
+  struct timespec ts = {0, (long)(nap * 1e9)};
+  nanosleep(&ts, NULL);
   return 1;
 }
 
@@ -82,7 +102,8 @@ static hora_result_t stall_look(hora_ctx_t *ctx, stall_t *st, double waited, con
 
 /* The polled wait of both entry points; st NULL: no stall inspection. */
 static hora_result_t wait_all(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what, stall_t *st) {
-  double until = 0, next_look = st ? st->t0 + 0.1 : 0;
+  hora_backoff_t backoff = {0, 0};
+  double next_look = st ? st->t0 + 0.1 : 0;
   for (unsigned i = 0;; i++) {
     int flag = 0;
     int mrc = MPI_Testall(n, req, &flag, MPI_STATUSES_IGNORE);
@@ -90,7 +111,7 @@ static hora_result_t wait_all(hora_ctx_t *ctx, int n, MPI_Request *req, const ch
     if (flag) return HORA_SUCCESS;
     /* Leave the requests: MPI may still use their buffers, which the caller therefore leaks. */
     if (hora__ctx_failed(ctx)) return hora__ctx_verdict(ctx, what);
-    if (hora__algo_wait_backoff(i, &until) && st && hora__now_s() >= next_look) {
+    if (hora__algo_wait_backoff(i, &backoff) && st && hora__now_s() >= next_look) {
       double now = hora__now_s();
       next_look = now + 0.1;
       HORA_CHECK(stall_look(ctx, st, now - st->t0, what));

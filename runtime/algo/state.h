@@ -38,9 +38,14 @@ hora_result_t hora__algo_wait(hora_ctx_t *ctx, int n, MPI_Request *req, const ch
  * learns of it. Other contexts (sets, the engine's) and both limits 0: plain hora__algo_wait. */
 hora_result_t hora__algo_wait_call(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what);
 /* The backoff of those polls, for loops that poll otherwise (the ring's MPI_Testsome): call it
- * after the i-th unsuccessful poll (i from 0, *until 0 at the start); it spins, then yields the
- * core (returns 1 when it did). */
-int hora__algo_wait_backoff(unsigned i, double *until);
+ * after the i-th unsuccessful poll (i from 0, *b zeroed at the start of the wait); it spins for
+ * about 20 us, then yields the core until the wait has lasted 1 ms, then sleeps 1/16 of the time
+ * waited (at most 1 ms) per poll (returns 1 when it yielded or slept). */
+typedef struct {
+  double start; /* when the spinning began (hora__now_s) */
+  double until; /* end of the spin budget; 0 once spent */
+} hora_backoff_t;
+int hora__algo_wait_backoff(unsigned i, hora_backoff_t *b);
 
 /* The ring's segment in elements of `es` bytes, from HORA_RING_SEGMENT_BYTES (0: HORA_RING_SEGMENT_LOCAL
  * on one node, HORA_RING_SEGMENT_NET when the context spans nodes, which every ring of a context then

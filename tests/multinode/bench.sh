@@ -5,6 +5,7 @@
 # shared-memory level of docs/scaling.md.
 #
 #   tests/multinode/bench.sh OUTDIR [RATE]       (root; build/bin/hora-bench built)
+#   HORA_MN_CORES=split|shared (default shared): nodes.sh -c
 #
 # OUTDIR gets, per layout (2x2, 3x1, 1x2): LAYOUT_small.json (4 KiB .. 4 MiB, 3 interleaved
 # repeats, median) and LAYOUT_large.json (8 .. 256 MiB, one repeat, 3 iterations: a 256 MiB
@@ -27,6 +28,9 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ALGOS="${HORA_BENCH_ALGOS:-ring,hier,auto,mpi}"
+# The figures in docs/benchmarks.md were measured with every node on every core (-c shared: each
+# node's 2 ranks have 2 cores, as on a real node with a core per rank); the tests use -c split.
+CORES="${HORA_MN_CORES:-shared}"
 
 sweep() { # sweep TAG MPIRUN... : the two size ranges
   local tag="$1"
@@ -46,7 +50,7 @@ for layout in 2x2 3x1; do
   [ "$ppn" = 1 ] && ALGOS="${HORA_BENCH_ALGOS:-ring,auto,mpi}"
   {
     echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-    "$HERE/nodes.sh" run -n "$nodes" -r "$RATE" -- bash -c "
+    "$HERE/nodes.sh" run -n "$nodes" -r "$RATE" -c "$CORES" -- bash -c "
       HORA_MN_PPN=$ppn sweep $layout '$HERE/mpirun.sh' -np $((nodes * ppn)) \
         -x HORA_PEER_TIMEOUT_S -x HORA_LOG -x HORA_LOG_SUBSYS
       for h in \${HORA_MN_HOSTS//,/ }; do echo \"# link of \$h:\"; ip netns exec \$h tc -s qdisc show dev eth0; done"

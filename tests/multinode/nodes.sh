@@ -6,10 +6,13 @@
 # mpirun, Open MPI and hora see N separate hosts that talk over TCP through the links, and the
 # ranks of one node talk through shared memory, as on a cluster.
 #
-#   nodes.sh run [-n N] [-r RATE] [-d DELAY] [--] CMD [ARGS...]
+#   nodes.sh run [-n N] [-r RATE] [-d DELAY] [-c split|shared] [--] CMD [ARGS...]
 #       create the nodes, run CMD in the root namespace (the "login node") with the variables
 #       below exported, tear everything down (also on failure, Ctrl-C or SIGTERM), exit with
-#       CMD's status
+#       CMD's status. -c split (the default): each node's processes run on cores of their own
+#       where the machine has enough (node i gets every N-th allowed CPU from the i-th; with
+#       fewer CPUs than nodes, CPU (i-1) mod count), as on real nodes; -c shared: every node
+#       may use every CPU.
 #   nodes.sh check        exit 0 when this machine can run emulated nodes, else 77 saying why
 #
 # CMD sees:
@@ -19,6 +22,17 @@
 #   OMPI_MCA_*        the same settings (but oversubscription and binding) for an mpirun that
 #                     another program starts, such as hora's launch
 #   HORA_MN_RATE      the link rate (tc syntax: 1gbit), HORA_MN_DELAY the one-way delay ("" = none)
+#   HORA_MN_CPUS      each node's CPU list, "HOST=LIST HOST=LIST ..." (rsh-agent.sh applies it
+#                     with taskset; empty with -c shared)
+#
+# Why nodes get their own cores: sharing them, a rank whose MPI wait busy-polls its sockets
+# (Open MPI's TCP progress) kept a core for seconds while runnable ranks and heartbeat threads of
+# the other emulated node waited on the run queue: each node's processes form one scheduling
+# group (the kernel's autogroup: Open MPI starts each node's daemon in its own session), and the
+# group weights split across cores left a waiting node's ranks a tiny share of the busy core.
+# Measured on the 2-core VM, 256 MiB allreduce, 2 nodes x 2 ranks: ranks runnable but not run
+# for 1.5-8.6 s at a time with shared cores (enough for false peer deaths); see
+# docs/design.md, "A frozen machine".
 #
 # Defaults: 2 nodes, RATE 1gbit, no delay. Why 1 Gbit/s: the link must be the bottleneck, not the
 # machine. Between two namespaces of a 2-core machine, unshaped TCP moved about 350 MB/s (one
@@ -45,9 +59,9 @@ check() {
   ip netns del "$probe"
 }
 
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; }
 
-N=2 RATE=1gbit DELAY=""
+N=2 RATE=1gbit DELAY="" CPUS=split
 ID=$(( $$ % 100000 ))
 NET="10.$(( 100 + ID / 256 % 100 )).$(( ID % 256 ))"
 BR="hmnb$ID"
@@ -102,6 +116,26 @@ tc_rate_bytes() {
   esac
 }
 
+# "HOST=LIST ..." for -c split: node i (from 1) gets the allowed CPUs i-1, i-1+N, i-1+2N, ...;
+# with fewer CPUs than nodes, the one CPU (i-1) mod count.
+node_cpus() {
+  local allowed=() c i j list out=""
+  for c in $(taskset -pc $$ | sed 's/.*: //' | tr ',' ' '); do
+    if [[ "$c" == *-* ]]; then for (( j = ${c%-*}; j <= ${c#*-}; j++ )); do allowed+=("$j"); done
+    else allowed+=("$c"); fi
+  done
+  for (( i = 0; i < N; i++ )); do
+    list=""
+    if [ "${#allowed[@]}" -ge "$N" ]; then
+      for (( j = i; j < ${#allowed[@]}; j += N )); do list+="${list:+,}${allowed[$j]}"; done
+    else
+      list="${allowed[$(( i % ${#allowed[@]} ))]}"
+    fi
+    out+="${out:+ }${NODES[$i]}=$list"
+  done
+  echo "$out"
+}
+
 setup() {
   ip link add "$BR" type bridge
   ip addr add "$NET.254/24" dev "$BR"
@@ -129,6 +163,7 @@ cmd_run() {
       -n) N="$2"; shift 2 ;;
       -r) RATE="$2"; shift 2 ;;
       -d) DELAY="$2"; shift 2 ;;
+      -c) CPUS="$2"; shift 2 ;;
       --) shift; break ;;
       -h|--help) usage; exit 0 ;;
       -*) echo "nodes.sh run: unknown option '$1' (see nodes.sh --help)" >&2; exit 2 ;;
@@ -138,6 +173,7 @@ cmd_run() {
   [[ "$N" =~ ^[0-9]+$ ]] && [ "$N" -ge 1 ] && [ "$N" -le 32 ] ||
     { echo "nodes.sh run: -n '$N': want 1 to 32 nodes" >&2; exit 2; }
   tc_rate_bytes "$RATE" >/dev/null
+  case "$CPUS" in split|shared) ;; *) echo "nodes.sh run: -c '$CPUS': want split or shared" >&2; exit 2 ;; esac
   [ $# -gt 0 ] || { echo "nodes.sh run: no command to run (nodes.sh run [-n N] -- CMD...)" >&2; exit 2; }
   check
   # CMD runs in the background and we wait for it, so a signal is handled at once (bash runs a
@@ -150,6 +186,9 @@ cmd_run() {
   local hosts
   hosts=$(IFS=,; echo "${NODES[*]}")
   export HORA_MN_HOSTS="$hosts" HORA_MN_RATE="$RATE" HORA_MN_DELAY="$DELAY"
+  HORA_MN_CPUS=""
+  [ "$CPUS" = split ] && HORA_MN_CPUS="$(node_cpus)"
+  export HORA_MN_CPUS
   # TCP (and Open MPI's out-of-band channel) on the links' subnet only; shared memory inside a
   # node; mpirun itself runs here, in the root namespace, and reaches the daemons over the bridge.
   export HORA_MN_MPIFLAGS="--mca plm_rsh_agent $HERE/rsh-agent.sh --mca plm_rsh_no_tree_spawn 1 \
@@ -159,7 +198,7 @@ cmd_run() {
   export OMPI_MCA_plm_rsh_agent="$HERE/rsh-agent.sh" OMPI_MCA_plm_rsh_no_tree_spawn=1 \
     OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include="$NET.0/24" \
     OMPI_MCA_oob_tcp_if_include="$NET.0/24" OMPI_MCA_btl_vader_single_copy_mechanism=none
-  echo "nodes.sh: $N node(s) $hosts on $NET.0/24, links $RATE${DELAY:+ + $DELAY delay} (tbf both ways)" >&2
+  echo "nodes.sh: $N node(s) $hosts on $NET.0/24, links $RATE${DELAY:+ + $DELAY delay} (tbf both ways)${HORA_MN_CPUS:+, cores $HORA_MN_CPUS}" >&2
   local rc=0
   "$@" <&0 &
   CHILD=$!

@@ -10,4 +10,9 @@ while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
 host="$1"
 shift
 [ -e "/run/netns/$host" ] || { echo "rsh-agent.sh: no emulated node '$host' (no network namespace of that name)" >&2; exit 255; }
-exec ip netns exec "$host" unshare --uts -- sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
+# The node's own cores (nodes.sh -c split): the daemon and every rank it starts inherit them.
+cpus=""
+for entry in ${HORA_MN_CPUS:-}; do [ "${entry%%=*}" = "$host" ] && cpus="${entry#*=}"; done
+pin=()
+[ -n "$cpus" ] && pin=(taskset -c "$cpus")
+exec ip netns exec "$host" "${pin[@]}" unshare --uts -- sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
