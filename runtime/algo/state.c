@@ -20,10 +20,12 @@
  * Why not yield for ever: a rank that yields in a loop for seconds kept its core on the
  * development VM while runnable processes of other sessions (other emulated nodes' ranks and
  * their heartbeat threads, other jobs) waited 1.5-10 s on the run queue: sched_yield only yields
- * to tasks of the caller's own scheduling group (docs/design.md, "A frozen machine"). */
+ * to tasks of the caller's own scheduling group (docs/design.md, "A frozen machine"). Why 10 ms
+ * before sleeping: with 1 ms, 4 ranks on 2 cores (each wait there often outlasts a peer's time
+ * slice) took 15-25 % longer at 2-8 MiB; from 10 ms they were as fast as before. */
 #define WAIT_SPINS 64
 #define WAIT_SPIN_NS 20000
-#define WAIT_YIELD_S 1e-3
+#define WAIT_YIELD_S 10e-3
 #define WAIT_SLEEP_MAX_S 1e-3
 int hora__algo_wait_backoff(unsigned i, hora_backoff_t *b) {
   if (i < WAIT_SPINS) return 0;

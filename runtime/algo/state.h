@@ -39,7 +39,7 @@ hora_result_t hora__algo_wait(hora_ctx_t *ctx, int n, MPI_Request *req, const ch
 hora_result_t hora__algo_wait_call(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what);
 /* The backoff of those polls, for loops that poll otherwise (the ring's MPI_Testsome): call it
  * after the i-th unsuccessful poll (i from 0, *b zeroed at the start of the wait); it spins for
- * about 20 us, then yields the core until the wait has lasted 1 ms, then sleeps 1/16 of the time
+ * about 20 us, then yields the core until the wait has lasted 10 ms, then sleeps 1/16 of the time
  * waited (at most 1 ms) per poll (returns 1 when it yielded or slept). */
 typedef struct {
   double start; /* when the spinning began (hora__now_s) */
