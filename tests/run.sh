@@ -41,7 +41,22 @@ if ! cmp -s tests/python/requirements.txt "$stamp"; then
   cp tests/python/requirements.txt "$stamp"
 fi
 
-phase "configure and build ($BUILD_DIR)"
+phase "configure and build ($BUILD_DIR; the sanitizer trees build beside it and the tests)"
+# The AddressSanitizer and ThreadSanitizer trees build in the background at the lowest priority
+# (nice 19) while this build and the plain pass run: that pass leaves about a quarter of the
+# cores idle (tests that mostly wait), which the builds fill (docs/testing.md, "Time budget").
+# -O1 for ASan, as AddressSanitizer's documentation advises "to get a reasonable performance":
+# the test_coll sweeps (most of that pass) take a third of their -O0 CPU time.
+SAN_LOG=$(cd "$BUILD_DIR" && pwd)/sanitizer-builds.log
+(
+  nice -n 19 cmake -S . -B "$BUILD_DIR-asan" -DCMAKE_BUILD_TYPE=Debug -DHORA_SANITIZE=ON -DHORA_WITH_CUDA=OFF \
+    -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
+    -DPython3_EXECUTABLE="$VENV/bin/python" >/dev/null &&
+    nice -n 19 cmake --build "$BUILD_DIR-asan" -j "$JOBS" &&
+    TSAN_BUILD_ONLY=1 nice -n 19 sh tests/engine/tsan.sh "$BUILD_DIR-tsan"
+) >"$SAN_LOG" 2>&1 &
+san_pid=$!
+trap 'kill $san_pid 2>/dev/null || true' EXIT
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHORA_PYTHON="$VENV/bin/python" \
   -DPython3_EXECUTABLE="$VENV/bin/python" >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS"
@@ -51,12 +66,12 @@ status=0
 (cd "$BUILD_DIR" && ctest_sched --output-on-failure --timeout 600) || status=1
 
 phase "tests under AddressSanitizer + UndefinedBehaviorSanitizer (labels unit and mpi, less nosan)"
-# -O1, as AddressSanitizer's documentation advises "to get a reasonable performance": the
-# test_coll sweeps (most of this pass) take a third of their -O0 CPU time (docs/testing.md).
-cmake -S . -B "$BUILD_DIR-asan" -DCMAKE_BUILD_TYPE=Debug -DHORA_SANITIZE=ON -DHORA_WITH_CUDA=OFF \
-  -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
-  -DPython3_EXECUTABLE="$VENV/bin/python" >/dev/null
-cmake --build "$BUILD_DIR-asan" -j "$JOBS"
+if ! wait $san_pid; then
+  cat "$SAN_LOG"
+  echo "== the sanitizer builds failed (above)"
+  exit 1
+fi
+trap - EXIT
 # Open MPI's own allocations are reported as leaks by LeakSanitizer; hora's are checked by
 # valgrind-free ASan errors (use-after-free, overflows) and UBSan, which abort the test.
 # Sanitized ranks run several times slower: a longer peer timeout keeps a slow rank from being
