@@ -370,8 +370,8 @@ static void *hb_main(void *arg) {
   s.t0 = now;
   const int poll_ms = (int)(1000 * (hb->period_s / 4 < 0.05 ? hb->period_s / 4 : 0.05)) + 1;
   /* A turn of this loop longer than a period means this thread did not run: the process or the
-   * whole machine was stopped (a VM whose kernel stalled every timer for 1.5-4 s under the
-   * emulated-network load of tests/multinode). Nothing could be heard in that time, and peers
+   * whole machine was stopped or not scheduled (on the development VM, runnable threads sat on the
+   * run queue for seconds behind polling ranks of other sessions: docs/design.md). Nothing could be heard in that time, and peers
    * stopped with it sent nothing, so on waking (`woke`) a silence that began during the pause is
    * not held against a peer until it has had `grace` to be heard again (it sends at once on its
    * own waking): without this, every rank declared every other dead on waking. A peer already
