@@ -168,6 +168,20 @@ def make_ffibuilder(include_dirs=None, library_dirs=None, header=None):
     return ffibuilder
 
 
+def _replace(src, dst_dir):
+    """Copy src into dst_dir under a temporary name, then rename it over the old file. A copy in
+    place (shutil.copy2 onto the old file) would rewrite the pages of an extension that running
+    processes have mapped: a rebuild while a job runs made its ranks crash in cffi (SIGSEGV)."""
+    dst = os.path.join(dst_dir, os.path.basename(src))
+    tmp = f"{dst}.tmp.{os.getpid()}"
+    try:
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def main():
     p = argparse.ArgumentParser(description="Build hora's cffi extension into an importable tree.")
     p.add_argument("--build-dir", help="hora CMake build tree (default: as find_hora())")
@@ -192,10 +206,10 @@ def main():
     pkg_dst = os.path.join(out, "hora")
     os.makedirs(pkg_dst, exist_ok=True)
     for f in glob.glob(os.path.join(pkg_src, "*.py")):
-        shutil.copy2(f, pkg_dst)
+        _replace(f, pkg_dst)
     tmp = os.path.join(out, "cffi-tmp")
     so = make_ffibuilder(incs, libs).compile(tmpdir=tmp, verbose=False)
-    shutil.copy2(so, os.path.join(pkg_dst, os.path.basename(so)))
+    _replace(so, pkg_dst)
     print(f"hora_build: {pkg_dst}/{os.path.basename(so)}")
 
 

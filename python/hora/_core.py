@@ -5,6 +5,7 @@ the same order with matching shapes and dtypes, as in Horovod and MPI. The C cal
 (cffi does that for every call), so other Python threads keep running while one rank waits.
 """
 import atexit
+import faulthandler
 import sys
 import threading
 
@@ -85,6 +86,23 @@ def init(comm=None):
             check(lib.hora_init_ex(opts, out), "hora.init")
         _state.ctx = out[0]
         _state.was_shut_down = False
+        _enable_faulthandler()
+
+
+def _enable_faulthandler():
+    """A rank that crashes in native code (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) says where
+    in the Python program: Python's faulthandler prints every thread's Python stack, then passes
+    the signal on to the handler that hora_init installed, which prints hora's line (rank, node,
+    pid) and the C stack and ends the process by the signal. Enabled after hora_init, so that the
+    order is this one; left as it is when the program enabled faulthandler itself (then hora_init
+    kept that handler and installed none: docs/fault-tolerance.md). Not possible where stderr has
+    no file descriptor (some notebooks): skipped."""
+    if faulthandler.is_enabled():
+        return
+    try:
+        faulthandler.enable(all_threads=True)
+    except (AttributeError, ValueError, OSError, RuntimeError):
+        pass
 
 
 def shutdown():

@@ -10,13 +10,20 @@
  * are already there and are replaced (not chained: they are what must not run). A handler is
  * Open MPI's when its code lies in libopen-pal or libmpi (dladdr).
  *
- * The handler uses only async-signal-safe calls: it write(2)s ONE line prepared at install time
- * plus the signal number, thread id and fault address formatted by hand (no printf, no malloc, no
- * backtrace()), then restores the default action and re-raises, so the process ends by the
- * signal (core dump where enabled) and launch/srun/mpirun see a rank killed by a signal:
+ * The handler first write(2)s ONE line with async-signal-safe calls only: the prefix prepared at
+ * install time plus the signal number, thread id, fault address and faulting instruction
+ * formatted by hand (no printf, no malloc). It then restores the default action and prints the
+ * thread's stack (glibc's backtrace, loaded at install time, and backtrace_symbols_fd, which do
+ * not allocate; alarm(10) bounds them), and re-raises, so the process ends by the signal (core
+ * dump where enabled) and launch/srun/mpirun see a rank killed by a signal:
  *
  *   hora: rank 3 (node n2, host gpu07, pid 4242, tid 4250): fatal signal 11 (SIGSEGV) at address
- *   0x10; the process ends now
+ *   0x10, instruction 0x7f3a5c2b1e40; the process ends now
+ *   hora: rank 3 (node n2, host gpu07, pid 4242, tid 4250): the stack, innermost frame first:
+ *   /usr/lib/libhora.so.0(+0x1e40)[0x7f3a5c2b1e40]
+ *   ...
+ *
+ * (module+offset resolves to a line with `addr2line -e MODULE OFFSET`.)
  *
  * Handlers that the program (or hora's record reader, for SIGBUS on its file mappings) installed
  * before hora_init are kept: they run instead of this one (the reader's guard chains to whatever
@@ -24,6 +31,7 @@
  * the line comes from the launcher's environment (HORA_RANK, OMPI_COMM_WORLD_RANK, PMIX_RANK,
  * SLURM_PROCID), since MPI has not started yet; "?" when none is set. */
 #include <dlfcn.h>
+#include <execinfo.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -31,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "core/fatal.h"
@@ -58,8 +67,33 @@ static void put_num(char *b, size_t cap, size_t *n, unsigned long v, unsigned ba
   while (k && *n + 1 < cap) b[(*n)++] = t[--k];
 }
 
+/* The program counter of the faulting instruction, from the signal's machine context. */
+static void *fault_pc(void *uc) {
+  if (!uc) return NULL;
+#if defined(__x86_64__)
+  return (void *)((ucontext_t *)uc)->uc_mcontext.gregs[REG_RIP];
+#elif defined(__aarch64__)
+  return (void *)((ucontext_t *)uc)->uc_mcontext.pc;
+#else
+  return NULL;
+#endif
+}
+
+/* write(2) "<a><b><num><c>" as one line (async-signal-safe; num omitted when b is empty). */
+static void put_line(const char *a, const char *b, unsigned long num, const char *c) {
+  char t[400];
+  size_t n = 0;
+  put(t, sizeof t, &n, a);
+  if (*b) {
+    put(t, sizeof t, &n, b);
+    put_num(t, sizeof t, &n, num, 10);
+  }
+  put(t, sizeof t, &n, c);
+  ssize_t w = write(STDERR_FILENO, t, n);
+  (void)w;
+}
+
 static void on_fatal(int sig, siginfo_t *si, void *uc) {
-  (void)uc;
   char b[400];
   size_t n = 0;
   const char *name = "?";
@@ -77,6 +111,18 @@ static void on_fatal(int sig, siginfo_t *si, void *uc) {
     put(b, sizeof b, &n, " at address 0x");
     put_num(b, sizeof b, &n, (unsigned long)(uintptr_t)si->si_addr, 16);
   }
+  void *pc = fault_pc(uc), *caller = NULL;
+  if (si && si->si_code > 0 && sig != SIGABRT) {
+    put(b, sizeof b, &n, ", instruction 0x");
+    put_num(b, sizeof b, &n, (unsigned long)(uintptr_t)pc, 16);
+#if defined(__x86_64__)
+    /* The fetch of the instruction itself faulted (PC = fault address): most likely a call
+     * through a NULL or wild function pointer. The unwinder cannot step from there, but the call
+     * left its return address on top of the stack. */
+    if (uc && pc == si->si_addr && sig == SIGSEGV)
+      caller = *(void **)((ucontext_t *)uc)->uc_mcontext.gregs[REG_RSP];
+#endif
+  }
   put(b, sizeof b, &n, "; the process ends now\n");
   ssize_t w = write(STDERR_FILENO, b, n);
   (void)w;
@@ -85,6 +131,21 @@ static void on_fatal(int sig, siginfo_t *si, void *uc) {
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
   sigaction(sig, &dfl, NULL);
+  /* Then the stack, after the line (which is all that must get out). backtrace() was loaded at
+   * install time, so it does not allocate here; backtrace_symbols_fd writes without allocating but
+   * takes the dynamic loader's lock (dladdr): alarm() ends the process should that lock never come
+   * free. A second fault while unwinding a smashed stack ends it too (the signal is blocked in its
+   * handler and now has its default action, so the kernel kills the process). */
+  sigaction(SIGALRM, &dfl, NULL);
+  alarm(10);
+  put_line(g_prefix, ", tid ", (unsigned long)syscall(SYS_gettid), "): the stack, innermost frame first:\n");
+  void *frames[64];
+  int nf = backtrace(frames, 64);
+  if (caller) {
+    put_line("  (a jump to a bad address, from the call at:)", "", 0, "\n");
+    backtrace_symbols_fd(&caller, 1, STDERR_FILENO);
+  }
+  backtrace_symbols_fd(frames, nf, STDERR_FILENO);
   /* Pending until we return (the signal is blocked in its handler), then the default action. A
    * fault would repeat on return anyway; a sent signal would not. */
   raise(sig);
@@ -118,6 +179,8 @@ static void install(void) {
                      rank ? rank : "?", node ? "node " : "", node ? node : "", node ? ", " : "", host,
                      (long)getpid());
   g_prefix_len = len < 0 ? 0 : (size_t)len < sizeof g_prefix ? (size_t)len : sizeof g_prefix - 1;
+  void *warm[2];
+  (void)backtrace(warm, 2); /* loads the unwinder (libgcc_s, with malloc) now, not in the handler */
   for (int i = 0; i < NSIGS; i++) {
     struct sigaction old, sa;
     if (sigaction(sigs[i], NULL, &old) != 0) continue;

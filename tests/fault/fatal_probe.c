@@ -1,9 +1,10 @@
 /* The fatal-signal handler (runtime/core/fatal.c) in a real crash:
- *   fatal_probe hora-first|mpi-first segv|abort|fpe|bus|ill
+ *   fatal_probe hora-first|mpi-first segv|call|abort|fpe|bus|ill
  * hora-first: hora_init starts MPI (hora's handler goes in before MPI_Init, Open MPI installs
  * none); mpi-first: the program calls MPI_Init_thread itself, so Open MPI's handler is there and
  * hora_init must replace it. Then every rank allreduces once (the world works) and the last rank
- * crashes: a write to a PROT_NONE page for segv, abort(), or the signal raised. fatal_test.py checks the output. */
+ * crashes: a write to a PROT_NONE page for segv, a call through a NULL function pointer for call,
+ * abort(), or the signal raised. fatal_test.py checks the output. */
 #include <mpi.h>
 #include <signal.h>
 #include <stdio.h>
@@ -15,7 +16,7 @@
 
 int main(int argc, char **argv) {
   if (argc != 3) {
-    fprintf(stderr, "usage: fatal_probe hora-first|mpi-first segv|abort|fpe|bus|ill\n");
+    fprintf(stderr, "usage: fatal_probe hora-first|mpi-first segv|call|abort|fpe|bus|ill\n");
     return 2;
   }
   if (strcmp(argv[1], "mpi-first") == 0) {
@@ -42,6 +43,9 @@ int main(int argc, char **argv) {
       /* A real fault on a valid pointer (a NULL store would be caught by UBSan first). */
       volatile char *p = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p != MAP_FAILED) *p = 1;
+    } else if (!strcmp(k, "call")) {
+      void (*volatile fn)(void) = NULL;
+      fn();
     } else if (!strcmp(k, "abort")) {
       abort();
     } else {

@@ -2,8 +2,10 @@
 """fatal_probe under mpirun (2 ranks): the crashing rank (1) must print exactly one line
 `hora: rank 1 (... pid P, tid T): fatal signal N (NAME)...; the process ends now`, die by that
 signal (mpirun reports it), with none of Open MPI's backtrace handler ("Process received
-signal"), and the job must end within a bound.
-usage: fatal_test.py MPIEXEC PROBE hora-first|mpi-first segv|abort|fpe|bus|ill [mpiexec flags]"""
+signal"), and the job must end within a bound. After the line, the crashing thread's stack: a
+header line, then frames of which one is in the probe itself (for `call`, a jump through a NULL
+function pointer, the call's own frame is printed first, since the unwinder cannot start at 0).
+usage: fatal_test.py MPIEXEC PROBE hora-first|mpi-first segv|call|abort|fpe|bus|ill [mpiexec flags]"""
 import os
 import re
 import sys
@@ -12,7 +14,7 @@ from jobrun import run_job
 
 mpiexec, probe, order, kind = sys.argv[1:5]
 flags = sys.argv[5:]
-names = {"segv": (11, "SIGSEGV"), "abort": (6, "SIGABRT"), "fpe": (8, "SIGFPE"), "bus": (7, "SIGBUS"),
+names = {"segv": (11, "SIGSEGV"), "call": (11, "SIGSEGV"), "abort": (6, "SIGABRT"), "fpe": (8, "SIGFPE"), "bus": (7, "SIGBUS"),
          "ill": (4, "SIGILL")}
 num, name = names[kind]
 env = dict(os.environ)
@@ -27,6 +29,20 @@ if hung or wall > bound:
 lines = re.findall(rf"hora: rank 1 \(.*pid \d+, tid \d+\): fatal signal {num} \({name}\).*; the process ends now", out)
 if len(lines) != 1:
     errors.append(f"want exactly one hora fatal-signal line for rank 1 and {name}, got {len(lines)}")
+if kind in ("segv", "call") and not re.search(r"fatal signal 11 \(SIGSEGV\) at address 0x[0-9a-f]+, instruction 0x[0-9a-f]+;",
+                                               out):
+    errors.append("the line does not give the fault address and the faulting instruction")
+if kind == "call" and not re.search(r"fatal signal 11 \(SIGSEGV\) at address 0x0, instruction 0x0;", out):
+    errors.append("a call through NULL: want address 0x0 and instruction 0x0")
+stack = re.search(r"hora: rank 1 \(.*pid \d+, tid \d+\): the stack, innermost frame first:\n((?:.*\n)*)", out)
+frames = re.findall(r"^(?:\S*/)?fatal_probe\(.*\)\[0x[0-9a-f]+\]$", stack.group(1), re.M) if stack else []
+if not stack:
+    errors.append("no stack header after the line")
+elif not frames:
+    errors.append("the stack has no frame in fatal_probe")
+if kind == "call" and stack and not re.match(r"  \(a jump to a bad address, from the call at:\)\n(?:\S*/)?fatal_probe\(",
+                                             stack.group(1)):
+    errors.append("a call through NULL: the caller's frame is not printed first")
 if "Process received signal" in out:
     errors.append("Open MPI's backtrace handler ran")
 if not re.search(rf"signal {num}\b", out.replace(lines[0] if lines else "", "")):
