@@ -10,7 +10,8 @@
 #       test accuracy is at least 0.88 on the digits (measured 0.926 with these settings), 0.72 on
 #       Fashion-MNIST (measured 0.7635; loss 2.63 -> 0.63).
 #   run_mnist.sh resume MNIST MPIEXEC [MPIEXEC_FLAGS...]
-#       90 steps uninterrupted vs 40 steps + --resume to 90: the final weights are bitwise equal.
+#       90 steps uninterrupted vs 40 steps + --resume to 90: the final weights are bitwise equal
+#       (36 and 16 with HORA_TEST_SHORT=1).
 #   run_mnist.sh signal MNIST MPIEXEC [MPIEXEC_FLAGS...]
 #       SIGUSR1 midway: exit status 3 after a checkpoint; --resume finishes with the same weights
 #       as the uninterrupted run.
@@ -23,6 +24,11 @@
 #       vs 40 + --resume on the GPU: the final weights are bitwise equal.
 set -u
 mode=$1 mnist=$2
+# Steps of the resume and signal checks: 90, the first run stopping at 40 (checkpoints every 15)
+# and the signal at step 20; sanitizer builds (HORA_TEST_SHORT=1, tests/mnist/CMakeLists.txt) run
+# 36, 16 (every 8) and 8, the same checks at two fifths of the instrumented CPU time.
+steps=90 half=40 every=15 sig_at=20
+[ "${HORA_TEST_SHORT:-0}" = 1 ] && steps=36 half=16 every=8 sig_at=8
 shift 2
 mpi=("$@")
 work=$(mktemp -d "${TMPDIR:-/tmp}/hora-mnist-test.XXXXXX")
@@ -68,28 +74,28 @@ train)
   echo "PASS: loss $first -> $last, test accuracy $acc, $n TensorBoard events"
   ;;
 resume)
-  run 2 "$work/a" --device cpu --epochs 2 --max-steps 90 --ckpt-dir "$work/cka" --save-weights "$work/wa" || { cat "$work/a"; fail "full run"; }
-  run 2 "$work/b1" --device cpu --epochs 2 --max-steps 40 --ckpt-every 15 --ckpt-dir "$work/ckb" || { cat "$work/b1"; fail "first half"; }
-  run 2 "$work/b2" --device cpu --epochs 2 --max-steps 90 --resume --ckpt-dir "$work/ckb" --save-weights "$work/wb" || { cat "$work/b2"; fail "resumed run"; }
+  run 2 "$work/a" --device cpu --epochs 2 --max-steps $steps --ckpt-dir "$work/cka" --save-weights "$work/wa" || { cat "$work/a"; fail "full run"; }
+  run 2 "$work/b1" --device cpu --epochs 2 --max-steps $half --ckpt-every $every --ckpt-dir "$work/ckb" || { cat "$work/b1"; fail "first half"; }
+  run 2 "$work/b2" --device cpu --epochs 2 --max-steps $steps --resume --ckpt-dir "$work/ckb" --save-weights "$work/wb" || { cat "$work/b2"; fail "resumed run"; }
   cat "$work/b2"
-  grep -q 'resume: step 40 ' "$work/b2" || fail "the resumed run did not start at step 40"
+  grep -q "resume: step $half " "$work/b2" || fail "the resumed run did not start at step $half"
   cmp "$work/wa" "$work/wb" || fail "resumed weights differ from the uninterrupted run"
   [ "$(stat -c %s "$work/wa")" -gt 100000 ] || fail "weights file too small"
   echo "PASS: resumed run bitwise equal to the uninterrupted run"
   ;;
 signal)
-  run 2 "$work/a" --device cpu --epochs 2 --max-steps 90 --ckpt-dir "$work/cka" --save-weights "$work/wa" || { cat "$work/a"; fail "full run"; }
+  run 2 "$work/a" --device cpu --epochs 2 --max-steps $steps --ckpt-dir "$work/cka" --save-weights "$work/wa" || { cat "$work/a"; fail "full run"; }
   "${mpi[@]}" -np 2 "$mnist" --data "$data" --cache-dir "$work/cache" --batch-size 64 --threads 1 \
-    --device cpu --epochs 2 --max-steps 90 --log-every 5 --ckpt-dir "$work/ckb" > "$work/b1" 2>&1 &
+    --device cpu --epochs 2 --max-steps $steps --log-every $((sig_at / 4)) --ckpt-dir "$work/ckb" > "$work/b1" 2>&1 &
   pid=$!
-  for _ in $(seq 600); do grep -q 'step 20/' "$work/b1" && break; sleep 0.05; done
+  for _ in $(seq 600); do grep -q "step $sig_at/" "$work/b1" && break; sleep 0.05; done
   kill -USR1 $pid
   wait $pid
   rc=$?
   cat "$work/b1"
   [ $rc = 3 ] || fail "exit status $rc after SIGUSR1, want 3"
   grep -q 'stop signal: checkpoint of step' "$work/b1" || fail "no checkpoint message"
-  run 2 "$work/b2" --device cpu --epochs 2 --max-steps 90 --resume --ckpt-dir "$work/ckb" --save-weights "$work/wb" || { cat "$work/b2"; fail "resumed run"; }
+  run 2 "$work/b2" --device cpu --epochs 2 --max-steps $steps --resume --ckpt-dir "$work/ckb" --save-weights "$work/wb" || { cat "$work/b2"; fail "resumed run"; }
   cat "$work/b2"
   cmp "$work/wa" "$work/wb" || fail "weights after signal + resume differ from the uninterrupted run"
   echo "PASS: stopped by SIGUSR1 with status 3, resumed to the same weights"
