@@ -16,15 +16,16 @@ export PATH=/usr/local/cuda/bin:$PATH
 
 # Scheduling (docs/testing.md, "Time budget"): CPU-bound tests share CTEST_JOBS `cpus` slots (one
 # per core, at least 2), tests labelled `wait` (mostly sleeping on timeouts) WAIT_JOBS `waits`
-# slots beside them, in one ctest run per build tree.
+# slots beside them, and the builds labelled `background` (at nice 19) one `background` slot, in
+# one ctest run per build tree.
 CPUS=${CTEST_JOBS:-$JOBS}
 [ "$CPUS" -ge 2 ] || CPUS=2
 WAITS=${WAIT_JOBS:-4}
 # ctest_sched ARGS...: ctest in the current (build) folder with that resource spec.
 ctest_sched() {
-  printf '{"version": {"major": 1, "minor": 0}, "local": [{"cpus": [{"id": "0", "slots": %d}], "waits": [{"id": "0", "slots": %d}]}]}\n' \
+  printf '{"version": {"major": 1, "minor": 0}, "local": [{"cpus": [{"id": "0", "slots": %d}], "waits": [{"id": "0", "slots": %d}], "background": [{"id": "0", "slots": 1}]}]}\n' \
     "$CPUS" "$WAITS" >ctest-resources.json
-  ctest --resource-spec-file "$PWD/ctest-resources.json" -j $((2 * (CPUS + WAITS))) "$@"
+  ctest --resource-spec-file "$PWD/ctest-resources.json" -j $((2 * (CPUS + WAITS) + 1)) "$@"
 }
 phase() { echo "== $* (at $((SECONDS / 60)) min $((SECONDS % 60)) s)"; }
 
