@@ -52,8 +52,14 @@ def main():
         time.sleep(0.3)
     wall = time.time() - t0
     subprocess.run(["scancel", job], capture_output=True)
-    time.sleep(1)
-    left = subprocess.run(["pgrep", "-f", f"{work}/probe"], capture_output=True, text=True).stdout.split()
+    # A process still exiting when the job's state changes (killed ranks, launch, on a loaded
+    # machine) is not left behind: one still there 15 s later is.
+    t_end = time.time()
+    while True:
+        left = subprocess.run(["pgrep", "-f", f"{work}/probe"], capture_output=True, text=True).stdout.split()
+        if not left or time.time() - t_end > 15:
+            break
+        time.sleep(0.5)
     for pid in left:  # leave nothing running even when the test fails
         subprocess.run(["kill", "-9", pid], capture_output=True)
     text = open(out).read() if os.path.exists(out) else ""
