@@ -21,6 +21,7 @@
  * blocking MPI call with the dead peer, hora_finalize gives up on it after 2 s and leaks the
  * engine's memory instead of hanging. */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -63,6 +64,35 @@ hora_result_t hora__engine_sg_groups(hora_ctx_t *ctx, uint64_t *sg_groups) {
 static void sleep_s(double s) {
   struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
   nanosleep(&ts, NULL);
+}
+
+/* Which rank's hora_finalize stopped the engine (for the messages of hora__engine_who_finalized).
+ * The heartbeat's FIN datagram usually names it first, but it travels apart from the engine's bit
+ * vector and can come later (a heartbeat thread left waiting for a core on a loaded machine): a
+ * rank then said "another rank". So the root engine does one MIN-allreduce of the ranks that
+ * called hora_finalize, on every rank: all of them leave the loop after the same cycle, on the
+ * same AND of flags (negotiate.c), so all of them reach this call. Waited for like every engine
+ * call (a peer found dead meanwhile ends it); left at -1 then. */
+static void find_stopper(hora_engine_t *eng) {
+  if (eng->up || eng->size <= 1) return;
+  int *v = malloc(2 * sizeof *v);
+  if (!v) return;
+  pthread_mutex_lock(&eng->mu);
+  v[0] = eng->stop_requested ? eng->rank : INT_MAX;
+  pthread_mutex_unlock(&eng->mu);
+  MPI_Request mr;
+  if (MPI_Iallreduce(&v[0], &v[1], 1, MPI_INT, MPI_MIN, eng->comm, &mr) != MPI_SUCCESS) {
+    free(v);
+    return;
+  }
+  if (hora__engine_mpi_wait(eng, &mr, "the engine's finalize exchange") != HORA_SUCCESS) {
+    hora__error_clear();
+    return; /* v leaked: MPI may still write it (hora__engine_mpi_wait) */
+  }
+  pthread_mutex_lock(&eng->mu);
+  if (v[1] != INT_MAX) eng->stopped_by = v[1];
+  pthread_mutex_unlock(&eng->mu);
+  free(v);
 }
 
 hora_result_t hora__engine_mpi_wait(hora_engine_t *eng, MPI_Request *req, const char *what) {
@@ -220,6 +250,7 @@ static void *engine_main(void *arg) {
     fail_all_pending(eng, eng->fail_rc, eng->dead_msg);
   } else {
     /* Stopped by this rank's hora_finalize, or by another rank's: then refuse later submits. */
+    find_stopper(eng);
     pthread_mutex_lock(&eng->mu);
     int mine = eng->stop_requested;
     eng->peer_stopped = !mine;
@@ -383,6 +414,7 @@ hora_result_t hora__engine_on_init(hora_ctx_t *ctx) {
   eng->size = ctx->size;
   eng->prm = *hora__params();
   eng->fail_rc = HORA_ERR_REMOTE;
+  eng->stopped_by = -1;
   eng->handles.next = eng->handles.prev = &eng->handles;
   pthread_mutex_init(&eng->mu, NULL);
   pthread_cond_init(&eng->cv, NULL);

@@ -178,6 +178,7 @@ typedef struct hora_engine {
   int stop_requested;
   int exited;          /* the thread has left its loop */
   int peer_stopped;    /* it left because another rank's hora_finalize began (under mu) */
+  int stopped_by;      /* root engine: the lowest rank whose hora_finalize stopped it, -1 unknown */
   pthread_cond_t exit_cv;
   hora_handle_t handles; /* sentinel of the live handle list */
 

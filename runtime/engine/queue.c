@@ -134,6 +134,7 @@ const char *hora__engine_who_finalized(const hora_engine_t *eng) {
   static _Thread_local char buf[48];
   const hora_engine_t *root = eng->up ? eng->up : eng;
   uint64_t fin = root->ctx->calls ? __atomic_load_n(&root->ctx->calls->fin, __ATOMIC_ACQUIRE) : 0;
+  if (!fin && !eng->up && eng->stopped_by >= 0) fin = (uint64_t)eng->stopped_by + 1; /* engine.c */
   if (!fin) return "another rank";
   snprintf(buf, sizeof buf, eng->up ? "rank %d of the parent context" : "rank %d", (int)(fin & 0xffffff) - 1);
   return buf;
