@@ -16,7 +16,7 @@ export PATH=/usr/local/cuda/bin:$PATH
 
 # Scheduling (docs/testing.md, "Time budget"): CPU-bound tests share CTEST_JOBS `cpus` slots (one
 # per core, at least 2), tests labelled `wait` (mostly sleeping on timeouts) WAIT_JOBS `waits`
-# slots beside them, and the builds labelled `background` (at nice 19) one `background` slot, in
+# slots beside them, and the builds labelled `background` (tests/common/background.sh) one `background` slot, in
 # one ctest run per build tree.
 CPUS=${CTEST_JOBS:-$JOBS}
 [ "$CPUS" -ge 2 ] || CPUS=2
@@ -52,20 +52,21 @@ fi
 
 phase "configure and build ($BUILD_DIR; the sanitizer trees build beside it and the tests)"
 # The AddressSanitizer and ThreadSanitizer trees build in the background at the lowest priority
-# (nice 19) while this build and the plain pass run: that pass leaves about a quarter of the
-# cores idle (tests that mostly wait), which the builds fill (docs/testing.md, "Time budget").
+# (tests/common/background.sh: a session of its own at nice 19) while this build and the plain
+# pass run: that pass leaves about a quarter of the cores idle (tests that mostly wait), which
+# the builds fill (docs/testing.md, "Time budget").
 # -O1 for ASan, as AddressSanitizer's documentation advises "to get a reasonable performance":
 # the test_coll sweeps (most of that pass) take a third of their -O0 CPU time.
 SAN_LOG=$(cd "$BUILD_DIR" && pwd)/sanitizer-builds.log
-(
-  nice -n 19 cmake -S . -B "$BUILD_DIR-asan" -DCMAKE_BUILD_TYPE=Debug -DHORA_SANITIZE=ON -DHORA_WITH_CUDA=OFF \
+setsid -w sh tests/common/background.sh bash -c '
+  cmake -S . -B "$1-asan" -DCMAKE_BUILD_TYPE=Debug -DHORA_SANITIZE=ON -DHORA_WITH_CUDA=OFF \
     -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
-    -DPython3_EXECUTABLE="$VENV/bin/python" >/dev/null &&
-    nice -n 19 cmake --build "$BUILD_DIR-asan" -j "$JOBS" &&
-    TSAN_BUILD_ONLY=1 nice -n 19 sh tests/engine/tsan.sh "$BUILD_DIR-tsan"
-) >"$SAN_LOG" 2>&1 &
+    -DPython3_EXECUTABLE="$2/bin/python" >/dev/null &&
+    cmake --build "$1-asan" -j "$3" &&
+    TSAN_BUILD_ONLY=1 sh tests/engine/tsan.sh "$1-tsan"' _ "$BUILD_DIR" "$VENV" "$JOBS" >"$SAN_LOG" 2>&1 &
 san_pid=$!
-trap 'kill $san_pid $pip_pid 2>/dev/null || true' EXIT
+# (the builds' session is their process group: the whole of it goes if this script fails)
+trap 'kill -- -$san_pid 2>/dev/null; kill $san_pid $pip_pid 2>/dev/null || true' EXIT
 # configure PENDING: PENDING=1 while the venv's packages are still installing (the Python tests
 # are then left out quietly, not replaced by the failing python_deps test).
 configure() {
@@ -83,7 +84,7 @@ if [ -n "$pip_pid" ]; then
   fi
   pip_pid=
   cp tests/python/requirements.txt "$stamp"
-  (nice -n 19 "$VENV/bin/python" -m compileall -q -j 0 "$VENV/lib" >/dev/null 2>&1 || true) &
+  (setsid sh tests/common/background.sh "$VENV/bin/python" -m compileall -q -j 0 "$VENV/lib" >/dev/null 2>&1 || true) &
   configure 0 # now with the Python tests (tests/python/CMakeLists.txt checks the packages)
   cmake --build "$BUILD_DIR" -j "$JOBS"
 fi
