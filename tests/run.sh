@@ -16,8 +16,8 @@ export PATH=/usr/local/cuda/bin:$PATH
 
 # Scheduling (docs/testing.md, "Time budget"): CPU-bound tests share CTEST_JOBS `cpus` slots (one
 # per core, at least 2), tests labelled `wait` (mostly sleeping on timeouts) WAIT_JOBS `waits`
-# slots beside them, and the builds labelled `background` (tests/common/background.sh) one `background` slot, in
-# one ctest run per build tree.
+# slots beside them, and the builds labelled `background` (tests/common/background.sh) one
+# `background` slot, in one ctest run per build tree.
 CPUS=${CTEST_JOBS:-$JOBS}
 [ "$CPUS" -ge 2 ] || CPUS=2
 WAITS=${WAIT_JOBS:-4}
@@ -38,7 +38,7 @@ VENV=$(cd "$BUILD_DIR" && pwd)/venv
 # Installs only when requirements.txt changed since the last successful install (torch is large).
 # The install (mostly downloading and unpacking PyTorch, one core at most) runs beside the C
 # build below; the build is configured again once it is done, which adds the Python tests.
-# --no-compile, then the byte-compilation in the background at nice 19: pip byte-compiles every
+# --no-compile, then the byte-compilation in the background (background.sh): pip byte-compiles every
 # installed module in the foreground otherwise (22 s of a 80 s install here, most of it
 # PyTorch's). compileall writes the .pyc files even where PYTHONDONTWRITEBYTECODE is set.
 stamp=$VENV/.hora-requirements
