@@ -58,7 +58,7 @@ phase "configure and build ($BUILD_DIR; the sanitizer trees build beside it and 
 # -O1 for ASan, as AddressSanitizer's documentation advises "to get a reasonable performance":
 # the test_coll sweeps (most of that pass) take a third of their -O0 CPU time.
 SAN_LOG=$(cd "$BUILD_DIR" && pwd)/sanitizer-builds.log
-setsid -w sh tests/common/background.sh bash -c '
+sh tests/common/background.sh bash -c '
   cmake -S . -B "$1-asan" -DCMAKE_BUILD_TYPE=Debug -DHORA_SANITIZE=ON -DHORA_WITH_CUDA=OFF \
     -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
     -DPython3_EXECUTABLE="$2/bin/python" >/dev/null &&
@@ -84,7 +84,7 @@ if [ -n "$pip_pid" ]; then
   fi
   pip_pid=
   cp tests/python/requirements.txt "$stamp"
-  (setsid sh tests/common/background.sh "$VENV/bin/python" -m compileall -q -j 0 "$VENV/lib" >/dev/null 2>&1 || true) &
+  (sh tests/common/background.sh "$VENV/bin/python" -m compileall -q -j 0 "$VENV/lib" >/dev/null 2>&1 || true) &
   configure 0 # now with the Python tests (tests/python/CMakeLists.txt checks the packages)
   cmake --build "$BUILD_DIR" -j "$JOBS"
 fi
