@@ -317,3 +317,64 @@ void hora__copy_stream_host(void *dst, const void *src, size_t n) {
 #endif
   memcpy(d, s, n);
 }
+
+/* The float32 sum of the shared-memory allreduce's own slice, scaled and stored twice (hora_kernels.h).
+ * Ours, as the reduce kernels are: one pass where reduce, scale and copy were three (the sum into the
+ * cache, the scale over it, the copy out of it), since the pass that reads the sources is the one
+ * whose stores must reach the recv buffer. Bit-identical to hora__reduce_n_host followed by
+ * hora__scale_host: the same additions in the same order, then one float32 multiply. */
+static float sum_scale_one(const float *const *srcs, int nsrc, size_t i, float f, int scale) {
+  float a = srcs[0][i];
+  for (int k = 1; k < nsrc; k++) a = a + srcs[k][i];
+  return scale ? a * f : a;
+}
+
+#if defined(__x86_64__)
+/* 16 floats per step; dst is 32-byte aligned when `stream` (the caller's head loop sees to it). */
+__attribute__((target("avx2"))) static void sum_scale2_avx2(float *dst, float *copy, const float *const *srcs,
+                                                            int nsrc, size_t i, size_t end, float f, int scale,
+                                                            int stream) {
+  __m256 vf = _mm256_set1_ps(f);
+  for (; i + 16 <= end; i += 16) {
+    _mm_prefetch((const char *)(srcs[0] + i + 128), _MM_HINT_T0);
+    __m256 x = _mm256_loadu_ps(srcs[0] + i), y = _mm256_loadu_ps(srcs[0] + i + 8);
+    for (int k = 1; k < nsrc; k++) {
+      x = _mm256_add_ps(x, _mm256_loadu_ps(srcs[k] + i));
+      y = _mm256_add_ps(y, _mm256_loadu_ps(srcs[k] + i + 8));
+    }
+    if (scale) {
+      x = _mm256_mul_ps(x, vf);
+      y = _mm256_mul_ps(y, vf);
+    }
+    _mm256_storeu_ps(copy + i, x);
+    _mm256_storeu_ps(copy + i + 8, y);
+    if (stream) {
+      _mm256_stream_ps(dst + i, x);
+      _mm256_stream_ps(dst + i + 8, y);
+    } else {
+      _mm256_storeu_ps(dst + i, x);
+      _mm256_storeu_ps(dst + i + 8, y);
+    }
+  }
+  if (stream) _mm_sfence(); /* streaming stores are weakly ordered */
+}
+#endif
+
+void hora__sum_scale2_f32_host(float *dst, float *copy, const float *const *srcs, int nsrc, size_t count,
+                               double factor, int stream) {
+  float f = (float)factor; /* as hora__scale_host: the factor rounded to float32 once */
+  int scale = factor != 1.0;
+  size_t i = 0;
+#if defined(__x86_64__)
+  if (count >= 64 && __builtin_cpu_supports("avx2")) {
+    stream = stream && ((uintptr_t)dst & 3) == 0; /* a float array not 4-byte aligned never aligns */
+    if (stream)
+      for (; ((uintptr_t)(dst + i) & 31) != 0; i++) dst[i] = copy[i] = sum_scale_one(srcs, nsrc, i, f, scale);
+    sum_scale2_avx2(dst, copy, srcs, nsrc, i, count, f, scale, stream);
+    i = count - (count - i) % 16;
+  }
+#else
+  (void)stream;
+#endif
+  for (; i < count; i++) dst[i] = copy[i] = sum_scale_one(srcs, nsrc, i, f, scale);
+}

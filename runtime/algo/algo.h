@@ -84,13 +84,18 @@ hora_result_t hora__shm_run_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t 
  * first barrier and compared there, before anything is written to a recv buffer (NULL: no
  * check); then HORA_ERR_MISMATCH (hora__call_compare's message, as `fn`) on every local rank on
  * a disagreement, HORA_ERR_TIMEOUT when a live rank has not come within HORA_STALL_SHUTDOWN_S. With
- * desc, count 0 is allowed and still meets the other ranks. Collective over ctx->local. */
+ * desc, count 0 is allowed and still meets the other ranks. Collective over ctx->local.
+ * fuse_f32: the dtype is float32, the op HORA_SUM, and the hook (which the pieces form then does
+ * not call; the flat form still does) multiplies by `scale` as hora__scale_host does: the pieces
+ * form sums, scales and stores its slice in one pass (hora__sum_scale2_f32_host), the same bits. */
 typedef struct {
   hora_shm_hook_fn hook;
   void *arg;
   int hook_local;
   const uint64_t *desc;
   const char *fn;
+  int fuse_f32;
+  double scale;
 } hora_shm_opts_t;
 hora_result_t hora__shm_run_opts(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
                                  hora_op_t op, const hora_shm_opts_t *o);

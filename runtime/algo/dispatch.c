@@ -200,6 +200,19 @@ static hora_result_t post_hook(void *arg, void *run, size_t n) {
   return hora__scale_and_average(a->ctx, run, n, a->dtype, a->op, a->postscale);
 }
 
+/* The options of an allreduce with average/postscale applied by post_hook; for a float32 sum
+ * the factor is also given for the shm algorithm's fused pass (algo.h, fuse_f32), the factor
+ * that hora__scale_and_average would apply. */
+static hora_shm_opts_t post_opts(post_arg_t *pa, const uint64_t *desc, const char *fn) {
+  int post = pa->op == HORA_AVERAGE || pa->postscale != 1.0;
+  hora_shm_opts_t o = {post ? post_hook : NULL, pa, 1, desc, fn, 0, 1.0};
+  if (pa->dtype == HORA_FLOAT32 && (pa->op == HORA_SUM || pa->op == HORA_AVERAGE)) {
+    o.fuse_f32 = 1;
+    o.scale = pa->op == HORA_AVERAGE ? pa->postscale / (double)pa->ctx->size : pa->postscale;
+  }
+  return o;
+}
+
 /* The public blocking allreduce on host buffers, call check included (coll.c). On one node, when
  * the algorithm is the shared-memory one, the descriptor rides in its first barrier (no extra
  * round trip, and nothing reaches recvbuf before the comparison: a prescale goes to a scratch
@@ -230,8 +243,7 @@ hora_result_t hora__allreduce_checked(hora_ctx_t *ctx, const char *fn, hora_call
   }
   hora_seg_t one = {scratch ? scratch : sendbuf, recvbuf, count};
   post_arg_t pa = {ctx, dtype, op, postscale};
-  int post = op == HORA_AVERAGE || postscale != 1.0;
-  hora_shm_opts_t o = {post ? post_hook : NULL, &pa, 1, words, fn};
+  hora_shm_opts_t o = post_opts(&pa, words, fn);
   hora_result_t rc = hora__shm_run_opts(ctx, &one, 1, dtype, op == HORA_AVERAGE ? HORA_SUM : op, &o);
   free(scratch);
   return rc;
@@ -240,7 +252,6 @@ hora_result_t hora__allreduce_checked(hora_ctx_t *ctx, const char *fn, hora_call
 hora_result_t hora__allreduce_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
                                    hora_op_t op, double postscale) {
   post_arg_t pa = {ctx, dtype, op, postscale};
-  int post = op == HORA_AVERAGE || postscale != 1.0;
-  hora_shm_opts_t o = {post ? post_hook : NULL, &pa, 1, NULL, NULL};
+  hora_shm_opts_t o = post_opts(&pa, NULL, NULL);
   return hora__shm_run_opts(ctx, seg, nseg, dtype, op == HORA_AVERAGE ? HORA_SUM : op, &o);
 }

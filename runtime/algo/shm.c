@@ -418,8 +418,9 @@ static char *slot_of(const struct hora_shm *s, int j, uint64_t round) {
 /* A result into a recv buffer. Large calls stream it (non-temporal stores): the recv buffers are
  * larger than the caches, so ordinary stores would first read every destination line from
  * memory, a third more traffic for a copy. 4 ranks on 2 cores, 16 MiB: 3.0 -> 3.8-3.9 GB/s
- * busbw; 2 ranks from 32 MiB: 3.7-4.1 -> 4.7-5.5 (docs/benchmarks.md). Below the threshold the
- * results stay in the cache for the caller. */
+ * busbw; 2 ranks from 32 MiB: 3.7-4.1 -> 4.7-5.5; with the fused float32 pass, 2 ranks at 8 and
+ * 16 MiB too (docs/benchmarks.md, "Fused float32 slice"). Below the threshold the results stay
+ * in the cache for the caller. */
 static void put(const struct hora_shm *s, void *dst, const void *src, size_t bytes) {
   if (s->stream) hora__copy_stream_host(dst, src, bytes);
   else memcpy(dst, src, bytes);
@@ -447,8 +448,7 @@ static void copy_in(struct hora_shm *s, const piece_t *p, size_t es, uint64_t ro
  * segments' recv buffers, one run within one segment at a time, call the hook on each run, then
  * publish it in this rank's region of its slot. */
 static hora_result_t reduce_own(struct hora_shm *s, const piece_t *p, size_t es, hora_dtype_t dtype,
-                                hora_op_t op, uint64_t round, const void **srcs, hora_shm_hook_fn hook,
-                                void *arg) {
+                                hora_op_t op, uint64_t round, const void **srcs, const hora_shm_opts_t *o) {
   seg_cursor_t c = p->at;
   size_t v = p->base + (size_t)s->l * p->sl, end = v + slice_len(p, s->l), done = 0, off;
   char *pub = slot_of(s, s->l, round) + (size_t)s->l * s->region;
@@ -459,10 +459,17 @@ static hora_result_t reduce_own(struct hora_shm *s, const piece_t *p, size_t es,
     for (int j = 0, k = 1; j < s->L; j++)
       if (j != s->l) srcs[k++] = slot_of(s, j, round) + (size_t)s->l * s->region + done * es;
     char *q = pub + done * es; /* reduced into the slot (in the cache), then copied out */
-    hora_result_t rc = hora__reduce_n_host(q, srcs, s->L, n, dtype, op, NULL);
-    if (rc != HORA_SUCCESS) return HORA_ERR(HORA_ERR_INTERNAL, "shm: host reduce failed (%s)", hora_result_name(rc));
-    if (hook) HORA_CHECK(hook(arg, q, n));
-    put(s, (char *)g->dst + off * es, q, n * es);
+    if (o->fuse_f32) {
+      /* One pass instead of three (reduce, scale, copy out): docs/benchmarks.md, "Fused float32
+       * slice". */
+      hora__sum_scale2_f32_host((float *)((char *)g->dst + off * es), (float *)q, (const float *const *)srcs, s->L,
+                                n, o->scale, s->stream);
+    } else {
+      hora_result_t rc = hora__reduce_n_host(q, srcs, s->L, n, dtype, op, NULL);
+      if (rc != HORA_SUCCESS) return HORA_ERR(HORA_ERR_INTERNAL, "shm: host reduce failed (%s)", hora_result_name(rc));
+      if (o->hook) HORA_CHECK(o->hook(o->arg, q, n));
+      put(s, (char *)g->dst + off * es, q, n * es);
+    }
     v += n;
     done += n;
   }
@@ -545,7 +552,7 @@ static hora_result_t run_pieces(struct hora_shm *s, const hora_seg_t *seg, size_
       return brc; /* a lost peer: no later barrier would complete */
     }
     if (have_prev) copy_out(s, &prev, es, s->round - 1);
-    if (rc == HORA_SUCCESS) rc = reduce_own(s, &p, es, dtype, op, s->round, srcs, o->hook, o->arg);
+    if (rc == HORA_SUCCESS) rc = reduce_own(s, &p, es, dtype, op, s->round, srcs, o);
     prev = p;
     have_prev = 1;
     s->round++;
@@ -582,7 +589,7 @@ hora_result_t hora__shm_run_opts(hora_ctx_t *ctx, const hora_seg_t *seg, size_t 
 
 hora_result_t hora__shm_run_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
                                  hora_op_t op, hora_shm_hook_fn hook, void *arg) {
-  hora_shm_opts_t o = {hook, arg, 0, NULL, NULL};
+  hora_shm_opts_t o = {hook, arg, 0, NULL, NULL, 0, 1.0};
   return hora__shm_run_opts(ctx, seg, nseg, dtype, op, &o);
 }
 

@@ -6,8 +6,9 @@
  * the exact value; that nothing outside a segment's recv range is written and no out-of-place
  * send buffer changes; that the hook sees each element of the virtual buffer exactly once over
  * all ranks, in the shared window before it is copied out; that the result is bit-identical to
- * hora__shm_run over the same data concatenated; and that a hook error on one rank is returned there without
- * hanging the others. Needs one node (every rank of the test runs on this machine). */
+ * hora__shm_run over the same data concatenated, and to the engine's fused float32 pass
+ * (hora__allreduce_segs) for sum and average; and that a hook error on one rank is returned there
+ * without hanging the others. Needs one node (every rank of the test runs on this machine). */
 #include <math.h>
 #include <stdint.h>
 
@@ -50,6 +51,42 @@ static hora_result_t hook(void *arg, void *run, size_t n) {
   if (a->fail) return HORA_ERR(HORA_ERR_INTERNAL, "test hook fails on purpose");
   /* HORA_AVERAGE's division, as the engine applies it (the op passed down is SUM). */
   return hora__scale_and_average(ctx, run, n, a->dtype, HORA_AVERAGE, 1.0);
+}
+
+/* The engine's path (hora__allreduce_segs) takes the fused float32 pass (reduce, average and
+ * both stores at once, hora__sum_scale2_f32_host) where the calls above reduce, then run the
+ * hook, then copy: the results must be the same bits, in place and out of place, and nothing
+ * past a recv range may be written. `want` holds the results of the calls above. */
+static void fused_same_bits(const char *name, const hora_seg_t *seg, char *const *want, hora_op_t op) {
+  hora_seg_t s2[NSEG];
+  char *r2[NSEG];
+  for (size_t i = 0; i < NSEG; i++) {
+    size_t b = counts[i] * 4;
+    r2[i] = NULL;
+    s2[i] = (hora_seg_t){NULL, NULL, counts[i]};
+    if (!counts[i]) continue;
+    r2[i] = malloc(b + GUARD);
+    memset(r2[i] + b, 0xEF, GUARD);
+    if (i % 3 == 0) { /* in place, as above: the send values again */
+      for (size_t k = 0; k < counts[i]; k++) ((float *)r2[i])[k] = ((const float *)seg[i].src)[k];
+      s2[i] = (hora_seg_t){r2[i], r2[i], counts[i]};
+    } else {
+      s2[i] = (hora_seg_t){seg[i].src, r2[i], counts[i]};
+    }
+  }
+  /* The in-place segments' sources were overwritten by the first calls: rebuild them. */
+  for (size_t i = 0, v = 0; i < NSEG; v += counts[i++])
+    if (counts[i] && i % 3 == 0)
+      for (size_t k = 0; k < counts[i]; k++) hora__elem_store(r2[i], HORA_FLOAT32, k, input(HORA_FLOAT32, op, rank, v + k));
+  EXPECT_OK(hora__allreduce_segs(ctx, s2, NSEG, HORA_FLOAT32, op, 1.0));
+  for (size_t i = 0; i < NSEG; i++) {
+    if (!counts[i]) continue;
+    size_t b = counts[i] * 4, g = 0;
+    EXPECT(memcmp(r2[i], want[i], b) == 0, "%s: segment %zu: the fused pass gave other bits", name, i);
+    while (g < GUARD && (unsigned char)r2[i][b + g] == 0xEF) g++;
+    EXPECT(g == GUARD, "%s: segment %zu: the fused pass wrote byte %zu past its end", name, i, g);
+    free(r2[i]);
+  }
 }
 
 static void run_case(hora_dtype_t d, hora_op_t op) {
@@ -112,6 +149,7 @@ static void run_case(hora_dtype_t d, hora_op_t op) {
     v += counts[i];
   }
   EXPECT(bad == 0, "%s: %ld wrong elements", name, bad);
+  if (d == HORA_FLOAT32 && (op == HORA_SUM || avg)) fused_same_bits(name, seg, rbuf, op);
   if (avg) {
     unsigned long long seen = ha.seen, all = 0;
     MPI_Allreduce(&seen, &all, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);

@@ -308,6 +308,49 @@ static void test_copy_stream(void) {
   free(dst);
 }
 
+/* The shm allreduce's fused float32 pass: the same bits as reduce_n then scale, in both outputs,
+ * for 1..4 sources, every dst alignment a float can have (and one it cannot: 2 bytes off, where
+ * streaming is refused), streamed or not, with and without a factor; nothing outside written. */
+static void test_sum_scale2(void) {
+  const size_t maxn = 5000, cap = (maxn + 64) * sizeof(float);
+  char *src[4], *dst = xmalloc(cap), *copy = xmalloc(cap), *want = xmalloc(cap);
+  for (int k = 0; k < 4; k++) {
+    src[k] = xmalloc(cap);
+    fill(src[k], HORA_FLOAT32, cap / sizeof(float));
+  }
+  const size_t lens[] = {0, 1, 15, 63, 64, 65, 1000, maxn};
+  const double factors[] = {1.0, 0.5, 1.0 / 3.0, 0.1};
+  for (int ns = 1; ns <= 4; ns++)
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+      for (size_t doff = 0; doff <= 34; doff += 2) /* bytes: 0, 4, .., 32 and the odd 2, 6, .. */
+        for (size_t fi = 0; fi < sizeof factors / sizeof factors[0]; fi++)
+          for (int stream = 0; stream < 2; stream++) {
+            size_t n = lens[li];
+            const float *ss[4];
+            for (int k = 0; k < ns; k++) ss[k] = (const float *)(src[k] + 4 * (size_t)(k + 1));
+            EXPECT_OK(hora__reduce_n_host(want, (const void *const *)ss, ns, n, HORA_FLOAT32, HORA_SUM, NULL));
+            EXPECT_OK(hora__scale_host(want, want, n, HORA_FLOAT32, factors[fi], NULL));
+            memset(dst, 0xa5, cap);
+            memset(copy, 0x5a, cap);
+            float *d = (float *)(dst + doff), *c = (float *)(copy + 12);
+            hora__sum_scale2_f32_host(d, c, ss, ns, n, factors[fi], stream);
+            size_t bd = first_diff(d, want, n, 4), bc = first_diff(c, want, n, 4);
+            EXPECT(bd == (size_t)-1 && bc == (size_t)-1,
+                   "sum_scale2 %d sources n %zu dst+%zu factor %g stream %d: element %zu (dst) / %zu (copy) differs",
+                   ns, n, doff, factors[fi], stream, bd, bc);
+            size_t past = 0;
+            for (size_t i = 0; i < cap; i++) {
+              past += (i < doff || i >= doff + 4 * n) && (unsigned char)dst[i] != 0xa5;
+              past += (i < 12 || i >= 12 + 4 * n) && (unsigned char)copy[i] != 0x5a;
+            }
+            EXPECT(past == 0, "sum_scale2 %d sources n %zu dst+%zu: %zu bytes written outside", ns, n, doff, past);
+          }
+  for (int k = 0; k < 4; k++) free(src[k]);
+  free(dst);
+  free(copy);
+  free(want);
+}
+
 static void test_errors(void) {
   float x = 1;
   const void *one[1] = {&x};
@@ -328,6 +371,7 @@ int main(void) {
   test_casts();
   test_batched_copy();
   test_copy_stream();
+  test_sum_scale2();
   test_errors();
   return hora_test_finish("test_kernels_host");
 }
