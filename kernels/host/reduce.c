@@ -367,7 +367,6 @@ void hora__sum_scale2_f32_host(float *dst, float *copy, const float *const *srcs
   size_t i = 0;
 #if defined(__x86_64__)
   if (count >= 64 && __builtin_cpu_supports("avx2")) {
-    stream = stream && ((uintptr_t)dst & 3) == 0; /* a float array not 4-byte aligned never aligns */
     if (stream)
       for (; ((uintptr_t)(dst + i) & 31) != 0; i++) dst[i] = copy[i] = sum_scale_one(srcs, nsrc, i, f, scale);
     sum_scale2_avx2(dst, copy, srcs, nsrc, i, count, f, scale, stream);

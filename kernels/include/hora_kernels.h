@@ -57,7 +57,8 @@ void hora__copy_stream_host(void *dst, const void *src, size_t bytes);
  * buffer and to the slot its peers read). The multiply is a float32 one by (float)factor and is
  * skipped for factor 1.0: the bits of hora__reduce_n_host then hora__scale_host. stream: dst is
  * written with non-temporal stores (x86-64 with AVX2; plain stores elsewhere), as
- * hora__copy_stream_host; copy always with plain ones. No region may overlap another. */
+ * hora__copy_stream_host; copy always with plain ones. Every pointer must be float-aligned (4
+ * bytes); no region may overlap another. */
 void hora__sum_scale2_f32_host(float *dst, float *copy, const float *const *srcs, int nsrc, size_t count,
                                double factor, int stream);
 

@@ -459,16 +459,17 @@ static hora_result_t reduce_own(struct hora_shm *s, const piece_t *p, size_t es,
     for (int j = 0, k = 1; j < s->L; j++)
       if (j != s->l) srcs[k++] = slot_of(s, j, round) + (size_t)s->l * s->region + done * es;
     char *q = pub + done * es; /* reduced into the slot (in the cache), then copied out */
-    if (o->fuse_f32) {
+    char *dst = (char *)g->dst + off * es;
+    if (o->fuse_f32 && (((uintptr_t)dst | (uintptr_t)srcs[0]) & 3) == 0) {
       /* One pass instead of three (reduce, scale, copy out): docs/benchmarks.md, "Fused float32
-       * slice". */
-      hora__sum_scale2_f32_host((float *)((char *)g->dst + off * es), (float *)q, (const float *const *)srcs, s->L,
-                                n, o->scale, s->stream);
+       * slice". Only for float-aligned buffers, which the kernel needs; a buffer that is not
+       * (a NumPy view at an odd byte offset) takes the three passes, whose copy out is bytes. */
+      hora__sum_scale2_f32_host((float *)dst, (float *)q, (const float *const *)srcs, s->L, n, o->scale, s->stream);
     } else {
       hora_result_t rc = hora__reduce_n_host(q, srcs, s->L, n, dtype, op, NULL);
       if (rc != HORA_SUCCESS) return HORA_ERR(HORA_ERR_INTERNAL, "shm: host reduce failed (%s)", hora_result_name(rc));
       if (o->hook) HORA_CHECK(o->hook(o->arg, q, n));
-      put(s, (char *)g->dst + off * es, q, n * es);
+      put(s, dst, q, n * es);
     }
     v += n;
     done += n;

@@ -20,13 +20,19 @@ int main(int argc, char **argv) {
     return HORA_TEST_SKIP;
   }
   char path[] = "/tmp/hora-stall-XXXXXX";
-  int saved = -1;
+  int saved = -1, logfd = -1;
   if (wrank == 0) {
-    int fd = mkstemp(path);
+    /* The file is unlinked at once and read back through its descriptor: nothing is left in
+     * /tmp even when the rank dies (a sanitizer's halt). */
+    logfd = mkstemp(path);
+    if (logfd < 0) {
+      perror("test_engine_stall: mkstemp");
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    unlink(path);
     fflush(stderr);
     saved = dup(2);
-    dup2(fd, 2);
-    close(fd);
+    dup2(logfd, 2);
   }
   hora_ctx_t *ctx;
   if (hora_init(&ctx) != HORA_SUCCESS) return 1;
@@ -67,12 +73,10 @@ int main(int argc, char **argv) {
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
-    FILE *f = fopen(path, "r");
     static char log[1 << 16];
-    size_t n = f ? fread(log, 1, sizeof log - 1, f) : 0;
-    log[n] = 0;
-    if (f) fclose(f);
-    unlink(path);
+    ssize_t got = pread(logfd, log, sizeof log - 1, 0);
+    log[got > 0 ? got : 0] = 0;
+    close(logfd);
     fputs(log, stderr);
     char want1[96], want2[96];
     snprintf(want1, sizeof want1, "'stall/withheld' missing on rank %d", L);

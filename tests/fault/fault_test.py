@@ -31,7 +31,13 @@ stage, kind = case.split(":")
 np_ = int(np_)
 # rank 0 runs the checkpoint writer and copier; elsewhere the victim is the last rank
 victim = 0 if stage == "copy" else np_ - 1
-PEER_S, INIT_S = 3.0, 8.0
+# Under the sanitizers (tests/run.sh sets ASAN_OPTIONS for that pass) ranks run several times
+# slower beside other tests on the same cores, and a live rank was once silent for 3 s at
+# start-up (4 ranks, init:mute: rank 2 declared dead instead of the muted rank 3): twice the
+# peer timeout there, and twice the start-up one (a "late" victim is 2 peer timeouts late, which
+# must stay inside it).
+SLOW = 2.0 if "ASAN_OPTIONS" in os.environ else 1.0
+PEER_S, INIT_S = 3.0 * SLOW, 8.0 * SLOW
 work = os.path.join(work_root, f"{stage}_{kind}_np{np_}")
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
