@@ -52,7 +52,8 @@ hora_result_t hora__batched_copy_host(const hora_copy_desc_t *descs, size_t n, v
  * the cache; head and tail go through memcpy. Worth it for copies larger than the caches; the
  * caller decides. Ends with a store fence. Regions must not overlap. */
 void hora__copy_stream_host(void *dst, const void *src, size_t bytes);
-/* float32 only: v[i] = (srcs[0][i] + srcs[1][i] + ... + srcs[nsrc-1][i]) * factor, i < count, stored
+/* Host only (the shared-memory allreduce's; no CUDA counterpart), float32 only:
+ * v[i] = (srcs[0][i] + srcs[1][i] + ... + srcs[nsrc-1][i]) * factor, i < count, stored
  * to both dst[i] and copy[i] in one pass (the shared-memory allreduce's own slice goes to the recv
  * buffer and to the slot its peers read). The multiply is a float32 one by (float)factor and is
  * skipped for factor 1.0: the bits of hora__reduce_n_host then hora__scale_host. stream: dst is
