@@ -131,6 +131,11 @@ hora_result_t hora__allreduce_host(hora_ctx_t *ctx, void *buf, size_t count, hor
 
 /* ---- scaling and averaging, and the full allreduce ---- */
 
+/* The factor a floating result is multiplied by: postscale, divided by the size for an average. */
+static double float_factor(const hora_ctx_t *ctx, hora_op_t op, double postscale) {
+  return op == HORA_AVERAGE ? postscale / (double)ctx->size : postscale;
+}
+
 hora_result_t hora__scale_and_average(hora_ctx_t *ctx, void *buf, size_t count,
                                       hora_dtype_t dtype, hora_op_t op, double postscale) {
   int is_float = dtype == HORA_FLOAT16 || dtype == HORA_BFLOAT16 || dtype == HORA_FLOAT32 ||
@@ -155,8 +160,7 @@ hora_result_t hora__scale_and_average(hora_ctx_t *ctx, void *buf, size_t count,
     }
     return HORA_SUCCESS;
   }
-  double f = postscale;
-  if (op == HORA_AVERAGE) f /= (double)ctx->size;
+  double f = float_factor(ctx, op, postscale);
   if (f != 1.0) HORA_CHECK(hora__scale_host(buf, buf, count, dtype, f, NULL));
   return HORA_SUCCESS;
 }
@@ -201,14 +205,14 @@ static hora_result_t post_hook(void *arg, void *run, size_t n) {
 }
 
 /* The options of an allreduce with average/postscale applied by post_hook; for a float32 sum
- * the factor is also given for the shm algorithm's fused pass (algo.h, fuse_f32), the factor
- * that hora__scale_and_average would apply. */
+ * the factor hora__scale_and_average would apply is also given, for the shm algorithm's fused
+ * pass (algo.h, fuse_f32). */
 static hora_shm_opts_t post_opts(post_arg_t *pa, const uint64_t *desc, const char *fn) {
   int post = pa->op == HORA_AVERAGE || pa->postscale != 1.0;
   hora_shm_opts_t o = {post ? post_hook : NULL, pa, 1, desc, fn, 0, 1.0};
   if (pa->dtype == HORA_FLOAT32 && (pa->op == HORA_SUM || pa->op == HORA_AVERAGE)) {
     o.fuse_f32 = 1;
-    o.scale = pa->op == HORA_AVERAGE ? pa->postscale / (double)pa->ctx->size : pa->postscale;
+    o.scale = float_factor(pa->ctx, pa->op, pa->postscale);
   }
   return o;
 }

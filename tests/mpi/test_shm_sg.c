@@ -60,24 +60,20 @@ static hora_result_t hook(void *arg, void *run, size_t n) {
 static void fused_same_bits(const char *name, const hora_seg_t *seg, char *const *want, hora_op_t op) {
   hora_seg_t s2[NSEG];
   char *r2[NSEG];
-  for (size_t i = 0; i < NSEG; i++) {
+  for (size_t i = 0, v = 0; i < NSEG; v += counts[i++]) {
     size_t b = counts[i] * 4;
     r2[i] = NULL;
     s2[i] = (hora_seg_t){NULL, NULL, counts[i]};
     if (!counts[i]) continue;
     r2[i] = malloc(b + GUARD);
     memset(r2[i] + b, 0xEF, GUARD);
-    if (i % 3 == 0) { /* in place, as above: the send values again */
-      for (size_t k = 0; k < counts[i]; k++) ((float *)r2[i])[k] = ((const float *)seg[i].src)[k];
+    if (i % 3 == 0) { /* in place, as above; the first calls overwrote those sends: fill afresh */
+      for (size_t k = 0; k < counts[i]; k++) hora__elem_store(r2[i], HORA_FLOAT32, k, input(HORA_FLOAT32, op, rank, v + k));
       s2[i] = (hora_seg_t){r2[i], r2[i], counts[i]};
     } else {
       s2[i] = (hora_seg_t){seg[i].src, r2[i], counts[i]};
     }
   }
-  /* The in-place segments' sources were overwritten by the first calls: rebuild them. */
-  for (size_t i = 0, v = 0; i < NSEG; v += counts[i++])
-    if (counts[i] && i % 3 == 0)
-      for (size_t k = 0; k < counts[i]; k++) hora__elem_store(r2[i], HORA_FLOAT32, k, input(HORA_FLOAT32, op, rank, v + k));
   EXPECT_OK(hora__allreduce_segs(ctx, s2, NSEG, HORA_FLOAT32, op, 1.0));
   for (size_t i = 0; i < NSEG; i++) {
     if (!counts[i]) continue;
