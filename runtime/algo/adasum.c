@@ -52,7 +52,7 @@ static hora_result_t swap(hora_ctx_t *ctx, int partner, const void *sbuf, size_t
   if (sown) MPI_Type_free(&st); /* MPI keeps a type alive until the requests using it end */
   if (rown) MPI_Type_free(&rt);
   if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Isend/Irecv(adasum)", __FILE__, __LINE__);
-  return hora__algo_wait(ctx, 2, req, "hora_allreduce (adasum)");
+  return hora__algo_wait_data(ctx, 2, req, "hora_allreduce (adasum)", sbytes + rbytes);
 }
 
 /* dots[0..3) = {lo.hi, |lo|^2, |hi|^2} over n elements of lo and hi. */

@@ -25,7 +25,7 @@ hora_result_t hora__broadcast_host(hora_ctx_t *ctx, void *buf, size_t bytes, int
   int rc = MPI_Ibcast(buf, 1, t, root, ctx->world, &req);
   if (owned) MPI_Type_free(&t); /* allowed while the request is pending */
   if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Ibcast", __FILE__, __LINE__);
-  return hora__algo_wait(ctx, 1, &req, "MPI_Ibcast");
+  return hora__algo_wait_data(ctx, 1, &req, "MPI_Ibcast", bytes);
 }
 
 hora_result_t hora__allgather_host(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t bytes) {
@@ -40,7 +40,7 @@ hora_result_t hora__allgather_host(hora_ctx_t *ctx, const void *sendbuf, void *r
   int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuf, 1, t, ctx->world, &req);
   if (owned) MPI_Type_free(&t);
   if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Iallgather", __FILE__, __LINE__);
-  return hora__algo_wait(ctx, 1, &req, "MPI_Iallgather");
+  return hora__algo_wait_data(ctx, 1, &req, "MPI_Iallgather", bytes * (size_t)ctx->size);
 }
 
 /* Pairwise exchange: in step s (1..n-1) send to rank+s and receive from rank-s. Used by
@@ -65,7 +65,7 @@ static hora_result_t exchange(hora_ctx_t *ctx, const char *const *sendptr, const
     if (sown) MPI_Type_free(&st);
     if (rown) MPI_Type_free(&rt);
     if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Irecv/MPI_Isend (exchange)", __FILE__, __LINE__);
-    HORA_CHECK(hora__algo_wait(ctx, 2, req, "MPI_Irecv/MPI_Isend (exchange)"));
+    HORA_CHECK(hora__algo_wait_data(ctx, 2, req, "MPI_Irecv/MPI_Isend (exchange)", sendbytes[to] + recvbytes[from]));
   }
   return HORA_SUCCESS;
 }
@@ -125,7 +125,7 @@ hora_result_t hora__alltoall_host(hora_ctx_t *ctx, const void *sendbuf, void *re
   int rc = MPI_Ialltoall(sendbuf, 1, t, recvbuf, 1, t, ctx->world, &req);
   if (owned) MPI_Type_free(&t);
   if (rc != MPI_SUCCESS) return hora__mpi_error(rc, "MPI_Ialltoall", __FILE__, __LINE__);
-  return hora__algo_wait(ctx, 1, &req, "MPI_Ialltoall");
+  return hora__algo_wait_data(ctx, 1, &req, "MPI_Ialltoall", 2 * bytes * (size_t)ctx->size);
 }
 
 hora_result_t hora__alltoallv_host(hora_ctx_t *ctx, const void *sendbuf, const size_t *sendcounts,

@@ -132,7 +132,7 @@ hora_result_t hora__allreduce_mpi(hora_ctx_t *ctx, MPI_Comm comm, void *buf, siz
     size_t n = count - off < (size_t)INT_MAX ? count - off : (size_t)INT_MAX;
     MPI_Request req = MPI_REQUEST_NULL;
     HORA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + off * es, (int)n, t, o, comm, &req));
-    HORA_CHECK(hora__algo_wait(ctx, 1, &req, "MPI_Iallreduce"));
+    HORA_CHECK(hora__algo_wait_data(ctx, 1, &req, "MPI_Iallreduce", 2 * n * es));
     off += n;
   }
   return HORA_SUCCESS;

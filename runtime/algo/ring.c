@@ -124,7 +124,7 @@ static void cancel_all(MPI_Request *req, int n) {
  * stopped): then HORA_ERR_REMOTE (the verdict's code) and the requests are abandoned. The same
  * polling as hora__algo_wait (state.c): MPI_Waitsome spins in Open MPI's progress engine too. */
 static hora_result_t wait_some(const ring_t *R, int nreq, MPI_Request *req, int *outcount, int *idx) {
-  hora_backoff_t backoff = {0, 0};
+  hora_backoff_t backoff = {0, 0, 0};
   for (unsigned i = 0;; i++) {
     int mrc = MPI_Testsome(nreq, req, outcount, idx, MPI_STATUSES_IGNORE);
     if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Testsome (ring)", __FILE__, __LINE__);

@@ -27,6 +27,16 @@
 #define WAIT_SPIN_NS 20000
 #define WAIT_YIELD_S 10e-3
 #define WAIT_SLEEP_MAX_S 1e-3
+/* Why a wait for data polls longer: Open MPI moves a large message only inside the MPI calls of
+ * the ranks that exchange it whenever no single-copy mechanism is there (shared memory without
+ * CMA, which containers without ptrace rights lack; its non-blocking collectives' rounds; the
+ * fragments of a rendezvous), so a nap between two polls stalls the transfer itself: on 2 ranks
+ * without CMA a polled 32 MiB MPI_Iallreduce took 347 ms (0.1 GB/s) against 10 ms at 16 MiB, whose
+ * wait ended before the naps began (docs/benchmarks.md, "Waits that move data"). A wait for an
+ * operation of `bytes` therefore yields without napping for bytes / WAIT_RATE_FLOOR longer: a
+ * transfer slower than 50 MB/s (a slow link, or a peer that is not there yet) then naps as any
+ * other wait, and a wait that moves no data (a barrier, a control message) is unchanged. */
+#define WAIT_RATE_FLOOR 50e6
 int hora__algo_wait_backoff(unsigned i, hora_backoff_t *b) {
   if (i < WAIT_SPINS) return 0;
   if (i == WAIT_SPINS) {
@@ -36,14 +46,14 @@ int hora__algo_wait_backoff(unsigned i, hora_backoff_t *b) {
   if (b->until > 0 && ((i & 63) != 0 || hora__now_s() < b->until)) return 0;
   b->until = 0; /* spun long enough: yield, then sleep, from now on */
   double waited = hora__now_s() - b->start;
-  if (waited < WAIT_YIELD_S) {
+  if (waited < WAIT_YIELD_S + (double)b->bytes / WAIT_RATE_FLOOR) {
     sched_yield();
     return 1;
   }
   double nap = waited / 16 < WAIT_SLEEP_MAX_S ? waited / 16 : WAIT_SLEEP_MAX_S;
   struct timespec ts = {0, (long)(nap * 1e9)};
   nanosleep(&ts, NULL);
-  return 1;
+  return 2;
 }
 
 /* The stall inspection across nodes: the rank that entered the fewest calls, as rank 0 last saw
@@ -103,8 +113,9 @@ static hora_result_t stall_look(hora_ctx_t *ctx, stall_t *st, double waited, con
 }
 
 /* The polled wait of both entry points; st NULL: no stall inspection. */
-static hora_result_t wait_all(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what, stall_t *st) {
-  hora_backoff_t backoff = {0, 0};
+static hora_result_t wait_all(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what, stall_t *st,
+                              size_t bytes) {
+  hora_backoff_t backoff = {0, 0, bytes};
   double next_look = st ? st->t0 + 0.1 : 0;
   for (unsigned i = 0;; i++) {
     int flag = 0;
@@ -122,14 +133,18 @@ static hora_result_t wait_all(hora_ctx_t *ctx, int n, MPI_Request *req, const ch
 }
 
 hora_result_t hora__algo_wait(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what) {
-  return wait_all(ctx, n, req, what, NULL);
+  return wait_all(ctx, n, req, what, NULL, 0);
+}
+
+hora_result_t hora__algo_wait_data(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what, size_t bytes) {
+  return wait_all(ctx, n, req, what, NULL, bytes);
 }
 
 hora_result_t hora__algo_wait_call(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what) {
   const hora_params_t *p = hora__params();
-  if (!ctx->calls || (p->stall_warning_s <= 0 && p->stall_shutdown_s <= 0)) return wait_all(ctx, n, req, what, NULL);
+  if (!ctx->calls || (p->stall_warning_s <= 0 && p->stall_shutdown_s <= 0)) return wait_all(ctx, n, req, what, NULL, 0);
   stall_t st = {__atomic_load_n(&ctx->calls->entered, __ATOMIC_ACQUIRE), hora__now_s(), 0};
-  return wait_all(ctx, n, req, what, &st);
+  return wait_all(ctx, n, req, what, &st, 0);
 }
 
 /* Why 65024 bytes across nodes: Open MPI sends a message above its TCP eager limit (64 KiB with

@@ -29,6 +29,11 @@ hora_result_t hora__algo_scratch(hora_ctx_t *ctx, size_t bytes, void **out);
  * freed: their buffers must stay allocated (hora_finalize then skips MPI_Finalize). MPI errors:
  * HORA_ERR_MPI naming `what`. Use it for every wait of a blocking collective. */
 hora_result_t hora__algo_wait(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what);
+/* hora__algo_wait for requests that move `bytes` bytes between this rank and others (the sum of
+ * what this rank sends and receives, about): the wait polls without napping for bytes / 50 MB/s
+ * longer, since Open MPI moves such data only inside this rank's MPI calls where it has no
+ * single-copy path (state.c, WAIT_RATE_FLOOR). Same errors as hora__algo_wait. */
+hora_result_t hora__algo_wait_data(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what, size_t bytes);
 /* hora__algo_wait for the call check across nodes (callcheck.c) of the context hora_init made:
  * it also runs the stall inspection there. After HORA_STALL_WARNING_S it logs (once) the rank that
  * entered the fewest blocking calls as rank 0 last saw it (struct hora_calls' lag: the heartbeats
@@ -38,12 +43,14 @@ hora_result_t hora__algo_wait(hora_ctx_t *ctx, int n, MPI_Request *req, const ch
  * learns of it. Other contexts (sets, the engine's) and both limits 0: plain hora__algo_wait. */
 hora_result_t hora__algo_wait_call(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what);
 /* The backoff of those polls, for loops that poll otherwise (the ring's MPI_Testsome): call it
- * after the i-th unsuccessful poll (i from 0, *b zeroed at the start of the wait); it spins for
- * about 20 us, then yields the core until the wait has lasted 10 ms, then sleeps 1/16 of the time
- * waited (at most 1 ms) per poll (returns 1 when it yielded or slept). */
+ * after the i-th unsuccessful poll (i from 0, *b zeroed at the start of the wait but for `bytes`);
+ * it spins for about 20 us, then yields the core until the wait has lasted 10 ms plus bytes /
+ * 50 MB/s, then sleeps 1/16 of the time waited (at most 1 ms) per poll. Returns 0 when it only
+ * spun, 1 when it yielded, 2 when it slept. */
 typedef struct {
   double start; /* when the spinning began (hora__now_s) */
   double until; /* end of the spin budget; 0 once spent */
+  size_t bytes; /* data the waited requests move: polls without naps for bytes / 50 MB/s longer */
 } hora_backoff_t;
 int hora__algo_wait_backoff(unsigned i, hora_backoff_t *b);
 

@@ -171,13 +171,19 @@ static hora_result_t from_ckpt(hora_elastic_t *es, hora_tensor_t *t, size_t n, e
  * survivor with HORA_ERR_REMOTE (within HORA_PEER_TIMEOUT_S) instead of a hang: the survivor can
  * still save its commit. MPI may still write the buffers of an abandoned call, so after a verdict
  * callers leak them (heap buffers only; the program is ending). */
-static hora_result_t el_wait(hora_elastic_t *es, MPI_Request *req, const char *what) {
+/* `bytes`: the data the call moves. Its wait sleeps between polls only after bytes / 50 MB/s:
+ * without a single-copy path Open MPI moves a large broadcast only inside this rank's MPI calls,
+ * and a sleep between them stalls it (the same rule as algo/state.c's WAIT_RATE_FLOOR). */
+static hora_result_t el_wait(hora_elastic_t *es, MPI_Request *req, const char *what, size_t bytes) {
+  double poll_until = bytes ? hora__now_s() + (double)bytes / 50e6 : 0;
   for (unsigned i = 0;; i++) {
     int done = 0, mrc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
     if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, what, __FILE__, __LINE__);
     if (done) return HORA_SUCCESS;
     if (hora__ctx_failed(es->ctx)) return hora__ctx_verdict(es->ctx, what);
-    if (i > 200) usleep(i > 2000 ? 1000 : 50);
+    if (i <= 200 || (poll_until > 0 && hora__now_s() < poll_until)) continue;
+    poll_until = 0;
+    usleep(i > 2000 ? 1000 : 50);
   }
 }
 
@@ -185,14 +191,14 @@ static hora_result_t el_allreduce(hora_elastic_t *es, const void *in, void *out,
   MPI_Request req;
   int mrc = MPI_Iallreduce(in, out, n, t, op, es->comm, &req);
   if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Iallreduce (elastic)", __FILE__, __LINE__);
-  return el_wait(es, &req, "elastic allreduce");
+  return el_wait(es, &req, "elastic allreduce", 0); /* a few counters */
 }
 
-static hora_result_t el_bcast(hora_elastic_t *es, void *p, int n, MPI_Datatype t, int root) {
+static hora_result_t el_bcast(hora_elastic_t *es, void *p, int n, MPI_Datatype t, int root, size_t bytes) {
   MPI_Request req;
   int mrc = MPI_Ibcast(p, n, t, root, es->comm, &req);
   if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Ibcast (elastic)", __FILE__, __LINE__);
-  return el_wait(es, &req, "elastic broadcast");
+  return el_wait(es, &req, "elastic broadcast", bytes);
 }
 
 /* Broadcast `bytes` bytes at p (heap) from root as one MPI element (also beyond 2 GiB). */
@@ -201,7 +207,7 @@ static hora_result_t bcast_bytes(hora_elastic_t *es, void *p, size_t bytes, int 
   MPI_Datatype type;
   int owned = 0;
   HORA_CHECK(hora__mpi_bytes_type(bytes, &type, &owned));
-  hora_result_t rc = el_bcast(es, p, 1, type, root);
+  hora_result_t rc = el_bcast(es, p, 1, type, root, bytes);
   if (owned) MPI_Type_free(&type);
   return rc;
 }
@@ -237,7 +243,7 @@ static hora_result_t find_root(hora_elastic_t *es, const el_commit_t *cand, int6
   hora_result_t rc = el_allreduce(es, b, b + 1, 1, MPI_INT64_T, MPI_MIN);
   *from = (int)b[1];
   b[2] = (int64_t)cand->blob_bytes;
-  if (rc == HORA_SUCCESS) rc = el_bcast(es, b + 2, 1, MPI_INT64_T, *from);
+  if (rc == HORA_SUCCESS) rc = el_bcast(es, b + 2, 1, MPI_INT64_T, *from, 0);
   *blob = (uint64_t)b[2];
   el_free(es, b);
   return rc;
@@ -401,7 +407,7 @@ HORA_EXPORT hora_result_t hora_elastic_hosts_changed(hora_elastic_t *es, int *ch
   int *b = malloc(sizeof v);
   if (!b) return HORA_ERR(HORA_ERR_NO_MEMORY, "out of memory");
   memcpy(b, v, sizeof v);
-  hora_result_t rc = el_bcast(es, b, 2, MPI_INT, 0);
+  hora_result_t rc = el_bcast(es, b, 2, MPI_INT, 0, 0);
   memcpy(v, b, sizeof v);
   el_free(es, b);
   if (rc != HORA_SUCCESS) return rc;

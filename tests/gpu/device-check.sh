@@ -15,7 +15,7 @@
 #   gpu     [10]   is there a GPU? Without one: summary says so, exit 77 (the CI dry run)
 #   ctest   [150]  ctest -L gpu: kernels vs host, every collective on device buffers (NCCL with
 #                  one rank, the staged and naive paths with 2-4 ranks on the one GPU), layers
-#   bench   [150]  hora-bench allreduce --device cuda: kernel GB/s vs a D2D copy, staged vs naive
+#   bench   [210]  hora-bench allreduce --device cuda: kernel GB/s vs a D2D copy, staged vs naive
 #                  (2 and 4 ranks on the GPU), hora's NCCL call overhead vs ncclAllReduce (1 rank)
 #   mnist   [150]  examples/mnist/bench.sh DEVICE=cuda: the CNN on the GPU vs PyTorch, same GPU,
 #                  batch 64 and 256
@@ -200,7 +200,7 @@ fi
 want() { case " ${HORA_DEVICE_STEPS:-ctest bench mnist python} " in *" $1 "*) return 0 ;; esac; return 1; }
 if [ "$n" != 0 ] && [ $build_rc = 0 ]; then
   want ctest && step ctest 150 ctest-gpu.log
-  want bench && step bench 150 bench-allreduce.log
+  want bench && step bench 210 bench-allreduce.log
   want mnist && step mnist 150 mnist-bench.log
   want python && step python 60 python.log
 fi

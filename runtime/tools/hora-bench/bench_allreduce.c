@@ -17,7 +17,9 @@ static void usage(FILE *f) {
           "  --min-bytes B    smallest message (default 4; K/M/G suffixes)\n"
           "  --max-bytes B    largest message (default 256M); sizes double from min to max\n"
           "  --algo LIST      comma-separated of ring,shm,hier,auto,mpi (default all of them;\n"
-          "                   mpi is MPI_Allreduce itself, the baseline); NAME+check (e.g.\n"
+          "                   mpi is MPI_Allreduce itself, the baseline; hmpi, not in the\n"
+          "                   default, is hora's polled MPI_Iallreduce, HORA_ALLREDUCE_ALGO=mpi\n"
+          "                   and the GPU naive path's host leg); NAME+check (e.g.\n"
           "                   auto+check) runs NAME behind hora_allreduce's argument checks and\n"
           "                   cross-rank call check, as the public call does (HORA_CHECK=1)\n"
           "  --dtype T        u8,i8,i32,i64,f16,bf16,f32,f64 (default f32)\n"
@@ -135,8 +137,9 @@ static int parse_algos(const char *algos, algo_sel_t *sel) {
       s.check = 1;
     }
     if (!strcmp(a, "mpi")) s.is_mpi = 1;
+    else if (!strcmp(a, "hmpi")) s.algo = HORA_ALGO_MPI; /* hora's polled MPI_Iallreduce (algo/mpi.c) */
     else if (hora__algo_parse(a, &s.algo) != HORA_SUCCESS || s.algo == HORA_ALGO_MPI) {
-      fprintf(stderr, "hora-bench allreduce: unknown algorithm '%s' (ring,shm,hier,auto,mpi, each +check)\n", a);
+      fprintf(stderr, "hora-bench allreduce: unknown algorithm '%s' (ring,shm,hier,auto,mpi,hmpi, each +check)\n", a);
       return -1;
     }
     sel[nsel++] = s;
