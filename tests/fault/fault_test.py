@@ -41,8 +41,13 @@ PEER_S, INIT_S = 3.0 * SLOW, 8.0 * SLOW
 work = os.path.join(work_root, f"{stage}_{kind}_np{np_}")
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
+# HORA_LOG=INFO for the engine and start-up: every rank's heartbeat margins (its longest silence
+# of a peer, the latest first contact, the longest stall of its heartbeat thread) are in the
+# output that ctest shows when a case fails, so a false death under load says which thread
+# stalled (init:late failed so, rarely, inside the full suite only).
 env = dict(os.environ, HORA_TEST_FAULT=f"{stage}:{kind}:{victim}", HORA_PEER_TIMEOUT_S=str(PEER_S),
-           HORA_INIT_TIMEOUT_S=str(INIT_S), HORA_CKPT_RETRY_S="0.5")
+           HORA_INIT_TIMEOUT_S=str(INIT_S), HORA_CKPT_RETRY_S="0.5", HORA_LOG="INFO",
+           HORA_LOG_SUBSYS="ENGINE,INIT")
 if kind == "segv":
     # A sanitizer build installs its own SIGSEGV handler first (hora keeps a program's handlers):
     # let hora's run, which is what this case checks.
