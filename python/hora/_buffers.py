@@ -2,8 +2,9 @@
 
 Accepted: NumPy arrays of the eight hora dtypes (bfloat16 through ml_dtypes when it is
 installed), and any object with __dlpack__ (PyTorch tensors on the CPU and, in a CUDA build, on the
-GPU; CuPy; JAX). The memory must be C-contiguous: a strided view is an InvalidArgumentError that
-says so (no hidden copy is made, since an in-place call on a copy would silently change nothing).
+GPU; CuPy; JAX). The memory must be C-contiguous and aligned to the element size: a strided or
+misaligned view is an InvalidArgumentError that says so (no hidden copy is made, since an in-place
+call on a copy would silently change nothing).
 """
 import ctypes
 import sys
@@ -112,6 +113,9 @@ def _numpy_buf(x, what, writable):
     if not x.flags.c_contiguous:
         raise invalid(f"{what}: the array is not C-contiguous (shape {x.shape}, strides "
                       f"{x.strides}); pass np.ascontiguousarray(x)")
+    if not x.flags.aligned:
+        raise invalid(f"{what}: the array is not aligned to its {x.dtype.itemsize}-byte elements (a view "
+                      f"at an odd byte offset); pass np.require(x, requirements='A'), an aligned copy")
     if writable and not x.flags.writeable:
         raise invalid(f"{what}: the array is read-only and this call writes to it")
     # ffi.from_buffer is the cheapest way to the data pointer (about 0.2 us, against 1.5 us for

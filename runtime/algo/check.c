@@ -17,6 +17,13 @@ hora_result_t hora__check_buf(const char *fn, const char *what, const void *buf,
                     what, count, es);
   if (count > 0 && !buf)
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: %s is NULL but count is %zu", fn, what, count);
+  /* The reduction kernels read and write elements as their C type, which C requires to be aligned
+   * (and a vectorizing compiler may use aligned loads once it has peeled to a 16-byte boundary). A
+   * buffer at an odd offset (a NumPy view into a byte buffer, a packed struct) is refused, never
+   * reduced as it happens to work on this CPU. */
+  if (count > 0 && ((uintptr_t)buf % es) != 0)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: %s (%p) is not aligned to %zu bytes, the size of one %s element",
+                    fn, what, buf, es, hora__dtype_name(dtype));
   if (bytes) *bytes = count * es;
   return HORA_SUCCESS;
 }

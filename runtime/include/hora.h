@@ -274,8 +274,9 @@ hora_result_t hora_process_set_included(hora_ctx_t *set, int *included);
  * HORA_ERR_INVALID_ARGUMENT or HORA_ERR_MISMATCH). sendbuf == recvbuf means in place. Counts are
  * in elements; buffers larger than 2^31 elements work. `device` says where both buffers live.
  * Common errors: HORA_ERR_NOT_INITIALIZED (ctx NULL or finalized), HORA_ERR_INVALID_ARGUMENT
- * (NULL buffer with count > 0, unknown dtype/op/device, root out of range, count * element size
- * overflows size_t, partially overlapping buffers), HORA_ERR_NOT_SUPPORTED (device buffers in a
+ * (NULL buffer with count > 0, a buffer not aligned to its element size, unknown dtype/op/device,
+ * root out of range, count * element size overflows size_t, partially overlapping buffers),
+ * HORA_ERR_NOT_SUPPORTED (device buffers in a
  * build without CUDA), HORA_ERR_MPI / HORA_ERR_NCCL / HORA_ERR_CUDA (the transport failed),
  * HORA_ERR_REMOTE (a peer died or stopped; below). On HORA_ERR_INVALID_ARGUMENT nothing is
  * written to recvbuf.

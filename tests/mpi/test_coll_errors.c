@@ -58,6 +58,30 @@ int main(int argc, char **argv) {
   EXPECT_ERR(hora_allreduce(ctx, in, in + 1, N, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST),
              HORA_ERR_INVALID_ARGUMENT, "overlap");
   CHECK_OUT();
+  /* A float buffer at an odd byte offset is refused on every rank, naming the buffer; a bf16 one
+   * at an even offset is fine (aligned to its 2-byte elements). */
+  EXPECT_ERR(hora_allreduce(ctx, (const char *)in + 1, out, N, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST),
+             HORA_ERR_INVALID_ARGUMENT, "sendbuf");
+  EXPECT(strstr(hora_last_error(), "not aligned to 4 bytes") != NULL, "message: %s", hora_last_error());
+  EXPECT_ERR(hora_allreduce(ctx, in, (char *)out + 2, N, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST),
+             HORA_ERR_INVALID_ARGUMENT, "recvbuf");
+  CHECK_OUT();
+  {
+    uint16_t *h = (uint16_t *)((char *)out + 2), hin[8];
+    for (int i = 0; i < 8; i++) hin[i] = 0x3f80; /* 1.0 in bfloat16 */
+    EXPECT_OK(hora_allreduce(ctx, hin, h, 8, HORA_BFLOAT16, HORA_SUM, 1, 1, HORA_DEVICE_HOST));
+    uint16_t want = size == 1 ? 0x3f80 : size == 2 ? 0x4000 : size == 3 ? 0x4040 : 0x4080;
+    for (int i = 0; i < 8; i++) EXPECT(h[i] == want, "bf16 sum [%d] = 0x%04x, want 0x%04x", i, h[i], want);
+    RESET();
+  }
+  /* Only rank 0 passes a misaligned buffer: it names the buffer, every other rank fails too. */
+  {
+    const void *src = rank == 0 ? (const void *)((const char *)in + 1) : (const void *)in;
+    hora_result_t got = hora_allreduce(ctx, src, out, N, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST);
+    EXPECT(got != HORA_SUCCESS, "rank %d: a call where rank 0's sendbuf is misaligned succeeded", rank);
+    if (rank == 0) EXPECT(strstr(hora_last_error(), "not aligned") != NULL, "message: %s", hora_last_error());
+    CHECK_OUT();
+  }
   /* count 0 with NULL buffers is fine */
   EXPECT_OK(hora_allreduce(ctx, NULL, NULL, 0, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST));
 

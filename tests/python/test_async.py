@@ -76,6 +76,13 @@ def test_handle_errors_never_crash():
         hora.allreduce_async(np.ones(2, np.float32), name=5)
     with pytest.raises(hora.InvalidArgumentError, match="not C-contiguous"):
         hora.allreduce_async(np.ones((4, 4), np.float32)[:, 1])
+    # A float32 view at an odd byte offset: refused, never reduced through a misaligned pointer.
+    odd = np.zeros(4 * 8 + 1, np.uint8)[1:].view(np.float32)
+    assert not odd.flags.aligned
+    with pytest.raises(hora.InvalidArgumentError, match="not aligned to its 4-byte elements"):
+        hora.allreduce_async(odd)
+    with pytest.raises(hora.InvalidArgumentError, match="not aligned"):
+        hora.allreduce(odd)
     with pytest.raises(hora.InvalidArgumentError):
         hora.synchronize("not a handle")
     # A handle dropped before completion completes in its finalizer; the engine keeps working.
