@@ -104,8 +104,21 @@ HORA_EXPORT hora_result_t hora_elastic_open(hora_ctx_t *ctx, const char *dir, ho
     MPI_Comm_rank(es->comm, &es->rank);
     MPI_Comm_size(es->comm, &es->size);
     rc = hora__ck_mkdirs(es->dir);
-    int bad = rc != HORA_SUCCESS, any = 0;
-    if (MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, es->comm) != MPI_SUCCESS) any = 1;
+    /* Watched (hora__ctx_wait), so a rank that dies here ends the others' open with its verdict;
+     * the flags are a per-thread static that an abandoned request may still write. */
+    static _Thread_local int bv[2];
+    bv[0] = rc != HORA_SUCCESS, bv[1] = 0;
+    MPI_Request req = MPI_REQUEST_NULL;
+    int any = 0;
+    hora_result_t wrc = MPI_Iallreduce(&bv[0], &bv[1], 1, MPI_INT, MPI_MAX, es->comm, &req) != MPI_SUCCESS
+                            ? HORA_ERR(HORA_ERR_MPI, "hora_elastic_open: MPI_Iallreduce failed")
+                            : hora__ctx_wait(ctx, &req, "hora_elastic_open", 0);
+    if (wrc != HORA_SUCCESS) {
+      if (rc == HORA_SUCCESS) rc = wrc;
+      any = 1;
+    } else {
+      any = bv[1];
+    }
     if (any && rc == HORA_SUCCESS)
       rc = HORA_ERR(HORA_ERR_IO, "hora_elastic_open: another rank cannot use dir %s (see its log)", es->dir);
     if (rc == HORA_SUCCESS) rc = hora__ctx_add_finalizer(ctx, el_finalizer, es);

@@ -98,6 +98,16 @@ static void keep_meta(hora_ckpt_t *ck, size_t nmeta, const char *blob) {
   ck->restored_from = strdup(p);
 }
 
+/* The restore's collectives are non-blocking and waited on while watching the context's verdict
+ * (hora__ctx_wait): a rank that dies during a restore must end it on the others with
+ * HORA_ERR_REMOTE, not hang them in MPI_Bcast. After a verdict MPI may still write the buffers:
+ * the header and the check flags are per-thread statics (never freed), the metadata and data
+ * buffers are leaked. */
+static hora_result_t watched(hora_ckpt_t *ck, int mrc, MPI_Request *req, const char *what, size_t bytes) {
+  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, what, __FILE__, __LINE__);
+  return hora__ctx_wait(ck->ctx, req, what, bytes);
+}
+
 HORA_EXPORT hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora_tensor_t *tensors,
                                             size_t ntensors) {
   if (!ck) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_restore: ck is NULL");
@@ -138,11 +148,17 @@ HORA_EXPORT hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora
     h.rc = rc;
     if (rc != HORA_SUCCESS) hora__ck_keep_msg(h.msg);
   }
-  int mrc = MPI_Bcast(&h, (int)sizeof h, MPI_BYTE, 0, ck->comm);
-  if (mrc != MPI_SUCCESS) {
-    rc = hora__mpi_error(mrc, "MPI_Bcast (restore header)", __FILE__, __LINE__);
+  static _Thread_local restore_hdr_t hx;
+  static _Thread_local int okv[2];
+  hx = h;
+  MPI_Request req = MPI_REQUEST_NULL;
+  int mrc = MPI_Ibcast(&hx, (int)sizeof hx, MPI_BYTE, 0, ck->comm, &req);
+  hora_result_t wrc = watched(ck, mrc, &req, "hora_ckpt_restore: MPI_Ibcast (restore header)", 0);
+  if (wrc != HORA_SUCCESS) {
+    rc = wrc;
     goto done;
   }
+  h = hx;
   if (h.rc != HORA_SUCCESS) {
     if (ck->rank != 0) rc = HORA_ERR((hora_result_t)h.rc, "hora_ckpt_restore on rank 0: %s", h.msg);
     goto done;
@@ -150,11 +166,14 @@ HORA_EXPORT hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora
   /* Every rank checks its own arguments against rank 0's layout before anything is written. */
   int ok = rc == HORA_SUCCESS && total == h.bytes, all_ok = ok;
   if (ck->size > 1) {
-    mrc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, ck->comm);
-    if (mrc != MPI_SUCCESS) {
-      rc = hora__mpi_error(mrc, "MPI_Allreduce (restore check)", __FILE__, __LINE__);
+    okv[0] = ok;
+    mrc = MPI_Iallreduce(&okv[0], &okv[1], 1, MPI_INT, MPI_MIN, ck->comm, &req);
+    wrc = watched(ck, mrc, &req, "hora_ckpt_restore: MPI_Iallreduce (restore check)", 0);
+    if (wrc != HORA_SUCCESS) {
+      rc = wrc;
       goto done;
     }
+    all_ok = okv[1];
   }
   if (!all_ok) {
     if (rc == HORA_SUCCESS)
@@ -176,15 +195,29 @@ HORA_EXPORT hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora
     int owned = 0;
     hora_result_t trc = hora__mpi_bytes_type(h.meta_bytes, &ty, &owned);
     if (trc == HORA_SUCCESS && h.meta_bytes) {
-      mrc = MPI_Bcast(blob, 1, ty, 0, ck->comm);
-      if (mrc != MPI_SUCCESS && rc == HORA_SUCCESS) rc = hora__mpi_error(mrc, "MPI_Bcast (restore metadata)", __FILE__, __LINE__);
+      mrc = MPI_Ibcast(blob, 1, ty, 0, ck->comm, &req);
+      wrc = watched(ck, mrc, &req, "hora_ckpt_restore: MPI_Ibcast (restore metadata)", h.meta_bytes);
+      if (wrc != HORA_SUCCESS && hora__ctx_failed(ck->ctx)) {
+        if (owned) MPI_Type_free(&ty);
+        blob = NULL, packed = NULL; /* leaked: MPI may still write them */
+        rc = wrc;
+        goto done;
+      }
+      if (wrc != HORA_SUCCESS && rc == HORA_SUCCESS) rc = wrc;
     }
     if (owned) MPI_Type_free(&ty);
     owned = 0;
     trc = hora__mpi_bytes_type(total, &ty, &owned);
     if (trc == HORA_SUCCESS && total) {
-      mrc = MPI_Bcast(packed, 1, ty, 0, ck->comm);
-      if (mrc != MPI_SUCCESS && rc == HORA_SUCCESS) rc = hora__mpi_error(mrc, "MPI_Bcast (restore data)", __FILE__, __LINE__);
+      mrc = MPI_Ibcast(packed, 1, ty, 0, ck->comm, &req);
+      wrc = watched(ck, mrc, &req, "hora_ckpt_restore: MPI_Ibcast (restore data)", total);
+      if (wrc != HORA_SUCCESS && hora__ctx_failed(ck->ctx)) {
+        if (owned) MPI_Type_free(&ty);
+        blob = NULL, packed = NULL; /* leaked: MPI may still write them */
+        rc = wrc;
+        goto done;
+      }
+      if (wrc != HORA_SUCCESS && rc == HORA_SUCCESS) rc = wrc;
     }
     if (owned) MPI_Type_free(&ty);
     if (trc != HORA_SUCCESS && rc == HORA_SUCCESS) rc = trc;

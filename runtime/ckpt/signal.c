@@ -84,8 +84,26 @@ HORA_EXPORT hora_result_t hora_should_stop(hora_ctx_t *ctx, int *stop) {
     HORA_MPI_CHECK(MPI_Comm_dup(ctx->world, &st->comm));
     MPI_Comm_set_errhandler(st->comm, MPI_ERRORS_RETURN);
   }
-  int mine = got_signal, any = 0;
-  HORA_MPI_CHECK(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, st->comm));
+  /* Non-blocking and watched: a peer that dies while the others are here (one call per step,
+   * so often) must end the call with the verdict, not hang every survivor in MPI_Allreduce. The
+   * two ints are on the heap and leaked after a verdict: MPI may still write them. */
+  HORA_CHECK(hora__ctx_verdict(ctx, "hora_should_stop"));
+  int *v = malloc(2 * sizeof *v);
+  if (!v) return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_should_stop: out of memory");
+  v[0] = got_signal, v[1] = 0;
+  MPI_Request req = MPI_REQUEST_NULL;
+  int mrc = MPI_Iallreduce(&v[0], &v[1], 1, MPI_INT, MPI_MAX, st->comm, &req);
+  if (mrc != MPI_SUCCESS) {
+    free(v);
+    return hora__mpi_error(mrc, "hora_should_stop: MPI_Iallreduce", __FILE__, __LINE__);
+  }
+  hora_result_t rc = hora__ctx_wait(ctx, &req, "hora_should_stop", 0);
+  if (rc != HORA_SUCCESS) {
+    if (!hora__ctx_failed(ctx)) free(v); /* an MPI error: the request is gone */
+    return rc;
+  }
+  int any = v[1];
+  free(v);
   if (any && !st->announced) {
     st->announced = 1;
     if (ctx->rank == 0)

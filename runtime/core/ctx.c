@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/ctx.h"
 #include "core/fatal.h"
@@ -424,6 +425,24 @@ hora_result_t hora__ctx_verdict(const hora_ctx_t *ctx, const char *what) {
   if (!hora__ctx_failed(ctx)) return HORA_SUCCESS;
   const struct hora_verdict *v = hora__ctx_verdict_set(ctx->verdict) ? ctx->verdict : ctx->parent->verdict;
   return HORA_ERR(v->rc, "%s: %s", what, v->msg);
+}
+
+hora_result_t hora__ctx_wait(const hora_ctx_t *ctx, MPI_Request *req, const char *what, size_t bytes) {
+  double nap = 1e-6, poll_until = bytes ? hora__now_s() + (double)bytes / 50e6 : 0;
+  for (unsigned i = 0;; i++) {
+    int done = 0, mrc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, what, __FILE__, __LINE__);
+    if (done) return HORA_SUCCESS;
+    if (hora__ctx_failed(ctx)) return hora__ctx_verdict(ctx, what);
+    if (i < 64 || (poll_until > 0 && ((i & 63) || hora__now_s() < poll_until))) {
+      if (i >= 64) sched_yield();
+      continue;
+    }
+    poll_until = 0;
+    struct timespec ts = {0, (long)(nap * 1e9)};
+    nanosleep(&ts, NULL);
+    if (nap < 1e-3) nap *= 2;
+  }
 }
 
 #define LAYOUT_GETTER(fn, field)                                                  \

@@ -111,6 +111,15 @@ static inline int hora__ctx_failed(const hora_ctx_t *ctx) {
   return hora__ctx_verdict_set(ctx->verdict) || (ctx->parent && hora__ctx_verdict_set(ctx->parent->verdict));
 }
 hora_result_t hora__ctx_verdict(const hora_ctx_t *ctx, const char *what);
+/* Wait for one request of the services above core (ckpt/, data/) and end the wait with the
+ * context's verdict (HORA_ERR_REMOTE for a lost peer, named in the message with `what`) as soon
+ * as there is one, instead of blocking for ever in MPI on a dead peer as a blocking MPI call
+ * would (Open MPI 4.1 has no fault tolerance). It polls MPI_Test, yielding for bytes / 50 MB/s
+ * (`bytes`: the data the request moves; Open MPI may move it only inside this rank's MPI calls,
+ * algo/state.c's WAIT_RATE_FLOOR), then with a sleep that grows from 1 us to 1 ms. After a verdict
+ * the request is abandoned: its buffers must stay allocated (leaked). MPI errors: HORA_ERR_MPI
+ * naming `what`. */
+hora_result_t hora__ctx_wait(const hora_ctx_t *ctx, MPI_Request *req, const char *what, size_t bytes);
 
 /* The blocking collectives' call counts of the context hora_init made, which its heartbeat thread
  * (engine/heartbeat.c) reads and fills, all with __atomic_* (no lock):

@@ -700,7 +700,9 @@ hora_result_t hora_ckpt_save(hora_ckpt_t *ck, int64_t step, const hora_tensor_t 
  *   data NULL with count > 0, unknown dtype or device; nothing written), HORA_ERR_NO_MEMORY (the
  *   file is read whole into memory on rank 0, and every other rank receives the requested
  *   bytes in one buffer), HORA_ERR_NOT_SUPPORTED / HORA_ERR_CUDA (device tensors; tensors may
- *   be partly written), HORA_ERR_MPI. *step is unchanged on error. */
+ *   be partly written), HORA_ERR_REMOTE (a peer was declared dead during the restore: the
+ *   survivors return within HORA_PEER_TIMEOUT_S, not every rank the same code then),
+ *   HORA_ERR_MPI. *step is unchanged on error. */
 hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora_tensor_t *tensors,
                                 size_t ntensors);
 
@@ -740,7 +742,9 @@ hora_result_t hora_ckpt_on_signal(hora_ctx_t *ctx);
  * hora_ckpt_on_signal, else 0 everywhere (an MPI_Allreduce of one int, so call it at a step
  * boundary: every rank stops at the same step). Once 1 it stays 1. Collective; blocking.
  * The intended sequence: save, flush, hora_finalize, exit(HORA_EXIT_REQUEUE).
- * Errors: HORA_ERR_NOT_INITIALIZED, HORA_ERR_INVALID_ARGUMENT (stop NULL), HORA_ERR_MPI. */
+ * Errors: HORA_ERR_NOT_INITIALIZED, HORA_ERR_INVALID_ARGUMENT (stop NULL), HORA_ERR_REMOTE (a
+ * peer was declared dead, before or during the call: it returns within HORA_PEER_TIMEOUT_S
+ * instead of waiting for the lost rank), HORA_ERR_NO_MEMORY, HORA_ERR_MPI. */
 hora_result_t hora_should_stop(hora_ctx_t *ctx, int *stop);
 
 /* ---- elastic training (runtime/ckpt/elastic*.c, docs/elastic.md) ----

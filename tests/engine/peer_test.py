@@ -39,6 +39,12 @@ else:
     want = f"rank {victim} sent no heartbeat"
     if want not in out or "HORA_ERR_REMOTE" not in out:
         errors.append(f"no HORA_ERR_REMOTE message with '{want}'")
+if mode == "stopshould":
+    # Both survivors were waiting in hora_should_stop for the stopped rank: each must have left
+    # it with the verdict.
+    for r in (0, 2):
+        if f"rank {r}: step 20: hora_should_stop failed" not in out:
+            errors.append(f"rank {r} did not leave hora_should_stop with an error at step 20")
 print(f"peer_test {mode} np={np_}: wall {wall:.1f} s (bound {bound:.1f} s)")
 for e in errors:
     print("FAIL:", e)

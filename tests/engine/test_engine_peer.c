@@ -1,9 +1,11 @@
 /* Peer death: a loop of async allreduces in which one rank, after 20 steps, kills itself with
  * SIGKILL ("kill"), or stops itself with SIGSTOP ("stop": mpirun does not notice, so only hora's
- * heartbeat can), or rank 0 stops ("stop0": the others watch rank 0). The survivors print the
+ * heartbeat can), or rank 0 stops ("stop0": the others watch rank 0), or rank 1 stops between
+ * its allreduce and hora_should_stop, which every rank calls each step ("stopshould": the others
+ * wait in hora_should_stop, which must end with the verdict, not hang). The survivors print the
  * error (which must be HORA_ERR_REMOTE naming the rank) and exit 3 without hora_finalize, as a
  * training program would. Driven by peer_test.py, which asserts the wall-time bound.
- *   test_engine_peer kill|stop|stop0                                                       */
+ *   test_engine_peer kill|stop|stop0|stopshould                                            */
 #include <signal.h>
 #include <unistd.h>
 
@@ -23,7 +25,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 256; i++) x[i] = 1;
   double t0 = MPI_Wtime();
   for (int step = 0; MPI_Wtime() - t0 < 60; step++) {
-    if (step == 20 && rank == victim) {
+    if (step == 20 && rank == victim && strcmp(mode, "stopshould") != 0) {
       fprintf(stderr, "rank %d: raising %s at step %d\n", rank, strcmp(mode, "kill") ? "SIGSTOP" : "SIGKILL", step);
       fflush(stderr);
       raise(strcmp(mode, "kill") ? SIGSTOP : SIGKILL);
@@ -34,8 +36,23 @@ int main(int argc, char **argv) {
       rc = hora_wait(h);
       hora_handle_free(h);
     }
+    const char *call = "the allreduce";
+    if (rc == HORA_SUCCESS && strcmp(mode, "stopshould") == 0) {
+      if (step == 20 && rank == victim) {
+        fprintf(stderr, "rank %d: raising SIGSTOP before hora_should_stop at step %d\n", rank, step);
+        fflush(stderr);
+        raise(SIGSTOP);
+      }
+      int stop = 0;
+      call = "hora_should_stop";
+      rc = hora_should_stop(ctx, &stop);
+      if (rc == HORA_SUCCESS && stop) {
+        fprintf(stderr, "rank %d: hora_should_stop said stop without a signal\n", rank);
+        _exit(5);
+      }
+    }
     if (rc != HORA_SUCCESS) {
-      fprintf(stderr, "rank %d: step %d failed after %.1f s: %s: %s\n", rank, step, MPI_Wtime() - t0,
+      fprintf(stderr, "rank %d: step %d: %s failed after %.1f s: %s: %s\n", rank, step, call, MPI_Wtime() - t0,
               hora_result_name(rc), hora_last_error());
       fflush(stderr);
       _exit(3);
