@@ -21,11 +21,17 @@ static void on_signal(int sig) { got_signal = sig; }
 
 static hora_result_t signal_finalizer(hora_ctx_t *ctx, void *arg) {
   signal_state_t *st = arg;
-  if (st->installed) {
+  /* Once hora_should_stop has answered "stop", the flag handler stays: the rank is on its way out
+   * (save, flush, exit HORA_EXIT_REQUEUE), and the same signal may still arrive. Slurm signals each
+   * node on its own, and the stop reaches the other ranks through hora_should_stop first, so on a
+   * slow node the USR1 came after hora_finalize had put back the default action, and killed the
+   * rank before its exit status (slurm_ckpt_requeue, docs/testing.md). */
+  if (st->installed && !st->announced) {
     sigaction(SIGUSR1, &st->old_usr1, NULL);
     sigaction(SIGTERM, &st->old_term, NULL);
   }
-  if (st->comm != MPI_COMM_NULL) MPI_Comm_free(&st->comm);
+  /* After a verdict a hora_should_stop request may be abandoned on the communicator: leak it. */
+  if (st->comm != MPI_COMM_NULL && !hora__ctx_failed(ctx)) MPI_Comm_free(&st->comm);
   pthread_mutex_lock(&ctx->lock);
   ctx->signal = NULL;
   pthread_mutex_unlock(&ctx->lock);

@@ -733,7 +733,9 @@ hora_result_t hora_ckpt_close(hora_ckpt_t *ck);
 
 /* hora_ckpt_on_signal: install handlers for SIGUSR1 (Slurm's `--signal=USR1@T`, `scancel -s
  * USR1`) and SIGTERM that only set a process-wide flag; hora_finalize restores the previous
- * handlers. Local; call it on every rank after hora_init. Idempotent.
+ * handlers, unless hora_should_stop has answered 1 (the rank is stopping: a late copy of the
+ * signal, which Slurm delivers node by node, must not kill it before it exits with
+ * HORA_EXIT_REQUEUE). Local; call it on every rank after hora_init. Idempotent.
  * Errors: HORA_ERR_NOT_INITIALIZED (ctx not live), HORA_ERR_INVALID_ARGUMENT (ctx is a process
  * set: call it on the root context), HORA_ERR_INTERNAL (sigaction failed), HORA_ERR_NO_MEMORY. */
 hora_result_t hora_ckpt_on_signal(hora_ctx_t *ctx);
