@@ -170,21 +170,10 @@ static hora_result_t from_ckpt(hora_elastic_t *es, hora_tensor_t *t, size_t n, e
  * watching the heartbeat's verdict, so that a peer dying during them ends the call on every
  * survivor with HORA_ERR_REMOTE (within HORA_PEER_TIMEOUT_S) instead of a hang: the survivor can
  * still save its commit. MPI may still write the buffers of an abandoned call, so after a verdict
- * callers leak them (heap buffers only; the program is ending). */
-/* `bytes`: the data the call moves. Its wait sleeps between polls only after bytes / 50 MB/s:
- * without a single-copy path Open MPI moves a large broadcast only inside this rank's MPI calls,
- * and a sleep between them stalls it (the same rule as algo/state.c's WAIT_RATE_FLOOR). */
+ * callers leak them (heap buffers only; the program is ending). `bytes`: the data the call moves
+ * (hora__ctx_wait yields, without sleeping, for bytes / 50 MB/s). */
 static hora_result_t el_wait(hora_elastic_t *es, MPI_Request *req, const char *what, size_t bytes) {
-  double poll_until = bytes ? hora__now_s() + (double)bytes / 50e6 : 0;
-  for (unsigned i = 0;; i++) {
-    int done = 0, mrc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-    if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, what, __FILE__, __LINE__);
-    if (done) return HORA_SUCCESS;
-    if (hora__ctx_failed(es->ctx)) return hora__ctx_verdict(es->ctx, what);
-    if (i <= 200 || (poll_until > 0 && hora__now_s() < poll_until)) continue;
-    poll_until = 0;
-    usleep(i > 2000 ? 1000 : 50);
-  }
+  return hora__ctx_wait(es->ctx, req, what, bytes);
 }
 
 static hora_result_t el_allreduce(hora_elastic_t *es, const void *in, void *out, int n, MPI_Datatype t, MPI_Op op) {
