@@ -33,10 +33,9 @@
  * fragments of a rendezvous), so a nap between two polls stalls the transfer itself: on 2 ranks
  * without CMA a polled 32 MiB MPI_Iallreduce took 347 ms (0.1 GB/s) against 10 ms at 16 MiB, whose
  * wait ended before the naps began (docs/benchmarks.md, "Waits that move data"). A wait for an
- * operation of `bytes` therefore yields without napping for bytes / WAIT_RATE_FLOOR longer: a
+ * operation of `bytes` therefore yields without napping for bytes / HORA_WAIT_RATE_FLOOR longer: a
  * transfer slower than 50 MB/s (a slow link, or a peer that is not there yet) then naps as any
  * other wait, and a wait that moves no data (a barrier, a control message) is unchanged. */
-#define WAIT_RATE_FLOOR 50e6
 int hora__algo_wait_backoff(unsigned i, hora_backoff_t *b) {
   if (i < WAIT_SPINS) return 0;
   if (i == WAIT_SPINS) {
@@ -46,7 +45,7 @@ int hora__algo_wait_backoff(unsigned i, hora_backoff_t *b) {
   if (b->until > 0 && ((i & 63) != 0 || hora__now_s() < b->until)) return 0;
   b->until = 0; /* spun long enough: yield, then sleep, from now on */
   double waited = hora__now_s() - b->start;
-  if (waited < WAIT_YIELD_S + (double)b->bytes / WAIT_RATE_FLOOR) {
+  if (waited < WAIT_YIELD_S + (double)b->bytes / HORA_WAIT_RATE_FLOOR) {
     sched_yield();
     return 1;
   }

@@ -32,7 +32,7 @@ hora_result_t hora__algo_wait(hora_ctx_t *ctx, int n, MPI_Request *req, const ch
 /* hora__algo_wait for requests that move `bytes` bytes between this rank and others (the sum of
  * what this rank sends and receives, about): the wait polls without napping for bytes / 50 MB/s
  * longer, since Open MPI moves such data only inside this rank's MPI calls where it has no
- * single-copy path (state.c, WAIT_RATE_FLOOR). Same errors as hora__algo_wait. */
+ * single-copy path (state.c, HORA_WAIT_RATE_FLOOR in core/ctx.h). Same errors as hora__algo_wait. */
 hora_result_t hora__algo_wait_data(hora_ctx_t *ctx, int n, MPI_Request *req, const char *what, size_t bytes);
 /* hora__algo_wait for the call check across nodes (callcheck.c) of the context hora_init made:
  * it also runs the stall inspection there. After HORA_STALL_WARNING_S it logs (once) the rank that

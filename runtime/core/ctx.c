@@ -428,7 +428,7 @@ hora_result_t hora__ctx_verdict(const hora_ctx_t *ctx, const char *what) {
 }
 
 hora_result_t hora__ctx_wait(const hora_ctx_t *ctx, MPI_Request *req, const char *what, size_t bytes) {
-  double nap = 1e-6, poll_until = bytes ? hora__now_s() + (double)bytes / 50e6 : 0;
+  double nap = 1e-6, poll_until = bytes ? hora__now_s() + (double)bytes / HORA_WAIT_RATE_FLOOR : 0;
   for (unsigned i = 0;; i++) {
     int done = 0, mrc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
     if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, what, __FILE__, __LINE__);

@@ -116,10 +116,13 @@ hora_result_t hora__ctx_verdict(const hora_ctx_t *ctx, const char *what);
  * as there is one, instead of blocking for ever in MPI on a dead peer as a blocking MPI call
  * would (Open MPI 4.1 has no fault tolerance). It polls MPI_Test, yielding for bytes / 50 MB/s
  * (`bytes`: the data the request moves; Open MPI may move it only inside this rank's MPI calls,
- * algo/state.c's WAIT_RATE_FLOOR), then with a sleep that grows from 1 us to 1 ms. After a verdict
+ * HORA_WAIT_RATE_FLOOR), then with a sleep that grows from 1 us to 1 ms. After a verdict
  * the request is abandoned: its buffers must stay allocated (leaked). MPI errors: HORA_ERR_MPI
  * naming `what`. */
 hora_result_t hora__ctx_wait(const hora_ctx_t *ctx, MPI_Request *req, const char *what, size_t bytes);
+/* The rate (bytes/s) below which a wait that moves data starts to sleep between polls: the one
+ * rule of hora__ctx_wait and of the algorithm layer's waits (algo/state.c explains why). */
+#define HORA_WAIT_RATE_FLOOR 50e6
 
 /* The blocking collectives' call counts of the context hora_init made, which its heartbeat thread
  * (engine/heartbeat.c) reads and fills, all with __atomic_* (no lock):
