@@ -92,24 +92,16 @@ HORA_EXPORT hora_result_t hora_should_stop(hora_ctx_t *ctx, int *stop) {
   }
   /* Non-blocking and watched: a peer that dies while the others are here (one call per step,
    * so often) must end the call with the verdict, not hang every survivor in MPI_Allreduce. The
-   * two ints are on the heap and leaked after a verdict: MPI may still write them. */
+   * two ints are a per-thread static, never freed, which an abandoned request may still write
+   * (as hora_ckpt_restore's and hora_elastic_open's flags); after a verdict no call comes here. */
   HORA_CHECK(hora__ctx_verdict(ctx, "hora_should_stop"));
-  int *v = malloc(2 * sizeof *v);
-  if (!v) return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_should_stop: out of memory");
+  static _Thread_local int v[2];
   v[0] = got_signal, v[1] = 0;
   MPI_Request req = MPI_REQUEST_NULL;
   int mrc = MPI_Iallreduce(&v[0], &v[1], 1, MPI_INT, MPI_MAX, st->comm, &req);
-  if (mrc != MPI_SUCCESS) {
-    free(v);
-    return hora__mpi_error(mrc, "hora_should_stop: MPI_Iallreduce", __FILE__, __LINE__);
-  }
-  hora_result_t rc = hora__ctx_wait(ctx, &req, "hora_should_stop", 0);
-  if (rc != HORA_SUCCESS) {
-    if (!hora__ctx_failed(ctx)) free(v); /* an MPI error: the request is gone */
-    return rc;
-  }
+  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "hora_should_stop: MPI_Iallreduce", __FILE__, __LINE__);
+  HORA_CHECK(hora__ctx_wait(ctx, &req, "hora_should_stop", 0));
   int any = v[1];
-  free(v);
   if (any && !st->announced) {
     st->announced = 1;
     if (ctx->rank == 0)

@@ -746,7 +746,8 @@ hora_result_t hora_ckpt_on_signal(hora_ctx_t *ctx);
  * The intended sequence: save, flush, hora_finalize, exit(HORA_EXIT_REQUEUE).
  * Errors: HORA_ERR_NOT_INITIALIZED, HORA_ERR_INVALID_ARGUMENT (stop NULL), HORA_ERR_REMOTE (a
  * peer was declared dead, before or during the call: it returns within HORA_PEER_TIMEOUT_S
- * instead of waiting for the lost rank), HORA_ERR_NO_MEMORY, HORA_ERR_MPI. */
+ * instead of waiting for the lost rank), HORA_ERR_NO_MEMORY (the first call's state),
+ * HORA_ERR_MPI. */
 hora_result_t hora_should_stop(hora_ctx_t *ctx, int *stop);
 
 /* ---- elastic training (runtime/ckpt/elastic*.c, docs/elastic.md) ----
