@@ -221,6 +221,8 @@ static void on_message(eng_hb_t *hb, hb_state_t *s, const hb_msg_t *m, double no
     s->bye[from] = 1;
   } else if ((m->kind == KIND_DEAD || m->kind == KIND_DEAD_INIT) && from == 0 && !s->declared) {
     s->declared = 1;
+    HORA_INFO(ENGINE, "heartbeat: rank 0 declared rank %d dead; longest stall of this thread %.3f s", (int)m->a,
+              s->max_stall);
     if (m->kind == KIND_DEAD)
       hora__engine_fail(eng, HORA_ERR_REMOTE,
                         "rank %d sent no heartbeat to rank 0 for %g s (HORA_PEER_TIMEOUT_S): it died "
@@ -248,6 +250,10 @@ static void check_peers(eng_hb_t *hb, hb_state_t *s, double now, double upto) {
     }
     if (now - s->last[r] <= hb->timeout_s || upto - s->last[r] <= hb->timeout_s) continue;
     s->declared = 1;
+    /* The margins at the verdict (the program may exit without hora_finalize, which logs them
+     * again): a stall of this thread delays the verdict by as long (tests/engine/peer_test.py). */
+    HORA_INFO(ENGINE, "heartbeat: rank %d declared dead after %.3f s of silence; longest stall of this thread %.3f s",
+              r, now - s->last[r], s->max_stall);
     if (eng->rank == 0) tell_others(hb, KIND_DEAD, r, 1);
     hora__engine_fail(eng, HORA_ERR_REMOTE,
                       "rank %d sent no heartbeat for %g s (HORA_PEER_TIMEOUT_S): it died or hangs; "
