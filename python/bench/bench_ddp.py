@@ -37,6 +37,9 @@ compute of the training modes swamps the communication): hora_opt (DistributedOp
 synchronize() with its hooks removed: buckets), hora_opt_pertensor (one request per gradient),
 hora_grouped (one grouped_allreduce_) and gloo_buckets (DDP's 25 MB buckets as flat buffers, one
 gloo all_reduce each, then the division: gloo's part of a DDP step, without DDP's copies).
+--block K (K > 1) runs them in blocks of K timed iterations per method, each block after one
+untimed iteration of its method, instead of one by one: a method's buffers are then not just
+evicted from the caches by another method's 102 MB (as they never are in training).
 """
 import argparse
 import os
@@ -159,9 +162,12 @@ class Mode:
 
 
 def alone(a, x, y, iters):
-    """The averaging alone, without forward/backward, interleaved iteration by iteration (less
-    exposed to the load than the training modes): the gradients of one backward, averaged
-    `iters` times by each method. Returns {method: [seconds per iteration, slowest rank]}."""
+    """The averaging alone, without forward/backward, interleaved (less exposed to the load than
+    the training modes): the gradients of one backward, averaged `iters` times by each method,
+    in turn iteration by iteration (a.block 1) or in blocks of a.block timed iterations, each
+    block after one untimed iteration of the same method (a.block > 1: each method's time
+    without the other methods' memory traffic just before it, which evicts its buffers from
+    the caches). Returns {method: [seconds per iteration, slowest rank]}."""
     torch.manual_seed(a.seed)
     model = build_model(a.model, a.num_classes)
     params = list(model.parameters())
@@ -200,14 +206,18 @@ def alone(a, x, y, iters):
         "gloo_buckets": gloo,
     }
     out = {m: [] for m in methods}
-    for it in range(iters + 1):
+    block = max(1, a.block)
+    rounds = (iters + block - 1) // block
+    for r in range(rounds + (block == 1)):
         for m, f in methods.items():
-            hvd.barrier()
-            t0 = time.perf_counter()
-            f()
-            dt = slowest(time.perf_counter() - t0)
-            if it:  # the first iteration warms up
-                out[m].append(dt)
+            for it in range(block + (block > 1)):
+                hvd.barrier()
+                t0 = time.perf_counter()
+                f()
+                dt = slowest(time.perf_counter() - t0)
+                # block 1: the first round warms up; blocks: the first iteration of each
+                if (block == 1 and r) or (block > 1 and it):
+                    out[m].append(dt)
     return out, len(buckets)
 
 
@@ -227,6 +237,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--alone", type=int, default=0,
                     help="then N interleaved iterations of the averaging alone (no compute)")
+    ap.add_argument("--block", type=int, default=1,
+                    help="--alone's interleaving: 1 = method by method each iteration; K > 1 = "
+                         "blocks of K timed iterations per method, each after one untimed one")
     a = ap.parse_args()
     modes = [m for m in a.modes.split(",") if m]
     torch.set_num_threads(a.threads)
@@ -262,7 +275,9 @@ def main():
     if rank == 0 and a.alone:
         g = statistics.median(times["gloo_buckets"])
         print(f"# averaging alone: {a.model}'s {n_tensors} gradients ({n_values * 4 / 1e6:.1f} "
-              f"MB) on {size} ranks, {a.alone} interleaved iterations, slowest rank, median; "
+              f"MB) on {size} ranks, {len(times['gloo_buckets'])} iterations interleaved "
+              f"{'one by one' if a.block <= 1 else f'in blocks of {a.block} (+1 untimed)'}, "
+              f"slowest rank, median; "
               f"gloo: {nb} flat 25 MB buckets (DDP's), one all_reduce each; load average "
               f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}")
         print("| method | ms (median) | gloo / method | iterations (ms) |")

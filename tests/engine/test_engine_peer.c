@@ -4,12 +4,21 @@
  * its allreduce and hora_should_stop, which every rank calls each step ("stopshould": the others
  * wait in hora_should_stop, which must end with the verdict, not hang). The survivors print the
  * error (which must be HORA_ERR_REMOTE naming the rank) and exit 3 without hora_finalize, as a
- * training program would. Driven by peer_test.py, which asserts the wall-time bound.
+ * training program would. Both print CLOCK_MONOTONIC ("at t=..."; the clock Python's
+ * time.monotonic() reads on Linux): peer_test.py bounds the detection from the stop itself, which
+ * a loaded machine may reach late, and the job's end from the errors.
  *   test_engine_peer kill|stop|stop0|stopshould                                            */
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "hora_test.h"
+
+static double mono(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "kill";
@@ -26,7 +35,8 @@ int main(int argc, char **argv) {
   double t0 = MPI_Wtime();
   for (int step = 0; MPI_Wtime() - t0 < 60; step++) {
     if (step == 20 && rank == victim && strcmp(mode, "stopshould") != 0) {
-      fprintf(stderr, "rank %d: raising %s at step %d\n", rank, strcmp(mode, "kill") ? "SIGSTOP" : "SIGKILL", step);
+      fprintf(stderr, "rank %d: raising %s at step %d at t=%.3f\n", rank, strcmp(mode, "kill") ? "SIGSTOP" : "SIGKILL",
+              step, mono());
       fflush(stderr);
       raise(strcmp(mode, "kill") ? SIGSTOP : SIGKILL);
     }
@@ -39,7 +49,7 @@ int main(int argc, char **argv) {
     const char *call = "the allreduce";
     if (rc == HORA_SUCCESS && strcmp(mode, "stopshould") == 0) {
       if (step == 20 && rank == victim) {
-        fprintf(stderr, "rank %d: raising SIGSTOP before hora_should_stop at step %d\n", rank, step);
+        fprintf(stderr, "rank %d: raising SIGSTOP before hora_should_stop at step %d at t=%.3f\n", rank, step, mono());
         fflush(stderr);
         raise(SIGSTOP);
       }
@@ -52,8 +62,8 @@ int main(int argc, char **argv) {
       }
     }
     if (rc != HORA_SUCCESS) {
-      fprintf(stderr, "rank %d: step %d: %s failed after %.1f s: %s: %s\n", rank, step, call, MPI_Wtime() - t0,
-              hora_result_name(rc), hora_last_error());
+      fprintf(stderr, "rank %d: step %d: %s failed after %.1f s at t=%.3f: %s: %s\n", rank, step, call, MPI_Wtime() - t0,
+              mono(), hora_result_name(rc), hora_last_error());
       fflush(stderr);
       _exit(3);
     }
