@@ -420,9 +420,17 @@ static char *slot_of(const struct hora_shm *s, int j, uint64_t round) {
  * memory, a third more traffic for a copy. 4 ranks on 2 cores, 16 MiB: 3.0 -> 3.8-3.9 GB/s
  * busbw; 2 ranks from 32 MiB: 3.7-4.1 -> 4.7-5.5; with the fused float32 pass, 2 ranks at 8 and
  * 16 MiB too (docs/benchmarks.md, "Fused float32 slice"). Below the threshold the results stay
- * in the cache for the caller. */
-static void put(const struct hora_shm *s, void *dst, const void *src, size_t bytes) {
-  if (s->stream) hora__copy_stream_host(dst, src, bytes);
+ * in the cache for the caller.
+ *
+ * Not in place (a segment whose recv buffer is its send buffer: the gradients' case): this rank
+ * read those very lines a moment before (its slice in the reduce; the others' slices in the
+ * copy-in of the same piece), so they are in the cache and ordinary stores cost no extra read,
+ * while streaming stores push them out of it. ResNet-50's gradients (2 ranks, 25 MB buckets in
+ * place): 16.1-18.4 ms streamed against 13.0-13.5 ms not (docs/benchmarks.md). */
+static int stream_to(const struct hora_shm *s, const hora_seg_t *g) { return s->stream && g->dst != g->src; }
+
+static void put(int stream, void *dst, const void *src, size_t bytes) {
+  if (stream) hora__copy_stream_host(dst, src, bytes);
   else memcpy(dst, src, bytes);
 }
 
@@ -464,12 +472,12 @@ static hora_result_t reduce_own(struct hora_shm *s, const piece_t *p, size_t es,
       /* One pass instead of three (reduce, scale, copy out): docs/benchmarks.md, "Fused float32
        * slice". Only for float-aligned buffers, which the kernel needs; a buffer that is not
        * (a NumPy view at an odd byte offset) takes the three passes, whose copy out is bytes. */
-      hora__sum_scale2_f32_host((float *)dst, (float *)q, (const float *const *)srcs, s->L, n, o->scale, s->stream);
+      hora__sum_scale2_f32_host((float *)dst, (float *)q, (const float *const *)srcs, s->L, n, o->scale, stream_to(s, g));
     } else {
       hora_result_t rc = hora__reduce_n_host(q, srcs, s->L, n, dtype, op, NULL);
       if (rc != HORA_SUCCESS) return HORA_ERR(HORA_ERR_INTERNAL, "shm: host reduce failed (%s)", hora_result_name(rc));
       if (o->hook) HORA_CHECK(o->hook(o->arg, q, n));
-      put(s, dst, q, n * es);
+      put(stream_to(s, g), dst, q, n * es);
     }
     v += n;
     done += n;
@@ -486,7 +494,7 @@ static void copy_out(struct hora_shm *s, const piece_t *p, size_t es, uint64_t r
     size_t v = p->base + (size_t)j * p->sl, end = v + slice_len(p, j), off;
     while (v < end) {
       size_t n = seg_run(&c, v, end, &off);
-      put(s, (char *)c.seg[c.i].dst + off * es, r, n * es);
+      put(stream_to(s, &c.seg[c.i]), (char *)c.seg[c.i].dst + off * es, r, n * es);
       r += n * es;
       v += n;
     }
