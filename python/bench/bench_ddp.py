@@ -28,8 +28,9 @@ Communication per step is reported two ways:
           ddp_timed's bucket allreduces): the figure the >= 5x goal is about
   cost  = step time with averaging - step time without (hora_opt - local; ddp - ddp_nosync):
           what the averaging adds to a training step, overlap included (noisy on a loaded host)
-Step times are the slowest rank's; timed communication is the mean over ranks. Rank 0 prints
-a Markdown table and the ratios gloo / hora.
+Step times are the slowest rank's; timed communication is the mean over ranks, and that of the
+rank with the least (the one that arrived last, so without waiting for the others' backward).
+Rank 0 prints a Markdown table and the ratios gloo / hora.
 
 --alone N (with --modes "" to skip the training modes) then averages one backward's gradients N
 times by each method in turn, without forward/backward between them (on a loaded host the
@@ -73,6 +74,11 @@ def free_port():
 def slowest(x):
     return float(hvd.allreduce(torch.tensor([x], dtype=torch.float64), op=hvd.Max,
                                name="bench.max")[0])
+
+
+def least(x):
+    return float(hvd.allreduce(torch.tensor([x], dtype=torch.float64), op=hvd.Min,
+                               name="bench.min")[0])
 
 
 def mean(x):
@@ -164,10 +170,11 @@ class Mode:
 def alone(a, x, y, iters):
     """The averaging alone, without forward/backward, interleaved (less exposed to the load than
     the training modes): the gradients of one backward, averaged `iters` times by each method,
-    in turn iteration by iteration (a.block 1) or in blocks of a.block timed iterations, each
-    block after one untimed iteration of the same method (a.block > 1: each method's time
-    without the other methods' memory traffic just before it, which evicts its buffers from
-    the caches). Returns {method: [seconds per iteration, slowest rank]}."""
+    in turn iteration by iteration (a.block 1; the order turns each round) or in blocks of
+    a.block timed iterations, each block after one untimed iteration of the same method
+    (a.block > 1: each method's time without the other methods' memory traffic just before it,
+    which evicts its buffers from the caches). Returns {method: [seconds per iteration, slowest
+    rank]}."""
     torch.manual_seed(a.seed)
     model = build_model(a.model, a.num_classes)
     params = list(model.parameters())
@@ -208,8 +215,12 @@ def alone(a, x, y, iters):
     out = {m: [] for m in methods}
     block = max(1, a.block)
     rounds = (iters + block - 1) // block
+    names = list(methods)
     for r in range(rounds + (block == 1)):
-        for m, f in methods.items():
+        # The order turns each round: the hora methods average the same .grad tensors, so the one
+        # right after gloo (whose 102 MB of buckets evict them) would always pay for it.
+        for m in names[r % len(names):] + names[:r % len(names)]:
+            f = methods[m]
             for it in range(block + (block > 1)):
                 hvd.barrier()
                 t0 = time.perf_counter()
@@ -262,16 +273,18 @@ def main():
         runs[m].run(a.warmup)
     step = {m: [] for m in modes}
     comm = {m: [] for m in modes}
+    comm_min = {m: [] for m in modes}
     for _ in range(a.repeat):
         for m in modes:
             dt, c = runs[m].run(a.steps)
             step[m].append(slowest(dt) / a.steps)
             comm[m].append(mean(c) / a.steps)
+            comm_min[m].append(least(c) / a.steps)
     if a.alone:
         times, nb = alone(a, x, y, a.alone)
     dist.destroy_process_group()
     if rank == 0 and modes:
-        report(a, size, modes, step, comm, n_tensors, n_values)
+        report(a, size, modes, step, comm, comm_min, n_tensors, n_values)
     if rank == 0 and a.alone:
         g = statistics.median(times["gloo_buckets"])
         print(f"# averaging alone: {a.model}'s {n_tensors} gradients ({n_values * 4 / 1e6:.1f} "
@@ -289,20 +302,23 @@ def main():
     hvd.shutdown()
 
 
-def report(a, size, modes, step, comm, n_tensors, n_values):
+def report(a, size, modes, step, comm, comm_min, n_tensors, n_values):
     med = {m: statistics.median(step[m]) * 1e3 for m in modes}
     cmed = {m: statistics.median(comm[m]) * 1e3 for m in modes}
+    # The rank with the least timed communication arrived last: its figure holds no waiting for
+    # the other ranks' backward to finish (which the mean over ranks does).
+    lmed = {m: statistics.median(comm_min[m]) * 1e3 for m in modes}
     print(f"# {a.model}: {n_tensors} gradient tensors, {n_values} values "
           f"({n_values * 4 / 1e6:.1f} MB fp32); {size} ranks, batch {a.batch_size} per rank, "
           f"{a.image_size}x{a.image_size} images, {a.threads} torch thread(s) per rank, "
           f"{a.steps} steps x {a.repeat} repeats (median); load average "
           f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}")
-    print("| mode | step ms | images/s | timed comm ms/step | runs (step ms) |")
-    print("|---|---:|---:|---:|---|")
+    print("| mode | step ms | images/s | timed comm ms/step (mean) | (rank arriving last) | runs (step ms) |")
+    print("|---|---:|---:|---:|---:|---|")
     for m in modes:
         runs = " ".join(f"{v * 1e3:.0f}" for v in step[m])
         print(f"| {m} | {med[m]:.1f} | {size * a.batch_size * 1e3 / med[m]:.1f} | "
-              f"{cmed[m]:.1f} | {runs} |")
+              f"{cmed[m]:.1f} | {lmed[m]:.1f} | {runs} |")
 
     def ratio(num, den):
         return f"{num / den:.2f}x" if den > 0 else "n/a"
@@ -317,7 +333,9 @@ def report(a, size, modes, step, comm, n_tensors, n_values):
         for m in ("hora_opt_alone", "hora_grouped"):
             if m in modes:
                 print(f"alone: {m} {cmed[m]:.1f} ms, gloo DDP buckets {cmed['ddp_timed']:.1f} "
-                      f"ms; gloo / hora = {ratio(cmed['ddp_timed'], cmed[m])}")
+                      f"ms; gloo / hora = {ratio(cmed['ddp_timed'], cmed[m])}; rank arriving "
+                      f"last: {lmed[m]:.1f} against {lmed['ddp_timed']:.1f} ms, "
+                      f"{ratio(lmed['ddp_timed'], lmed[m])}")
     for m in ("hora_opt", "hora_opt_pertensor"):
         if m in modes:
             print(f"{m} (hooks): {cmed[m]:.1f} ms/step waiting in synchronize() after "
