@@ -382,19 +382,6 @@ done:
 /* Wait for a request, giving up when the context has failed (a peer declared dead, the engine
  * failed: ctx->failed): then the request is left to MPI and 0 is returned, and its buffer must be
  * leaked. 1 when it completed. The sleep grows from 1 us to 1 ms (calls here are rare). */
-static int wait_unless_failed(hora_ckpt_t *ck, MPI_Request *req, int *mrc) {
-  double nap = 1e-6;
-  for (;;) {
-    int done = 0;
-    *mrc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-    if (*mrc != MPI_SUCCESS || done) return 1;
-    if (__atomic_load_n(&ck->ctx->failed, __ATOMIC_ACQUIRE)) return 0;
-    struct timespec ts = {0, (long)(nap * 1e9)};
-    nanosleep(&ts, NULL);
-    if (nap < 1e-3) nap *= 2;
-  }
-}
-
 hora_result_t hora__ck_bcast_result(hora_ckpt_t *ck, hora_result_t rc, const char *fn) {
   struct ck_result {
     int rc;
@@ -403,19 +390,27 @@ hora_result_t hora__ck_bcast_result(hora_ckpt_t *ck, hora_result_t rc, const cha
   if (!r) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory", fn);
   r->rc = (int)rc;
   if (ck->rank == 0 && rc != HORA_SUCCESS) hora__ck_keep_msg(r->msg);
-  /* Non-blocking and death-aware: a rank that died (or that is stuck elsewhere after a failure)
-   * must not keep the others here forever. */
+  /* Non-blocking and death-aware (hora__ctx_wait): a rank that died (or that is stuck elsewhere
+   * after a failure) must not keep the others here forever; the wait ends with the verdict that
+   * names it. */
   MPI_Request req;
   int mrc = MPI_Ibcast(r, (int)sizeof *r, MPI_BYTE, 0, ck->comm, &req);
-  if (mrc == MPI_SUCCESS && !wait_unless_failed(ck, &req, &mrc)) {
-    /* r stays allocated: the abandoned broadcast may still write it. */
-    if (rc != HORA_SUCCESS) return rc;
-    return HORA_ERR(HORA_ERR_REMOTE, "%s: not waiting for the other ranks: the job already failed "
-                    "(a rank was declared dead or the async engine failed; see the log)", fn);
-  }
   if (mrc != MPI_SUCCESS) {
     free(r);
     return hora__mpi_error(mrc, "MPI_Ibcast (checkpoint result)", __FILE__, __LINE__);
+  }
+  char own[CK_MSG_MAX] = "";
+  if (rc != HORA_SUCCESS) hora__ck_keep_msg(own);
+  char what[96];
+  snprintf(what, sizeof what, "%s (waiting for the result from rank 0)", fn);
+  hora_result_t wrc = hora__ctx_wait(ck->ctx, &req, what, sizeof *r);
+  if (wrc != HORA_SUCCESS) {
+    if (wrc == HORA_ERR_MPI) free(r); /* an MPI error completes the request */
+    /* else r stays allocated: the abandoned broadcast may still write it. This rank's own
+     * failure, if it had one, is the error to report (the verdict is in the log). */
+    if (rc == HORA_SUCCESS) return wrc;
+    hora__error_restore(own);
+    return rc;
   }
   hora_result_t out = (hora_result_t)r->rc;
   if (ck->rank != 0 && out != HORA_SUCCESS) out = HORA_ERR(out, "%s failed on rank 0: %s", fn, r->msg);

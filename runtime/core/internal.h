@@ -52,6 +52,9 @@ void hora__log(hora_log_level_t level, hora_subsys_t subsys, const char *file, i
 hora_result_t hora__error(hora_result_t rc, const char *file, int line, const char *fmt, ...)
     HORA_PRINTF(4, 5);
 void hora__error_clear(void);
+/* Put back a message saved from hora_last_error() (after a later call overwrote it), without
+ * logging it again. */
+void hora__error_restore(const char *msg);
 #define HORA_ERR(rc, ...) hora__error((rc), __FILE__, __LINE__, __VA_ARGS__)
 #define HORA_CHECK(call)                                                                  \
   do {                                                                                    \

@@ -139,6 +139,8 @@ hora_result_t hora__error(hora_result_t rc, const char *file, int line, const ch
 
 void hora__error_clear(void) { last_error[0] = 0; }
 
+void hora__error_restore(const char *msg) { snprintf(last_error, sizeof last_error, "%s", msg); }
+
 HORA_EXPORT const char *hora_last_error(void) { return last_error; }
 
 double hora__now_s(void) {

@@ -637,6 +637,7 @@ typedef struct { const char *key; const char *value; } hora_kv_t;
  *   check: a directory on the way owned by another user than the caller or root, writable by
  *   group or others without the sticky bit, or a symlink owned by another user; the message
  *   names the path, owner and mode; every rank returns it; docs/checkpoint.md, "Shared nodes"),
+ *   HORA_ERR_REMOTE (a rank was declared dead while this rank waited for rank 0's result),
  *   HORA_ERR_MPI, HORA_ERR_NO_MEMORY. On error *ck is unchanged.
  * Directories hora creates are 0700 and files 0600 (HORA_FILE_MODE widens them). */
 hora_result_t hora_ckpt_open(hora_ctx_t *ctx, const hora_ckpt_opts_t *opts, hora_ckpt_t **ck);
@@ -668,9 +669,12 @@ hora_result_t hora_ckpt_open(hora_ctx_t *ctx, const hora_ckpt_opts_t *opts, hora
  *     quota, RLIMIT_FSIZE; the message names that step). Such a deferred error is returned
  *     once, by the next save, flush or close; a save that returns it takes no snapshot, so
  *     call it again to checkpoint this step. Training can go on after any of these errors.
+ *   HORA_ERR_REMOTE: a rank was declared dead, or the job failed otherwise, while this rank
+ *     waited for rank 0's result (the message names the rank and "waiting for the result from
+ *     rank 0"); rank 0 may have taken its snapshot before, which the writer still commits.
  *   HORA_ERR_NOT_SUPPORTED (device tensors in a build without CUDA), HORA_ERR_CUDA,
  *   HORA_ERR_NO_MEMORY (the staging buffer, as large as all tensors, cannot be allocated),
- *   HORA_ERR_MPI. On error no snapshot is taken and nothing on disk changes. */
+ *   HORA_ERR_MPI. On the other errors no snapshot is taken and nothing on disk changes. */
 hora_result_t hora_ckpt_save(hora_ckpt_t *ck, int64_t step, const hora_tensor_t *tensors,
                              size_t ntensors, const hora_kv_t *meta, size_t nmeta);
 
@@ -724,7 +728,8 @@ hora_result_t hora_ckpt_restore_source(hora_ckpt_t *ck, const char **dir);
  * Errors (every rank returns rank 0's result): HORA_ERR_INVALID_ARGUMENT (ck NULL), HORA_ERR_IO
  *   (a deferred write error, see hora_ckpt_save, or the copy kept failing until the timeout:
  *   the message says why), HORA_ERR_DATA (the local file no longer matched its manifest, so it
- *   was not copied), HORA_ERR_MPI. */
+ *   was not copied), HORA_ERR_REMOTE (a rank was declared dead, or the job failed otherwise,
+ *   while this rank waited for rank 0's result: the message names it), HORA_ERR_MPI. */
 hora_result_t hora_ckpt_flush(hora_ckpt_t *ck);
 
 /* hora_ckpt_close: flush, stop the threads and free the checkpointer. Collective. ck NULL is a

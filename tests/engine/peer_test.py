@@ -6,8 +6,10 @@ the dead (or stopped) rank; for the SIGSTOP modes the message must be hora's own
 usage: peer_test.py MPIEXEC BINARY NP MODE PEER_TIMEOUT_S [mpiexec flags...]"""
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 mpiexec, binary, np_, mode, timeout = sys.argv[1:6]
@@ -21,7 +23,11 @@ if "ASAN_OPTIONS" in os.environ:
 # HORA_LOG=INFO for the engine: each survivor logs, at the verdict, the longest stall of its
 # heartbeat thread (heartbeat.c), which delays the verdict by as long.
 env = dict(os.environ, HORA_PEER_TIMEOUT_S=str(timeout), HORA_LOG="INFO", HORA_LOG_SUBSYS="ENGINE")
-victim = 0 if mode == "stop0" else 1
+victim = 0 if mode.startswith("stop0") else 1
+ckpt_dir = None
+if mode == "stop0save":
+    ckpt_dir = tempfile.mkdtemp(prefix="hora-peer-ckpt-")
+    env["HORA_TEST_CKPT_DIR"] = ckpt_dir
 # The detection, from the victim's stop (or death) to the last survivor's error, both on
 # CLOCK_MONOTONIC (printed by the program as "at t=..."): the timeout, a heartbeat period and the
 # survivors waking; under a loaded machine the 20 steps before the stop may take many seconds
@@ -38,6 +44,9 @@ except subprocess.TimeoutExpired as e:
     print((e.stdout or b"").decode(errors="replace"))
     print(f"FAIL: the job hung (still running after {hang_guard:.0f} s)")
     sys.exit(1)
+finally:
+    if ckpt_dir:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
 t_end = time.monotonic()
 wall = t_end - t0
 print(out)
@@ -48,7 +57,7 @@ stalls = [float(x) for x in re.findall(r"longest stall of this thread ([0-9.]+) 
 if stalls:
     detect_bound += max(stalls)
 errors = []
-stop = re.search(rf"rank {victim}: raising \S+ (?:before hora_should_stop )?at step 20 at t=([0-9.]+)", out)
+stop = re.search(rf"rank {victim}: raising \S+ (?:before \S+ )?at step 20 at t=([0-9.]+)", out)
 fails = {int(r): float(t) for r, t in re.findall(r"rank (\d+): step \d+: .* failed after [0-9.]+ s at t=([0-9.]+)", out)}
 if not stop:
     errors.append(f"rank {victim} never printed its stop")
@@ -89,6 +98,13 @@ if mode == "stopshould":
     for r in (0, 2):
         if f"rank {r}: step 20: hora_should_stop failed" not in out:
             errors.append(f"rank {r} did not leave hora_should_stop with an error at step 20")
+if mode == "stop0save":
+    # Both survivors were waiting in hora_ckpt_save for rank 0's result: each must have left it
+    # with the verdict, naming the save and the wait.
+    for r in (1, 2):
+        if not re.search(rf"rank {r}: step 20: hora_ckpt_save failed .*waiting for the result from rank 0.*"
+                         rf"rank 0 sent no heartbeat", out):
+            errors.append(f"rank {r} did not leave hora_ckpt_save with the verdict at step 20")
 for e in errors:
     print("FAIL:", e)
 sys.exit(1 if errors else 0)

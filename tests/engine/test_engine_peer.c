@@ -2,12 +2,15 @@
  * SIGKILL ("kill"), or stops itself with SIGSTOP ("stop": mpirun does not notice, so only hora's
  * heartbeat can), or rank 0 stops ("stop0": the others watch rank 0), or rank 1 stops between
  * its allreduce and hora_should_stop, which every rank calls each step ("stopshould": the others
- * wait in hora_should_stop, which must end with the verdict, not hang). The survivors print the
+ * wait in hora_should_stop, which must end with the verdict, not hang), or rank 0 stops right
+ * before a hora_ckpt_save ("stop0save": the others wait in the save for rank 0's result, which
+ * must end with the verdict naming rank 0; checkpoints go to $HORA_TEST_CKPT_DIR, made and
+ * removed by peer_test.py). The survivors print the
  * error (which must be HORA_ERR_REMOTE naming the rank) and exit 3 without hora_finalize, as a
  * training program would. Both print CLOCK_MONOTONIC ("at t=..."; the clock Python's
  * time.monotonic() reads on Linux): peer_test.py bounds the detection from the stop itself, which
  * a loaded machine may reach late, and the job's end from the errors.
- *   test_engine_peer kill|stop|stop0|stopshould                                            */
+ *   test_engine_peer kill|stop|stop0|stopshould|stop0save                                  */
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,12 +32,24 @@ int main(int argc, char **argv) {
   int rank, size;
   hora_rank(ctx, &rank);
   hora_size(ctx, &size);
-  int victim = strcmp(mode, "stop0") == 0 ? 0 : 1;
+  int victim = strcmp(mode, "stop0") == 0 || strcmp(mode, "stop0save") == 0 ? 0 : 1;
+  int save = strcmp(mode, "stop0save") == 0;
+  hora_ckpt_t *ck = NULL;
+  if (save) {
+    hora_ckpt_opts_t o;
+    hora_ckpt_opts_init(&o);
+    o.local_dir = getenv("HORA_TEST_CKPT_DIR");
+    if (!o.local_dir || hora_ckpt_open(ctx, &o, &ck) != HORA_SUCCESS) {
+      fprintf(stderr, "rank %d: no checkpointer (HORA_TEST_CKPT_DIR=%s): %s\n", rank, o.local_dir ? o.local_dir : "unset",
+              hora_last_error());
+      return 1;
+    }
+  }
   float x[256], y[256];
   for (int i = 0; i < 256; i++) x[i] = 1;
   double t0 = MPI_Wtime();
   for (int step = 0; MPI_Wtime() - t0 < 60; step++) {
-    if (step == 20 && rank == victim && strcmp(mode, "stopshould") != 0) {
+    if (step == 20 && rank == victim && strcmp(mode, "stopshould") != 0 && !save) {
       fprintf(stderr, "rank %d: raising %s at step %d at t=%.3f\n", rank, strcmp(mode, "kill") ? "SIGSTOP" : "SIGKILL",
               step, mono());
       fflush(stderr);
@@ -60,6 +75,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "rank %d: hora_should_stop said stop without a signal\n", rank);
         _exit(5);
       }
+    }
+    if (rc == HORA_SUCCESS && save && step % 5 == 0) {
+      if (step == 20 && rank == victim) {
+        fprintf(stderr, "rank %d: raising SIGSTOP before hora_ckpt_save at step %d at t=%.3f\n", rank, step, mono());
+        fflush(stderr);
+        raise(SIGSTOP);
+      }
+      hora_tensor_t t = {"x", x, 256, HORA_FLOAT32, HORA_DEVICE_HOST, 0, NULL};
+      call = "hora_ckpt_save";
+      rc = hora_ckpt_save(ck, step, &t, 1, NULL, 0);
     }
     if (rc != HORA_SUCCESS) {
       fprintf(stderr, "rank %d: step %d: %s failed after %.1f s at t=%.3f: %s: %s\n", rank, step, call, MPI_Wtime() - t0,
