@@ -422,11 +422,12 @@ static char *slot_of(const struct hora_shm *s, int j, uint64_t round) {
  * 16 MiB too (docs/benchmarks.md, "Fused float32 slice"). Below the threshold the results stay
  * in the cache for the caller.
  *
- * Not in place (a segment whose recv buffer is its send buffer: the gradients' case): this rank
- * read those very lines a moment before (its slice in the reduce; the others' slices in the
- * copy-in of the same piece), so they are in the cache and ordinary stores cost no extra read,
- * while streaming stores push them out of it. ResNet-50's gradients (2 ranks, 25 MB buckets in
- * place): 16.1-18.4 ms streamed against 13.0-13.5 ms not (docs/benchmarks.md). */
+ * Never into a segment reduced in place (its recv buffer is its send buffer: the gradients'
+ * case): this rank read those very lines a moment before (its slice in the reduce; the others'
+ * slices in the copy-in of the same piece), so they are in the cache and ordinary stores cost
+ * no extra read, while streaming stores push them out of it. ResNet-50's gradients (2 ranks,
+ * 25 MB buckets in place): 16.1-18.4 ms streamed against 13.0-13.5 ms not (docs/benchmarks.md,
+ * "Bound ranks, results in place not streamed"). */
 static int stream_to(const struct hora_shm *s, const hora_seg_t *g) { return s->stream && g->dst != g->src; }
 
 static void put(int stream, void *dst, const void *src, size_t bytes) {

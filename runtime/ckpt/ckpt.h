@@ -211,7 +211,9 @@ void *hora__ck_copier_main(void *arg);
  * best effort). Returns the number of step directories removed. */
 int hora__ck_prune(int dfd, const char *dir, int keep, int64_t newest, int64_t pinned);
 /* Broadcast rank 0's result and message to every rank of ck (collective); other ranks return
- * rank 0's code with a message that says it came from rank 0. */
+ * rank 0's code with a message that says it came from rank 0. The wait watches the context's
+ * verdict (hora__ctx_wait): a lost peer ends it with HORA_ERR_REMOTE naming the rank, unless
+ * this rank had an error of its own (rc), which is returned with its message then. */
 hora_result_t hora__ck_bcast_result(hora_ckpt_t *ck, hora_result_t rc, const char *fn);
 /* Copy a message from this thread's hora_last_error into dst. */
 void hora__ck_keep_msg(char *dst);

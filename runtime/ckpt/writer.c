@@ -379,9 +379,6 @@ done:
 }
 
 /* Every rank learns rank 0's result (and its message). */
-/* Wait for a request, giving up when the context has failed (a peer declared dead, the engine
- * failed: ctx->failed): then the request is left to MPI and 0 is returned, and its buffer must be
- * leaked. 1 when it completed. The sleep grows from 1 us to 1 ms (calls here are rare). */
 hora_result_t hora__ck_bcast_result(hora_ckpt_t *ck, hora_result_t rc, const char *fn) {
   struct ck_result {
     int rc;
