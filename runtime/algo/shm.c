@@ -217,6 +217,11 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
     rc = HORA_ERR(HORA_ERR_NO_MEMORY, "shm allreduce: out of memory");
     goto fail;
   }
+  /* The window is made at the first call that needs it, maybe long after start-up: a watched
+   * barrier first, so that a local rank that stopped or hangs before its first such call ends
+   * the others' with the verdict naming it instead of keeping them in MPI_Win_allocate_shared. */
+  rc = hora__ctx_barrier(ctx, ctx->local, "shm allreduce (creating the shared window)");
+  if (rc != HORA_SUCCESS) goto fail;
   MPI_Info info;
   MPI_Info_create(&info);
   MPI_Info_set(info, "alloc_shared_noncontig", "true"); /* each rank's part on its own pages */
@@ -251,11 +256,12 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
    * stores plus our atomics synchronize), and everyone sees the initialized header. */
   mrc = MPI_Win_lock_all(MPI_MODE_NOCHECK, s->win);
   if (mrc == MPI_SUCCESS) mrc = MPI_Win_sync(s->win);
-  if (mrc == MPI_SUCCESS) mrc = MPI_Barrier(ctx->local);
   if (mrc != MPI_SUCCESS) {
-    rc = hora__mpi_error(mrc, "MPI_Win_lock_all/MPI_Barrier", __FILE__, __LINE__);
+    rc = hora__mpi_error(mrc, "MPI_Win_lock_all/MPI_Win_sync", __FILE__, __LINE__);
     goto fail;
   }
+  rc = hora__ctx_barrier(ctx, ctx->local, "shm allreduce (creating the shared window)");
+  if (rc != HORA_SUCCESS) goto fail;
   /* The node's CPUs are the union of its ranks' affinity masks (ctx->local_cpus, the same on
    * every local rank), not this rank's own mask: with one core bound per rank (Open MPI's and
    * launch's default) this rank's mask holds one CPU, and comparing L with it made every waiter
@@ -267,7 +273,8 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
   *out = s;
   return HORA_SUCCESS;
 fail:
-  if (s->win != MPI_WIN_NULL) MPI_Win_free(&s->win);
+  /* MPI_Win_free is collective: after a verdict a peer may never come, so the window is left. */
+  if (s->win != MPI_WIN_NULL && !hora__ctx_failed(ctx)) MPI_Win_free(&s->win);
   free(s->slot);
   free(s);
   return rc;

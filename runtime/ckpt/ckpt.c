@@ -189,11 +189,13 @@ HORA_EXPORT hora_result_t hora_ckpt_open(hora_ctx_t *ctx, const hora_ckpt_opts_t
   /* Strip trailing slashes so that step paths print cleanly. */
   for (char *d = ck->local_dir; d && strlen(d) > 1 && d[strlen(d) - 1] == '/';) d[strlen(d) - 1] = 0;
   for (char *d = ck->persist_dir; d && strlen(d) > 1 && d[strlen(d) - 1] == '/';) d[strlen(d) - 1] = 0;
-  int mrc = MPI_Comm_dup(ctx->world, &ck->comm);
-  if (mrc != MPI_SUCCESS) {
+  /* Watched: a rank that stopped or hangs before its hora_ckpt_open ends the others' call with
+   * the verdict naming it, instead of keeping them in MPI_Comm_dup. */
+  hora_result_t drc = hora__ctx_dup(ctx, ctx->world, &ck->comm, "hora_ckpt_open (duplicating the communicator)");
+  if (drc != HORA_SUCCESS) {
     ck->comm = MPI_COMM_NULL;
     ck_free(ck);
-    return hora__mpi_error(mrc, "MPI_Comm_dup (checkpointer)", __FILE__, __LINE__);
+    return drc;
   }
   MPI_Comm_set_errhandler(ck->comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(ck->comm, &ck->rank);

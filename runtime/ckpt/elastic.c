@@ -94,11 +94,9 @@ HORA_EXPORT hora_result_t hora_elastic_open(hora_ctx_t *ctx, const char *dir, ho
   es->ck = ck;
   es->ckpt_every = ckpt_every;
   es->cur.id = -1;
-  int mrc = MPI_Comm_dup(ctx->world, &es->comm);
-  hora_result_t rc = HORA_SUCCESS;
-  if (mrc != MPI_SUCCESS) {
+  hora_result_t rc = hora__ctx_dup(ctx, ctx->world, &es->comm, "hora_elastic_open (duplicating the communicator)");
+  if (rc != HORA_SUCCESS) {
     es->comm = MPI_COMM_NULL;
-    rc = hora__mpi_error(mrc, "MPI_Comm_dup (elastic state)", __FILE__, __LINE__);
   } else {
     MPI_Comm_set_errhandler(es->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(es->comm, &es->rank);

@@ -87,7 +87,8 @@ HORA_EXPORT hora_result_t hora_should_stop(hora_ctx_t *ctx, int *stop) {
   signal_state_t *st;
   HORA_CHECK(get_state(ctx, &st));
   if (st->comm == MPI_COMM_NULL) {
-    HORA_MPI_CHECK(MPI_Comm_dup(ctx->world, &st->comm));
+    /* Watched, as the allreduce below: the first call's duplicate must not hang either. */
+    HORA_CHECK(hora__ctx_dup(ctx, ctx->world, &st->comm, "hora_should_stop (duplicating the communicator)"));
     MPI_Comm_set_errhandler(st->comm, MPI_ERRORS_RETURN);
   }
   /* Non-blocking and watched: a peer that dies while the others are here (one call per step,

@@ -120,6 +120,14 @@ hora_result_t hora__ctx_verdict(const hora_ctx_t *ctx, const char *what);
  * the request is abandoned: its buffers must stay allocated (leaked). MPI errors: HORA_ERR_MPI
  * naming `what`. */
 hora_result_t hora__ctx_wait(const hora_ctx_t *ctx, MPI_Request *req, const char *what, size_t bytes);
+/* MPI_Comm_dup of `base` into *out, and MPI_Barrier on `comm`, as watched waits (MPI_Comm_idup,
+ * MPI_Ibarrier, hora__ctx_wait): collectives that a service or a lazily built algorithm state
+ * enters after start-up, where a rank that stopped or hangs would otherwise keep every other rank
+ * in MPI for ever. Collective over the communicator. Errors: the verdict (HORA_ERR_REMOTE naming
+ * the rank, `what` in the message), HORA_ERR_MPI, HORA_ERR_NO_MEMORY; *out is set only on
+ * success. */
+hora_result_t hora__ctx_dup(const hora_ctx_t *ctx, MPI_Comm base, MPI_Comm *out, const char *what);
+hora_result_t hora__ctx_barrier(const hora_ctx_t *ctx, MPI_Comm comm, const char *what);
 /* The rate (bytes/s) below which a wait that moves data starts to sleep between polls: the one
  * rule of hora__ctx_wait and of the algorithm layer's waits (algo/state.c explains why). */
 #define HORA_WAIT_RATE_FLOOR 50e6

@@ -788,7 +788,8 @@ typedef struct hora_elastic hora_elastic_t;
  * Errors: HORA_ERR_NOT_INITIALIZED (ctx not live), HORA_ERR_INVALID_ARGUMENT (es NULL, dir
  *   empty, ckpt_every negative, ck of another context; on a rank outside a set), HORA_ERR_IO (dir cannot
  *   be created or fails the shared-node check of hora_ckpt_open, on any rank: all return it),
- *   HORA_ERR_MPI, HORA_ERR_NO_MEMORY. *es is unchanged on error. */
+ *   HORA_ERR_REMOTE (a rank was declared dead while this rank waited for the others: the message
+ *   names it), HORA_ERR_MPI, HORA_ERR_NO_MEMORY. *es is unchanged on error. */
 hora_result_t hora_elastic_open(hora_ctx_t *ctx, const char *dir, hora_ckpt_t *ck, int ckpt_every,
                                 hora_elastic_t **es);
 

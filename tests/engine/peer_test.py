@@ -25,7 +25,7 @@ if "ASAN_OPTIONS" in os.environ:
 env = dict(os.environ, HORA_PEER_TIMEOUT_S=str(timeout), HORA_LOG="INFO", HORA_LOG_SUBSYS="ENGINE")
 victim = 0 if mode.startswith("stop0") else 1
 ckpt_dir = None
-if mode == "stop0save":
+if mode in ("stop0save", "stopopen"):
     ckpt_dir = tempfile.mkdtemp(prefix="hora-peer-ckpt-")
     env["HORA_TEST_CKPT_DIR"] = ckpt_dir
 # The detection, from the victim's stop (or death) to the last survivor's error, both on
@@ -95,12 +95,15 @@ else:
     want = f"rank {victim} sent no heartbeat"
     if want not in out or "HORA_ERR_REMOTE" not in out:
         errors.append(f"no HORA_ERR_REMOTE message with '{want}'")
-# The survivors were waiting in hora_should_stop (stopshould) or in hora_ckpt_save for rank 0's
-# result (stop0save): each that printed its error (at least one did, above) must have left that
-# call at step 20 with the verdict.
+# The survivors were waiting in hora_should_stop (stopshould), in hora_ckpt_save for rank 0's
+# result (stop0save), in hora_ckpt_open's communicator (stopopen) or in the first blocking
+# allreduce's shared window (stopwin): each that printed its error (at least one did, above)
+# must have left that call at step 20 with the verdict.
 expect = {"stopshould": (r"hora_should_stop failed", (0, 2)),
           "stop0save": (r"hora_ckpt_save failed .*waiting for the result from rank 0.*rank 0 sent no heartbeat",
-                        (1, 2))}
+                        (1, 2)),
+          "stopopen": (r"hora_ckpt_open failed .*duplicating the communicator.*rank 1 sent no heartbeat", (0, 2)),
+          "stopwin": (r"hora_allreduce failed .*creating the shared window.*rank 1 sent no heartbeat", (0, 2))}
 if mode in expect:
     pattern, survivors = expect[mode]
     for r in (r for r in survivors if r in fails):

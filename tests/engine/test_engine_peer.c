@@ -5,12 +5,15 @@
  * wait in hora_should_stop, which must end with the verdict, not hang), or rank 0 stops right
  * before a hora_ckpt_save ("stop0save": the others wait in the save for rank 0's result, which
  * must end with the verdict naming rank 0; checkpoints go to $HORA_TEST_CKPT_DIR, made and
- * removed by peer_test.py). The survivors print the
+ * removed by peer_test.py), or rank 1 stops at step 20 right before a call that builds a
+ * collective object for the first time, which the others enter ("stopopen": hora_ckpt_open and
+ * its communicator; "stopwin": the first blocking hora_allreduce and its shared window): theirs
+ * must end with the verdict too. The survivors print the
  * error (which must be HORA_ERR_REMOTE naming the rank) and exit 3 without hora_finalize, as a
  * training program would. Both print CLOCK_MONOTONIC ("at t=..."; the clock Python's
  * time.monotonic() reads on Linux): peer_test.py bounds the detection from the stop itself, which
  * a loaded machine may reach late, and the job's end from the errors.
- *   test_engine_peer kill|stop|stop0|stopshould|stop0save                                  */
+ *   test_engine_peer kill|stop|stop0|stopshould|stop0save|stopopen|stopwin                  */
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -23,6 +26,27 @@ static double mono(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* stopopen, stopwin at step 20: the victim stops; the others make the object (see above). */
+static hora_result_t first_call(const char *mode, hora_ctx_t *ctx, int rank, int victim, const char **call) {
+  int open = strcmp(mode, "stopopen") == 0;
+  *call = open ? "hora_ckpt_open" : "hora_allreduce";
+  if (rank == victim) {
+    fprintf(stderr, "rank %d: raising SIGSTOP before %s at step 20 at t=%.3f\n", rank, *call, mono());
+    fflush(stderr);
+    raise(SIGSTOP);
+  }
+  if (open) {
+    hora_ckpt_opts_t o;
+    hora_ckpt_opts_init(&o);
+    o.local_dir = getenv("HORA_TEST_CKPT_DIR");
+    hora_ckpt_t *ck = NULL;
+    return hora_ckpt_open(ctx, &o, &ck);
+  }
+  size_t n = 262144; /* 1 MiB: the shared-memory algorithm on one node */
+  float *b = calloc(n, sizeof *b); /* left to an abandoned request on error */
+  return b ? hora_allreduce(ctx, b, b, n, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST) : HORA_ERR_NO_MEMORY;
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "kill";
   int provided;
@@ -33,7 +57,7 @@ int main(int argc, char **argv) {
   hora_rank(ctx, &rank);
   hora_size(ctx, &size);
   int victim = strcmp(mode, "stop0") == 0 || strcmp(mode, "stop0save") == 0 ? 0 : 1;
-  int save = strcmp(mode, "stop0save") == 0;
+  int save = strcmp(mode, "stop0save") == 0, first = !strcmp(mode, "stopopen") || !strcmp(mode, "stopwin");
   hora_ckpt_t *ck = NULL;
   if (save) {
     hora_ckpt_opts_t o;
@@ -49,7 +73,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 256; i++) x[i] = 1;
   double t0 = MPI_Wtime();
   for (int step = 0; MPI_Wtime() - t0 < 60; step++) {
-    if (step == 20 && rank == victim && strcmp(mode, "stopshould") != 0 && !save) {
+    if (step == 20 && rank == victim && strcmp(mode, "stopshould") != 0 && !save && !first) {
       fprintf(stderr, "rank %d: raising %s at step %d at t=%.3f\n", rank, strcmp(mode, "kill") ? "SIGSTOP" : "SIGKILL",
               step, mono());
       fflush(stderr);
@@ -76,6 +100,7 @@ int main(int argc, char **argv) {
         _exit(5);
       }
     }
+    if (rc == HORA_SUCCESS && first && step == 20) rc = first_call(mode, ctx, rank, victim, &call);
     if (rc == HORA_SUCCESS && save && step % 5 == 0) {
       if (step == 20 && rank == victim) {
         fprintf(stderr, "rank %d: raising SIGSTOP before hora_ckpt_save at step %d at t=%.3f\n", rank, step, mono());
