@@ -161,7 +161,11 @@ typedef struct {
  * the others rank 0; one UDP exchange, milliseconds), so that from then on a peer that stops is
  * found within HORA_PEER_TIMEOUT_S. A rank not heard from within HORA_INIT_TIMEOUT_S fails
  * hora_init with HORA_ERR_REMOTE naming it on rank 0, and on the other ranks through rank 0
- * (HORA_INIT_TIMEOUT_S=0: hora_init does not wait, and such a rank is never declared dead). */
+ * (HORA_INIT_TIMEOUT_S=0: hora_init does not wait, and such a rank is never declared dead).
+ * Before the heartbeat runs, hora_init's start-up collectives are blocking MPI calls: if a rank
+ * never calls hora_init, hora_init cannot return an error, so a watchdog thread ends the process
+ * (exit status 1, one line on stderr naming host and pid) once hora_init has not returned after
+ * 2 x HORA_INIT_TIMEOUT_S; the launcher then ends the job (runtime/init/init.c). */
 hora_result_t hora_init(hora_ctx_t **ctx);
 /* hora_init_ex: hora_init with options (opts may be NULL for defaults). Same errors, and
  * HORA_ERR_INVALID_ARGUMENT if opts->size is smaller than the first field's end. */

@@ -24,6 +24,9 @@ if "ASAN_OPTIONS" in os.environ:
 # heartbeat thread (heartbeat.c), which delays the verdict by as long.
 env = dict(os.environ, HORA_PEER_TIMEOUT_S=str(timeout), HORA_LOG="INFO", HORA_LOG_SUBSYS="ENGINE")
 victim = 0 if mode.startswith("stop0") else 1
+if mode == "stopinit":
+    # hora_init's watchdog (runtime/init/init.c) ends the survivors after 2 x this.
+    env["HORA_INIT_TIMEOUT_S"] = str(timeout)
 ckpt_dir = None
 if mode in ("stop0save", "stopopen"):
     ckpt_dir = tempfile.mkdtemp(prefix="hora-peer-ckpt-")
@@ -57,7 +60,7 @@ stalls = [float(x) for x in re.findall(r"longest stall of this thread ([0-9.]+) 
 if stalls:
     detect_bound += max(stalls)
 errors = []
-stop = re.search(rf"rank {victim}: raising \S+ (?:before \S+ )?at step 20 at t=([0-9.]+)", out)
+stop = re.search(rf"rank {victim}: raising \S+ (?:before \S+ )?at step \d+ at t=([0-9.]+)", out)
 fails = {int(r): float(t) for r, t in re.findall(r"rank (\d+): step \d+: .* failed after [0-9.]+ s at t=([0-9.]+)", out)}
 if not stop:
     errors.append(f"rank {victim} never printed its stop")
@@ -75,6 +78,15 @@ if stop and fails:
         errors.append(f"the first survivor failed {detect:.1f} s after the stop, bound {detect_bound:.1f} s")
     if t_end - min(fails.values()) > teardown_bound:
         errors.append(f"the job ended {t_end - min(fails.values()):.1f} s after the first error, bound {teardown_bound:.0f} s")
+elif stop and mode == "stopinit":
+    # The survivors are inside hora_init's start-up collectives: the watchdog ends them (no
+    # "failed" line) 2 x HORA_INIT_TIMEOUT_S after hora_init began, and mpirun the job.
+    end, bound = t_end - float(stop.group(1)), 2 * timeout + 3.0 + max(stalls, default=0) + teardown_bound
+    print(f"peer_test stopinit np={np_}: job end {end:.1f} s after the stop (bound {bound:.1f} s), wall {wall:.1f} s")
+    if end > bound:
+        errors.append(f"the job ended {end:.1f} s after the stop, bound {bound:.1f} s")
+    if "has not returned after" not in out:
+        errors.append("no survivor printed hora_init's watchdog message")
 elif stop and mode == "kill":
     # mpirun may end the job before any survivor prints: the job's end, from the death.
     end = t_end - float(stop.group(1))
@@ -88,7 +100,9 @@ if p.returncode == 0:
     errors.append("the job exited 0")
 if "NOT DETECTED" in out:
     errors.append("a survivor never noticed the dead rank")
-if mode == "kill":
+if mode == "stopinit":
+    pass  # no heartbeat yet: the watchdog's message, checked above
+elif mode == "kill":
     if f"rank {victim}" not in out:
         errors.append(f"no message names rank {victim}")
 else:

@@ -8,12 +8,15 @@
  * removed by peer_test.py), or rank 1 stops at step 20 right before a call that builds a
  * collective object for the first time, which the others enter ("stopopen": hora_ckpt_open and
  * its communicator; "stopwin": the first blocking hora_allreduce and its shared window): theirs
- * must end with the verdict too. The survivors print the
+ * must end with the verdict too; or rank 1 stops between MPI_Init_thread and hora_init
+ * ("stopinit": the others' hora_init, blocked in a start-up collective, must end the process
+ * with the watchdog's message after 2 x HORA_INIT_TIMEOUT_S, runtime/init/init.c). The survivors
+ * print the
  * error (which must be HORA_ERR_REMOTE naming the rank) and exit 3 without hora_finalize, as a
  * training program would. Both print CLOCK_MONOTONIC ("at t=..."; the clock Python's
  * time.monotonic() reads on Linux): peer_test.py bounds the detection from the stop itself, which
  * a loaded machine may reach late, and the job's end from the errors.
- *   test_engine_peer kill|stop|stop0|stopshould|stop0save|stopopen|stopwin                  */
+ *   test_engine_peer kill|stop|stop0|stopshould|stop0save|stopopen|stopwin|stopinit         */
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -51,6 +54,15 @@ int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "kill";
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  if (strcmp(mode, "stopinit") == 0) {
+    int wr;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+    if (wr == 1) {
+      fprintf(stderr, "rank 1: raising SIGSTOP before hora_init at step 0 at t=%.3f\n", mono());
+      fflush(stderr);
+      raise(SIGSTOP);
+    }
+  }
   hora_ctx_t *ctx;
   if (hora_init(&ctx) != HORA_SUCCESS) return 1;
   int rank, size;
