@@ -1,9 +1,13 @@
 """ResNet-50's gradients averaged per step by hora.torch.DistributedOptimizer against PyTorch's
 DistributedDataParallel over gloo: the same model, batch, seed and ranks, in one run.
 
-    mpirun --oversubscribe --bind-to none -np N python3 python/bench/bench_ddp.py \
+    mpirun --bind-to core -np N python3 python/bench/bench_ddp.py \
         [--model resnet50] [--image-size 32] [--batch-size 4] [--steps 6] [--repeat 3] \
-        [--modes local,hora_opt,...] [--alone N]
+        [--modes local,hora_opt,...] [--alone N] [--block K]
+
+Bind the ranks (as hora's launcher and mpirun for up to 2 ranks do): unbound ranks that pause
+may share one core through a whole allreduce (docs/benchmarks.md); with more ranks than cores,
+add --oversubscribe (and --bind-to core:overload-allowed or none).
 
 Modes, each with its own model built from the same seed, run interleaved: every repeat runs
 --steps steps of each mode in turn (medians over the repeats reported):
