@@ -42,7 +42,10 @@ tag = "_".join([kind] + [a.split("=", 1)[1] for a in assigns])
 work = os.path.join(work_root, f"stop_{tag}_np{np_}")
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
-env = dict(os.environ, HORA_PEER_TIMEOUT_S=str(PEER_S), HORA_INIT_TIMEOUT_S="30")
+# HORA_LOG=INFO for the engine: each watcher logs, at its verdict, the longest stall of its
+# heartbeat thread (engine/heartbeat.c), which delays that verdict by as long.
+env = dict(os.environ, HORA_PEER_TIMEOUT_S=str(PEER_S), HORA_INIT_TIMEOUT_S="30", HORA_LOG="INFO",
+           HORA_LOG_SUBSYS="ENGINE")
 for a in assigns:
     k, v = a.split("=", 1)
     env[k] = v
@@ -73,11 +76,11 @@ log = open(path("job.log"), "wb")
 job = subprocess.Popen([mpiexec, *flags, "-np", str(np_), probe, work, kind, str(trials)], env=env,
                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 t_start = time.monotonic()
+late = []  # (trial and rank, seconds from the stop to the return) over BOUND_S
 try:
     if not wait_for([f"pid.{r}" for r in range(np_)], START_LIMIT_S, "start-up"):
         raise StopIteration
     pids = [int(open(path(f"pid.{r}")).read()) for r in range(np_)]
-    late = []
     for t in range(trials):
         victim = t % np_
         open(path(f"go.{t}"), "w").close()
@@ -107,7 +110,7 @@ try:
             elif not re.search(rf"\brank {victim}\b", msg):
                 errors.append(f"{where}: the message does not name rank {victim}: {msg.strip()}")
             if took > BOUND_S:
-                late.append(f"{where}: returned {took:.2f} s after the stop, bound {BOUND_S:.1f} s")
+                late.append((where, took))
             if float(fin) > FINALIZE_LIMIT_S:
                 errors.append(f"{where}: hora_finalize took {fin} s")
             if int(bad):
@@ -123,7 +126,6 @@ try:
             rc = open(path(f"res.{t}.{victim}")).read().split()[0]
             if rc == "HORA_SUCCESS":
                 errors.append(f"trial {t}: the resumed rank {victim} did not fail")
-    errors.extend(late)
     job.wait(timeout=STEP_LIMIT_S)
 except StopIteration:
     pass
@@ -135,6 +137,17 @@ finally:
         job.wait()
     log.close()
 out = open(path("job.log"), errors="replace").read()
+# A watcher's heartbeat thread that the loaded machine did not run (a clean clone's plain pass:
+# a survivor returned 6.76 s after the stop) delays the verdict by as long: the bound grows by
+# the longest stall logged. A late return without such a stall still fails.
+stall = max((float(x) for x in re.findall(r"longest stall of this thread ([0-9.]+) s", out)), default=0.0)
+for where, took in late:
+    if took > BOUND_S + stall:
+        errors.append(f"{where}: returned {took:.2f} s after the stop, bound {BOUND_S:.1f} s "
+                      f"+ the longest heartbeat-thread stall logged, {stall:.2f} s")
+    else:
+        print(f"{where}: returned {took:.2f} s after the stop, within {BOUND_S:.1f} s + the longest "
+              f"heartbeat-thread stall logged ({stall:.2f} s)")
 for bad in ("AddressSanitizer", "LeakSanitizer", "runtime error:", "double free", "corrupted"):
     if bad in out:
         errors.append(f"output contains '{bad}'")
