@@ -24,5 +24,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-  [ $policy_added = 1 ] && $SUDO rm -f /usr/sbin/policy-rc.d
+  # (an if, not `[ ] &&`: that line's status 1 would be this script's where the file existed)
+  if [ $policy_added = 1 ]; then $SUDO rm -f /usr/sbin/policy-rc.d; fi
 fi
