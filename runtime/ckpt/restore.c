@@ -108,21 +108,6 @@ static hora_result_t watched(hora_ckpt_t *ck, int mrc, MPI_Request *req, const c
   return hora__ctx_wait(ck->ctx, req, what, bytes);
 }
 
-/* Broadcast `bytes` bytes at p from rank 0 as one MPI element, watched. *lost = 1 after a verdict
- * (the request abandoned: p must not be freed). p NULL (out of memory) still takes part. */
-static hora_result_t bcast_watched(hora_ckpt_t *ck, void *p, size_t bytes, const char *what, int *lost) {
-  if (!bytes) return HORA_SUCCESS;
-  MPI_Datatype ty;
-  int owned = 0;
-  HORA_CHECK(hora__mpi_bytes_type(bytes, &ty, &owned));
-  MPI_Request req = MPI_REQUEST_NULL;
-  int mrc = MPI_Ibcast(p, 1, ty, 0, ck->comm, &req);
-  hora_result_t rc = watched(ck, mrc, &req, what, bytes);
-  if (owned) MPI_Type_free(&ty); /* MPI keeps a type alive while a request uses it */
-  *lost = rc != HORA_SUCCESS && hora__ctx_failed(ck->ctx);
-  return rc;
-}
-
 HORA_EXPORT hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora_tensor_t *tensors,
                                             size_t ntensors) {
   if (!ck) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_restore: ck is NULL");
@@ -207,9 +192,9 @@ HORA_EXPORT hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora
     if (ck->rank == 0 && packed)
       for (size_t i = 0; i < n; i++) memcpy(packed + off[i], snap.data + src[i], tensors[i].count * hora__dtype_size(tensors[i].dtype));
     int lost = 0; /* a verdict: the broadcasts were abandoned, their buffers are leaked */
-    hora_result_t brc = bcast_watched(ck, blob, h.meta_bytes, "hora_ckpt_restore: MPI_Ibcast (restore metadata)", &lost);
+    hora_result_t brc = hora__ck_bcast_watched(ck, blob, h.meta_bytes, "hora_ckpt_restore: MPI_Ibcast (restore metadata)", &lost);
     if (!lost) {
-      hora_result_t drc = bcast_watched(ck, packed, total, "hora_ckpt_restore: MPI_Ibcast (restore data)", &lost);
+      hora_result_t drc = hora__ck_bcast_watched(ck, packed, total, "hora_ckpt_restore: MPI_Ibcast (restore data)", &lost);
       if (brc == HORA_SUCCESS) brc = drc;
     }
     if (lost) {

@@ -378,6 +378,24 @@ done:
   return rc;
 }
 
+/* Non-blocking and death-aware (hora__ctx_wait): a rank that died (or that is stuck elsewhere
+ * after a failure) must not keep the others in a broadcast forever; the wait ends with the
+ * verdict that names it. */
+hora_result_t hora__ck_bcast_watched(hora_ckpt_t *ck, void *p, size_t bytes, const char *what, int *lost) {
+  *lost = 0;
+  if (!bytes) return HORA_SUCCESS;
+  MPI_Datatype ty;
+  int owned = 0;
+  HORA_CHECK(hora__mpi_bytes_type(bytes, &ty, &owned));
+  MPI_Request req = MPI_REQUEST_NULL;
+  int mrc = MPI_Ibcast(p, 1, ty, 0, ck->comm, &req);
+  hora_result_t rc = mrc != MPI_SUCCESS ? hora__mpi_error(mrc, what, __FILE__, __LINE__)
+                                        : hora__ctx_wait(ck->ctx, &req, what, bytes);
+  if (owned) MPI_Type_free(&ty); /* MPI keeps a type alive while a request uses it */
+  *lost = rc != HORA_SUCCESS && hora__ctx_failed(ck->ctx);
+  return rc;
+}
+
 /* Every rank learns rank 0's result (and its message). */
 hora_result_t hora__ck_bcast_result(hora_ckpt_t *ck, hora_result_t rc, const char *fn) {
   struct ck_result {
@@ -387,24 +405,15 @@ hora_result_t hora__ck_bcast_result(hora_ckpt_t *ck, hora_result_t rc, const cha
   if (!r) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory", fn);
   r->rc = (int)rc;
   if (ck->rank == 0 && rc != HORA_SUCCESS) hora__ck_keep_msg(r->msg);
-  /* Non-blocking and death-aware (hora__ctx_wait): a rank that died (or that is stuck elsewhere
-   * after a failure) must not keep the others here forever; the wait ends with the verdict that
-   * names it. */
-  MPI_Request req;
-  int mrc = MPI_Ibcast(r, (int)sizeof *r, MPI_BYTE, 0, ck->comm, &req);
-  if (mrc != MPI_SUCCESS) {
-    free(r);
-    return hora__mpi_error(mrc, "MPI_Ibcast (checkpoint result)", __FILE__, __LINE__);
-  }
   char own[CK_MSG_MAX] = "";
   if (rc != HORA_SUCCESS) hora__ck_keep_msg(own);
   char what[96];
   snprintf(what, sizeof what, "%s (waiting for the result from rank 0)", fn);
-  hora_result_t wrc = hora__ctx_wait(ck->ctx, &req, what, sizeof *r);
+  int lost = 0;
+  hora_result_t wrc = hora__ck_bcast_watched(ck, r, sizeof *r, what, &lost);
   if (wrc != HORA_SUCCESS) {
-    if (wrc == HORA_ERR_MPI) free(r); /* an MPI error completes the request */
-    /* else r stays allocated: the abandoned broadcast may still write it. This rank's own
-     * failure, if it had one, is the error to report (the verdict is in the log). */
+    if (!lost) free(r); /* else the abandoned broadcast may still write it */
+    /* This rank's own failure, if it had one, is the error to report (the verdict is in the log). */
     if (rc == HORA_SUCCESS) return wrc;
     hora__error_restore(own);
     return rc;

@@ -74,8 +74,10 @@ static int init_watch_start(init_watch_t *w, pthread_t *th) {
   pthread_cond_init(&w->cv, NULL);
   w->done = 0;
   w->limit_s = 2 * t;
-  if (pthread_create(th, NULL, init_watch_main, w) != 0) return 0; /* no watchdog: as before */
-  return 1;
+  if (pthread_create(th, NULL, init_watch_main, w) == 0) return 1;
+  pthread_cond_destroy(&w->cv); /* no watchdog: hora_init goes on without it */
+  pthread_mutex_destroy(&w->mu);
+  return 0;
 }
 
 static void init_watch_stop(init_watch_t *w, pthread_t th) {

@@ -197,20 +197,43 @@ def check(r, text):
     commits = {int(c): x for c, x in re.findall(rf"{TAG} commit (\d+) world \d+ (?:crc|hash) (\w+)", text)}
     syncs = re.findall(rf"{TAG} sync rank (\d+) world (\d+) commit (\d+) (?:crc|hash) (\w+)", text)
     resumed = [(int(w), int(c), x) for _, w, c, x in syncs if int(c) > 0]
-    if len({w for w, _, _ in resumed}) < 2 or len(resumed) != 2 + 4:
-        errors.append(f"expected 2 ranks resuming on world 2, then 4 on world 4: {resumed}")
+    # The driver's steps after the start: the story's two (n2 lost, n2 back), then any extra
+    # re-form a false death forced on a frozen machine (a live rank's heartbeats silent for the
+    # peer timeout at load 18: docs/testing.md). An extra one passes only where the log explains
+    # it (a "sent no heartbeat" verdict in the step before, a lost-rank reason) and it resumed,
+    # like the others, a commit rank 0 made, with the same CRC; the final result is checked the same.
+    steps = [(int(k), int(w), m.start(), reason) for m in re.finditer(
+        r"launch: elastic: step (\d+) \(([^)]*(?:\([^)]*\))?[^)]*)\): \d+ nodes \([^)]*\), world size (\d+)", text)
+        for k, reason, w in [m.groups()] if int(k) > 0]
+    extra = steps[2:]
+    for i, (k, w, at, reason) in enumerate(extra):
+        before = steps[1 + i][2]
+        if "lost" not in reason or "sent no heartbeat" not in text[before:at]:
+            errors.append(f"extra step {k} (world {w}, {reason}) without a lost-rank verdict in step {k - 1}")
+    if extra:
+        load = open("/proc/loadavg").read().split()[0]
+        print(f"NOTE: {len(extra)} extra re-form(s) after a false death (load average {load}): "
+              + "; ".join(f"step {k} world {w} ({reason})" for k, w, _, reason in extra))
+    story_end = steps[1][2] if len(steps) > 1 else len(text)  # step 2's line: n2 is back
+    chunks, pos = [], 0  # the resumed syncs of each step, in order: `world` ranks each
+    for k, w, _, _ in steps:
+        chunks.append((k, w, resumed[pos:pos + w]))
+        pos += w
+    if [w for w, _, _ in resumed[:6]] != [2, 2, 4, 4, 4, 4] or len(steps) < 2 or pos != len(resumed):
+        errors.append(f"expected 2 ranks resuming on world 2, then 4 on world 4 (then whole worlds of any "
+                      f"extra step {[(k, w) for k, w, _, _ in extra]}): {resumed}")
     for w, c, x in resumed:
         if commits.get(c) != x:
             errors.append(f"world {w} resumed commit {c} with crc {x}; rank 0 committed crc {commits.get(c)}")
     if MODE == "c":
-        saved = re.findall(r"ELASTIC_PROBE saved rank (\d+) commit (\d+) HORA_SUCCESS", text)
+        saved = re.findall(r"ELASTIC_PROBE saved rank (\d+) commit (\d+) HORA_SUCCESS", text[:story_end])
         if sorted(int(s) for s, _ in saved) != [0, 1]:
             errors.append(f"survivors that saved their commit: {saved}, expected ranks 0 and 1")
     if MODE == "mnist":
-        saved = re.findall(r"mnist: elastic: rank (\d+) lost a peer \(.*\): saved commit (\d+): ok", text)
+        saved = re.findall(r"mnist: elastic: rank (\d+) lost a peer \(.*\): saved commit (\d+): ok", text[:story_end])
         if sorted(int(s) for s, _ in saved) != [0, 1] or len({c for _, c in saved}) != 1:
             errors.append(f"survivors that saved their commit: {saved}, expected ranks 0 and 1, one commit")
-        elif {int(c) for _, w, c, _ in syncs if w == "2"} != {int(saved[0][1])}:
+        elif {c for _, c, _ in chunks[0][2]} != {int(saved[0][1])}:
             errors.append(f"world 2 did not resume the saved commit {saved[0][1]}: {syncs}")
     # The driver starts step 1 as soon as it learns of the lost ranks (not when step 0 has ended),
     # and step 1's sync waits until step 0 has ended (its survivors have saved their commit).
@@ -224,10 +247,10 @@ def check(r, text):
                 r"world size 4 \(was 2\)"):
         if not re.search(pat, text):
             errors.append(f"no driver line /{pat}/")
-    for step, world in ((1, 2), (2, 4)):  # the driver logs the commit each step resumed from
+    for step, world, chunk in chunks:  # the driver logs the commit each step resumed from
         m = re.search(rf"launch: elastic: step {step} resumed commit (\d+) from a surviving rank, world size {world}",
                       text)
-        want = {c for w, c, _ in resumed if w == world}
+        want = {c for _, c, _ in chunk}
         if not m or {int(m.group(1))} != want:
             errors.append(f"driver's resume line of step {step}: {m.group(0) if m else None}; the ranks synced {want}")
     if MODE == "mnist":
