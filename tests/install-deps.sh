@@ -13,17 +13,19 @@ missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# The policy file's path is a parameter only for tests/install/test_install_deps.sh.
+POLICY=${HORA_POLICY_RC_D:-/usr/sbin/policy-rc.d}
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}"
-  # Keep package scripts from starting system daemons (munge, slurm) during install.
-  policy_added=0
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
-    $SUDO chmod +x /usr/sbin/policy-rc.d
-    policy_added=1
+  # Keep package scripts from starting system daemons (munge, slurm) during install. A file this
+  # script adds goes when it exits, whether apt-get succeeded or not (left behind, it would keep
+  # every service of the machine from starting); one that was there (a container's) stays.
+  if [ ! -e "$POLICY" ]; then
+    trap '$SUDO rm -f "$POLICY"' EXIT
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$POLICY" >/dev/null
+    $SUDO chmod +x "$POLICY"
   fi
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-  # (an if, not `[ ] &&`: that line's status 1 would be this script's where the file existed)
-  if [ $policy_added = 1 ]; then $SUDO rm -f /usr/sbin/policy-rc.d; fi
 fi
+exit 0
