@@ -29,15 +29,26 @@ static double mono(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The victim says where it stops and stops (SIGSTOP), or dies (SIGKILL). Once the survivors'
+ * errors end the job, mpirun's teardown sends SIGCONT before SIGTERM: a victim that went on from
+ * there would finish the call it stopped before (rank 0's hora_ckpt_save then broadcast a real
+ * result, and a survivor still waiting took it and failed only at the next step's allreduce). A
+ * hung rank does not come back: exit at once instead. */
+static void stop_self(int rank, int sig, const char *before, int step) {
+  char where[64] = "";
+  if (before) snprintf(where, sizeof where, "before %s ", before);
+  fprintf(stderr, "rank %d: raising %s %sat step %d at t=%.3f\n", rank, sig == SIGKILL ? "SIGKILL" : "SIGSTOP", where,
+          step, mono());
+  fflush(stderr);
+  raise(sig);
+  _exit(9);
+}
+
 /* stopopen, stopwin at step 20: the victim stops; the others make the object (see above). */
 static hora_result_t first_call(const char *mode, hora_ctx_t *ctx, int rank, int victim, const char **call) {
   int open = strcmp(mode, "stopopen") == 0;
   *call = open ? "hora_ckpt_open" : "hora_allreduce";
-  if (rank == victim) {
-    fprintf(stderr, "rank %d: raising SIGSTOP before %s at step 20 at t=%.3f\n", rank, *call, mono());
-    fflush(stderr);
-    raise(SIGSTOP);
-  }
+  if (rank == victim) stop_self(rank, SIGSTOP, open ? "hora_ckpt_open" : "hora_allreduce", 20);
   if (open) {
     hora_ckpt_opts_t o;
     hora_ckpt_opts_init(&o);
@@ -57,11 +68,7 @@ int main(int argc, char **argv) {
   if (strcmp(mode, "stopinit") == 0) {
     int wr;
     MPI_Comm_rank(MPI_COMM_WORLD, &wr);
-    if (wr == 1) {
-      fprintf(stderr, "rank 1: raising SIGSTOP before hora_init at step 0 at t=%.3f\n", mono());
-      fflush(stderr);
-      raise(SIGSTOP);
-    }
+    if (wr == 1) stop_self(1, SIGSTOP, "hora_init", 0);
   }
   hora_ctx_t *ctx;
   if (hora_init(&ctx) != HORA_SUCCESS) return 1;
@@ -85,12 +92,8 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 256; i++) x[i] = 1;
   double t0 = MPI_Wtime();
   for (int step = 0; MPI_Wtime() - t0 < 60; step++) {
-    if (step == 20 && rank == victim && strcmp(mode, "stopshould") != 0 && !save && !first) {
-      fprintf(stderr, "rank %d: raising %s at step %d at t=%.3f\n", rank, strcmp(mode, "kill") ? "SIGSTOP" : "SIGKILL",
-              step, mono());
-      fflush(stderr);
-      raise(strcmp(mode, "kill") ? SIGSTOP : SIGKILL);
-    }
+    if (step == 20 && rank == victim && strcmp(mode, "stopshould") != 0 && !save && !first)
+      stop_self(rank, strcmp(mode, "kill") ? SIGSTOP : SIGKILL, NULL, step);
     hora_handle_t *h;
     hora_result_t rc = hora_allreduce_async(ctx, "peer/grad", x, y, 256, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &h);
     if (rc == HORA_SUCCESS) {
@@ -99,11 +102,7 @@ int main(int argc, char **argv) {
     }
     const char *call = "the allreduce";
     if (rc == HORA_SUCCESS && strcmp(mode, "stopshould") == 0) {
-      if (step == 20 && rank == victim) {
-        fprintf(stderr, "rank %d: raising SIGSTOP before hora_should_stop at step %d at t=%.3f\n", rank, step, mono());
-        fflush(stderr);
-        raise(SIGSTOP);
-      }
+      if (step == 20 && rank == victim) stop_self(rank, SIGSTOP, "hora_should_stop", step);
       int stop = 0;
       call = "hora_should_stop";
       rc = hora_should_stop(ctx, &stop);
@@ -114,11 +113,7 @@ int main(int argc, char **argv) {
     }
     if (rc == HORA_SUCCESS && first && step == 20) rc = first_call(mode, ctx, rank, victim, &call);
     if (rc == HORA_SUCCESS && save && step % 5 == 0) {
-      if (step == 20 && rank == victim) {
-        fprintf(stderr, "rank %d: raising SIGSTOP before hora_ckpt_save at step %d at t=%.3f\n", rank, step, mono());
-        fflush(stderr);
-        raise(SIGSTOP);
-      }
+      if (step == 20 && rank == victim) stop_self(rank, SIGSTOP, "hora_ckpt_save", step);
       hora_tensor_t t = {"x", x, 256, HORA_FLOAT32, HORA_DEVICE_HOST, 0, NULL};
       call = "hora_ckpt_save";
       rc = hora_ckpt_save(ck, step, &t, 1, NULL, 0);
