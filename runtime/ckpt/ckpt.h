@@ -210,14 +210,14 @@ void *hora__ck_copier_main(void *arg);
  * a manifest older than newest are removed too. Errors are logged, never returned (pruning is
  * best effort). Returns the number of step directories removed. */
 int hora__ck_prune(int dfd, const char *dir, int keep, int64_t newest, int64_t pinned);
-/* Broadcast rank 0's result and message to every rank of ck (collective); other ranks return
- * rank 0's code with a message that says it came from rank 0. The wait watches the context's
- * verdict (hora__ctx_wait): a lost peer ends it with HORA_ERR_REMOTE naming the rank, unless
- * this rank had an error of its own (rc), which is returned with its message then. */
 /* Broadcast `bytes` bytes at p from rank 0 of ck->comm as one MPI element, waited on with
  * hora__ctx_wait (`what` names it in the error). *lost = 1 after a verdict (the request is
  * abandoned: p must not be freed). p NULL (out of memory) still takes part. */
 hora_result_t hora__ck_bcast_watched(hora_ckpt_t *ck, void *p, size_t bytes, const char *what, int *lost);
+/* Broadcast rank 0's result and message to every rank of ck (collective); other ranks return
+ * rank 0's code with a message that says it came from rank 0. The wait watches the context's
+ * verdict (hora__ctx_wait): a lost peer ends it with HORA_ERR_REMOTE naming the rank, unless
+ * this rank had an error of its own (rc), which is returned with its message then. */
 hora_result_t hora__ck_bcast_result(hora_ckpt_t *ck, hora_result_t rc, const char *fn);
 /* Copy a message from this thread's hora_last_error into dst. */
 void hora__ck_keep_msg(char *dst);
