@@ -20,6 +20,12 @@
 #   mnist   [150]  examples/mnist/bench.sh DEVICE=cuda: the CNN on the GPU vs PyTorch, same GPU,
 #                  batch 64 and 256
 #   python  [60]   the DLPack / torch CUDA tests of tests/python
+#   ddp     [240]  only when HORA_DEVICE_STEPS names it (it needs no GPU, and the default run
+#                  has no time left for it): python/bench/bench_ddp.py on the machine's CPU
+#                  cores, ranks bound one per core, ResNet-50's gradients averaged by
+#                  DistributedOptimizer against DDP over gloo (--alone, then training steps),
+#                  for HORA_DEVICE_DDP_NP ranks (default "2 4"): the 4-rank figures of
+#                  docs/benchmarks.md that a 2-core machine cannot give
 # Exit status: 0 when every step passed, 77 when there is no GPU (and deps and build passed),
 # 1 otherwise. Environment: OUT (default build-device/out), HORA_DEVICE_DEPS (.debs),
 # HORA_DEVICE_BUILD (build-device), HORA_DEVICE_USE_DEBS=1 (use the carried packages even where
@@ -27,7 +33,7 @@
 # HORA_DEVICE_BUILD_TARGETS (build only these; default all: the GPU steps need the tests),
 # CMAKE_CUDA_ARCHITECTURES (default: the GPU's, else 90), HORA_DEVICE_DEADLINE_S (see step()),
 # HORA_DEVICE_STEPS (GPU steps to run), HORA_DEVICE_BENCH_NP (default "2 4"),
-# HORA_DEVICE_MNIST_BATCHES (default "64 256").
+# HORA_DEVICE_MNIST_BATCHES (default "64 256"), HORA_DEVICE_DDP_NP (default "2 4").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -151,6 +157,23 @@ python_tests() {
   done
 }
 
+# The 4-rank averaging of docs/benchmarks.md ("ResNet-50 gradients"), on a machine with a core per
+# rank: the averaging alone (blocks of 5 per method), then training steps, each rank bound to a
+# core of its own (the 2-core development VM shares 2 cores among 4 ranks).
+ddp_bench() {
+  local np py=$ROOT/$BUILD/python:${PYTHONPATH:-}
+  echo "$(nproc) CPUs: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)"
+  for np in ${HORA_DEVICE_DDP_NP:-2 4}; do
+    echo "--- $np ranks, averaging alone"
+    PYTHONPATH=$py HORA_LOG=WARN mpirun -np "$np" --bind-to core --map-by core -x PYTHONPATH -x HORA_LOG \
+      python3 python/bench/bench_ddp.py --modes "" --alone 20 --block 5 || return 1
+    echo "--- $np ranks, training steps"
+    PYTHONPATH=$py HORA_LOG=WARN mpirun -np "$np" --bind-to core --map-by core -x PYTHONPATH -x HORA_LOG \
+      python3 python/bench/bench_ddp.py --model resnet50 --image-size 32 --batch-size 2 --steps 2 \
+      --repeat 5 --warmup 1 --modes local,hora_opt,hora_opt_alone,hora_grouped,ddp,ddp_nosync,ddp_timed || return 1
+  done
+}
+
 # --step NAME: a child run of one step (see step()).
 if [ "${1:-}" = --step ]; then
   PREFIX=$HORA_DEVICE_PREFIX
@@ -161,7 +184,7 @@ if [ "${1:-}" = --step ]; then
   set -e
   case $2 in
     deps) deps ;; build) build ;; bench) bench_allreduce ;; mnist) mnist_bench ;;
-    python) python_tests ;;
+    python) python_tests ;; ddp) ddp_bench ;;
     ctest) [ -d "$DEPS/mnist" ] && export HORA_MNIST_DIGITS=$ROOT/$DEPS/mnist
            cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 120 -j 4 ;;
     *) echo "device-check: unknown step $2"; exit 2 ;;
@@ -204,12 +227,14 @@ if [ "$n" != 0 ] && [ $build_rc = 0 ]; then
   want mnist && step mnist 150 mnist-bench.log
   want python && step python 60 python.log
 fi
+# The CPU benchmark runs with or without a GPU, only when asked for.
+case " ${HORA_DEVICE_STEPS:-} " in *" ddp "*) [ $build_rc = 0 ] && step ddp 240 ddp-bench.log ;; esac
 
 {
   echo "| step | result | seconds |"
   echo "|---|---|---|"
   printf '%s\n' "${rows[@]}"
-  for f in bench-allreduce.log mnist-bench.log; do
+  for f in bench-allreduce.log mnist-bench.log ddp-bench.log; do
     [ -s "$OUT/$f" ] || continue
     echo
     echo "## $f"
