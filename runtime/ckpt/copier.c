@@ -22,6 +22,7 @@
 
 #include "ckpt/ckpt.h"
 #include "core/crc32c.h"
+#include "core/fatal.h"
 #include "core/fault.h"
 
 /* Read-back verification, pipelined with the copy: a helper thread reads dst back chunk by
@@ -45,6 +46,7 @@ typedef struct {
 #define VERIFY_READ_BYTES (256u << 10)
 
 static void *verify_main(void *arg) {
+  hora__thread_name("hora-ckpt-check");
   verify_t *v = arg;
   unsigned char *b = malloc(VERIFY_READ_BYTES);
   if (!b) {
@@ -295,6 +297,7 @@ fail:
 }
 
 void *hora__ck_copier_main(void *arg) {
+  hora__thread_name("hora-ckpt-copy");
   hora_ckpt_t *ck = arg;
   pthread_mutex_lock(&ck->mu);
   for (;;) {

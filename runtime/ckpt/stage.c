@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "ckpt/ckpt.h"
+#include "core/fatal.h"
 #include "hora_kernels.h"
 
 #if HORA_HAVE_CUDA
@@ -74,6 +75,7 @@ typedef struct {
 } copy_job_t;
 
 static void *copy_range(void *arg) {
+  hora__thread_name("hora-ckpt-stage");
   copy_job_t *j = arg;
   for (size_t i = 0; i < j->n; i++) {
     if (j->t[i].device == HORA_DEVICE_CUDA || !j->t[i].count) continue;

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt.h"
+#include "core/fatal.h"
 #include "core/fault.h"
 
 /* The name of the data file for a step directory whose committed manifest names `old` (or
@@ -131,6 +132,7 @@ fail:
 }
 
 void *hora__ck_writer_main(void *arg) {
+  hora__thread_name("hora-ckpt-write");
   hora_ckpt_t *ck = arg;
   pthread_mutex_lock(&ck->mu);
   for (;;) {

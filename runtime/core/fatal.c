@@ -17,13 +17,15 @@
  * not allocate; alarm(10) bounds them), and re-raises, so the process ends by the signal (core
  * dump where enabled) and launch/srun/mpirun see a rank killed by a signal:
  *
- *   hora: rank 3 (node n2, host gpu07, pid 4242, tid 4250): fatal signal 11 (SIGSEGV) at address
- *   0x10, instruction 0x7f3a5c2b1e40; the process ends now
+ *   hora: rank 3 (node n2, host gpu07, pid 4242, tid 4250, thread hora-engine): fatal signal 11
+ *   (SIGSEGV) at address 0x10, instruction 0x7f3a5c2b1e40; the process ends now
  *   hora: rank 3 (node n2, host gpu07, pid 4242, tid 4250): the stack, innermost frame first:
  *   /usr/lib/libhora.so.0(+0x1e40)[0x7f3a5c2b1e40]
  *   ...
  *
- * (module+offset resolves to a line with `addr2line -e MODULE OFFSET`.)
+ * (module+offset resolves to a line with `addr2line -e MODULE OFFSET`.) The thread is "main thread"
+ * when its tid is the pid, else its name (prctl PR_GET_NAME, a plain system call): hora's own
+ * threads are named hora-* (hora__thread_name), threads of MPI, CUDA or the program keep theirs.
  *
  * Handlers that the program (or hora's record reader, for SIGBUS on its file mappings) installed
  * before hora_init are kept: they run instead of this one (the reader's guard chains to whatever
@@ -38,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -100,8 +103,17 @@ static void on_fatal(int sig, siginfo_t *si, void *uc) {
   for (int i = 0; i < NSIGS; i++)
     if (sigs[i] == sig) name = names[i];
   put(b, sizeof b, &n, g_prefix);
+  unsigned long tid = (unsigned long)syscall(SYS_gettid);
   put(b, sizeof b, &n, ", tid ");
-  put_num(b, sizeof b, &n, (unsigned long)syscall(SYS_gettid), 10);
+  put_num(b, sizeof b, &n, tid, 10);
+  char tname[17] = "";
+  if (tid == (unsigned long)getpid()) {
+    put(b, sizeof b, &n, ", main thread");
+  } else if (prctl(PR_GET_NAME, tname, 0, 0, 0) == 0 && tname[0]) {
+    tname[16] = 0;
+    put(b, sizeof b, &n, ", thread ");
+    put(b, sizeof b, &n, tname);
+  }
   put(b, sizeof b, &n, "): fatal signal ");
   put_num(b, sizeof b, &n, (unsigned long)sig, 10);
   put(b, sizeof b, &n, " (");
@@ -196,3 +208,9 @@ static void install(void) {
 }
 
 void hora__fatal_on_init(void) { pthread_once(&g_once, install); }
+
+void hora__thread_name(const char *name) {
+  char n[16];
+  snprintf(n, sizeof n, "%s", name); /* the kernel keeps 15 characters and a NUL */
+  prctl(PR_SET_NAME, n, 0, 0, 0);
+}

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/fatal.h"
 #include "data/reader.h"
 
 /* ---- random numbers: splitmix64 (Vigna), enough for shuffling and cheap to reseed ---- */
@@ -551,6 +552,7 @@ static hora_result_t read_file(hora_records_reader_t *r, const char *path) {
 }
 
 void *hora__records_producer(void *arg) {
+  hora__thread_name("hora-records");
   hora_records_reader_t *r = arg;
   hora_result_t rc = HORA_SUCCESS;
   size_t *order = malloc((r->nfiles ? r->nfiles : 1) * sizeof *order);

@@ -26,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/fatal.h"
 #include "core/fault.h"
 #include "engine/engine.h"
 #include "engine/engine_init.h"
@@ -197,6 +198,7 @@ static void fail_all_pending(hora_engine_t *eng, hora_result_t rc, const char *m
 }
 
 static void *engine_main(void *arg) {
+  hora__thread_name("hora-engine");
   hora_engine_t *eng = arg;
   double cycle_s = eng->prm.cycle_time_ms / 1000.0, sleep_for = cycle_s;
   double next = hora__now_s();

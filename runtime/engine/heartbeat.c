@@ -68,6 +68,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/fatal.h"
 #include "core/fault.h"
 #include "engine/engine.h"
 
@@ -363,6 +364,7 @@ static void drain(eng_hb_t *hb, hb_state_t *s, double now) {
 }
 
 static void *hb_main(void *arg) {
+  hora__thread_name("hora-heartbeat");
   eng_hb_t *hb = arg;
   hora_engine_t *eng = hb->eng;
   int me = eng->rank, n = eng->size;

@@ -21,6 +21,7 @@
 
 #include "core/ctx.h"
 #include "comm/gpu.h"
+#include "core/fatal.h"
 #include "engine/engine_init.h"
 #include "trace/trace.h"
 
@@ -43,6 +44,7 @@ typedef struct {
 } init_watch_t;
 
 static void *init_watch_main(void *arg) {
+  hora__thread_name("hora-init-watch");
   init_watch_t *w = arg;
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);

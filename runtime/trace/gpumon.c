@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "core/ctx.h"
+#include "core/fatal.h"
 #include "core/safefs.h"
 #include "trace/trace.h"
 
@@ -227,6 +228,7 @@ static void sample(hora_gpumon_t *m) {
 }
 
 static void *monitor_thread(void *arg) {
+  hora__thread_name("hora-gpumon");
   hora_gpumon_t *m = arg;
   struct timespec next;
   clock_gettime(CLOCK_MONOTONIC, &next);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """fatal_probe under mpirun (2 ranks): the crashing rank (1) must print exactly one line
-`hora: rank 1 (... pid P, tid T): fatal signal N (NAME)...; the process ends now`, die by that
-signal (mpirun reports it), with none of Open MPI's backtrace handler ("Process received
+`hora: rank 1 (... pid P, tid T, main thread): fatal signal N (NAME)...; the process ends now`,
+die by that signal (mpirun reports it), with none of Open MPI's backtrace handler ("Process received
 signal"), and the job must end within a bound. After the line, the crashing thread's stack: a
 header line, then frames of which one is in the probe itself (for `call`, a jump through a NULL
 function pointer, the call's own frame is printed first, since the unwinder cannot start at 0).

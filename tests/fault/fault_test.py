@@ -5,8 +5,9 @@ sanitizer error, and with what that kind of fault must produce:
 
   exit, kill  the victim vanishes; the job ends (mpirun ends the others: it sees a rank leave
               without MPI_Finalize), exit status non-zero
-  segv        hora's one-line fatal-signal report naming the victim's rank and SIGSEGV, exactly
-              once, and none of Open MPI's backtrace handler ("Process received signal")
+  segv        hora's one-line fatal-signal report naming the victim's rank, the crashing thread
+              and SIGSEGV, exactly once, and none of Open MPI's backtrace handler ("Process
+              received signal")
   mute        the victim stays alive but sends no heartbeat: the others must declare it dead
               (HORA_ERR_REMOTE naming it, or the start-up message for init), and every rank that
               gets HORA_ERR_REMOTE must return from hora_finalize within seconds
@@ -84,9 +85,14 @@ if succeeds:
 elif returncode == 0 and not hung:
     errors.append("the job exited 0 after a fault")
 if kind == "segv":
-    lines = re.findall(rf"hora: rank {victim} \(.*pid \d+, tid \d+\): fatal signal 11 \(SIGSEGV\).*", out)
+    lines = re.findall(rf"hora: rank {victim} \(.*pid \d+, tid \d+(?:, [^)]*)?\): fatal signal 11 \(SIGSEGV\).*", out)
     if len(lines) != 1:
         errors.append(f"want exactly one fatal-signal line for rank {victim}, got {len(lines)}")
+    # The line names the crashing thread: the training step runs on the program's main thread,
+    # the checkpoint copy on hora's copier thread.
+    thread = "thread hora-ckpt-copy" if stage == "copy" else "main thread"
+    if lines and f", {thread}): fatal signal" not in lines[0]:
+        errors.append(f"the fatal-signal line does not say '{thread}': {lines[0]}")
 if kind == "fail" and stage != "copy" and "injected failure" not in out:
     errors.append("no error message says the failure was injected")
 if kind == "mute" and not succeeds:

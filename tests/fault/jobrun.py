@@ -25,16 +25,19 @@ def run_job(cmd, env, timeout_s):
 
 def crash_checks(out, hung, wall, bound, num, name):
     """The checks every fatal-signal test makes of a 2-rank job whose rank 1 crashed by signal
-    `num` (`name`): the job ended within `bound` s, rank 1 printed exactly one hora fatal-signal
-    line and then its stack (a header and at least one frame), mpirun reports the signal, and the
-    rank did not go on ("still alive"). Returns (errors, the crash line or "", the stack's text
-    after its header, or None)."""
+    `num` (`name`) on its main thread: the job ended within `bound` s, rank 1 printed exactly one
+    hora fatal-signal line, naming the main thread, and then its stack (a header and at least one
+    frame), mpirun reports the signal, and the rank did not go on ("still alive"). Returns
+    (errors, the crash line or "", the stack's text after its header, or None)."""
     errors = []
     if hung or wall > bound:
         errors.append(f"the job took {wall:.0f} s (bound {bound:.0f} s){' and hung' if hung else ''}")
-    lines = re.findall(rf"hora: rank 1 \(.*pid \d+, tid \d+\): fatal signal {num} \({name}\).*; the process ends now", out)
+    lines = re.findall(rf"hora: rank 1 \(.*pid \d+, tid \d+(?:, [^)]*)?\): fatal signal {num} \({name}\).*; the process ends now",
+                       out)
     if len(lines) != 1:
         errors.append(f"want exactly one hora fatal-signal line for rank 1 and {name}, got {len(lines)}")
+    elif ", main thread): fatal signal" not in lines[0]:
+        errors.append(f"the line does not name the crashing thread as the main thread: {lines[0]}")
     m = re.search(r"hora: rank 1 \(.*pid \d+, tid \d+\): the stack, innermost frame first:\n((?:.*\n)*)", out)
     stack = m.group(1) if m else None
     if stack is None:
