@@ -74,9 +74,7 @@ typedef struct {
   size_t lo, hi; /* byte range of the staging buffer */
 } copy_job_t;
 
-static void *copy_range(void *arg) {
-  hora__thread_name("hora-ckpt-stage");
-  copy_job_t *j = arg;
+static void copy_range(copy_job_t *j) {
   for (size_t i = 0; i < j->n; i++) {
     if (j->t[i].device == HORA_DEVICE_CUDA || !j->t[i].count) continue;
     size_t a = j->off[i], b = a + j->t[i].count * hora__dtype_size(j->t[i].dtype);
@@ -88,6 +86,12 @@ static void *copy_range(void *arg) {
     else if (j->dir == 0) memcpy(j->buf + lo, user, hi - lo);
     else memcpy(user, j->buf + lo, hi - lo);
   }
+}
+
+/* A helper thread's entry (the calling thread does the first share itself, under its own name). */
+static void *copy_range_thread(void *arg) {
+  hora__thread_name("hora-ckpt-stage");
+  copy_range(arg);
   return NULL;
 }
 
@@ -111,7 +115,7 @@ static void copy_host(hora_tensor_t *t, size_t n, const size_t *off, unsigned ch
   int started[MAX_THREADS] = {0};
   for (size_t k = 0; k < w; k++) {
     jobs[k] = (copy_job_t){t, n, off, buf, dir, total / w * k, k + 1 == w ? total : total / w * (k + 1)};
-    if (k > 0) started[k] = pthread_create(&th[k], NULL, copy_range, &jobs[k]) == 0;
+    if (k > 0) started[k] = pthread_create(&th[k], NULL, copy_range_thread, &jobs[k]) == 0;
   }
   copy_range(&jobs[0]);
   for (size_t k = 1; k < w; k++) {

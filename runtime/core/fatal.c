@@ -210,6 +210,8 @@ static void install(void) {
 void hora__fatal_on_init(void) { pthread_once(&g_once, install); }
 
 void hora__thread_name(const char *name) {
+  /* Never the main thread: its name is the program's, which ps, pkill and Slurm show. */
+  if ((pid_t)syscall(SYS_gettid) == getpid()) return;
   char n[16];
   snprintf(n, sizeof n, "%s", name); /* the kernel keeps 15 characters and a NUL */
   prctl(PR_SET_NAME, n, 0, 0, 0);

@@ -10,7 +10,8 @@ void hora__fatal_on_init(void);
 
 /* Name the calling thread (at most 15 characters: Linux's limit, "hora-" first by convention),
  * as `top -H`, `ps -L`, gdb and py-spy show it; the fatal-signal line names the crashing thread
- * by it. Each thread hora starts calls this first. */
+ * by it. Each thread hora starts calls this first; on the process's main thread it does nothing
+ * (that name is the program's). */
 void hora__thread_name(const char *name);
 
 #endif

@@ -2,7 +2,10 @@
  * and every tensor's bytes to all ranks (the other ranks' buffers start as garbage); errors on
  * rank 0 (bad argument) and on one other rank (mismatched tensors) reach every rank and write
  * nothing; hora_should_stop agrees on every rank after one rank got SIGUSR1, and after that stop
- * a late SIGUSR1 or SIGTERM does not kill a rank past hora_finalize. */
+ * a late SIGUSR1 or SIGTERM does not kill a rank past hora_finalize. Meanwhile hora's threads
+ * carry their names (hora-engine; the checkpoint writer on rank 0) and the process keeps its own:
+ * a save stages rank 0's tensors on the calling thread, which must not take a hora-* name. */
+#include <dirent.h>
 #include <inttypes.h>
 #include <signal.h>
 
@@ -13,6 +16,32 @@
 static const size_t counts[NT] = {1000, 1 << 16, 3};
 static const hora_dtype_t dtypes[NT] = {HORA_FLOAT32, HORA_BFLOAT16, HORA_INT64};
 static const char *names[NT] = {"w", "emb", "counters"};
+
+/* The name of /proc/self/task/TID/comm (or of the process for tid "" ), without its newline. */
+static void comm_of(const char *tid, char *out, size_t cap) {
+  char path[128];
+  snprintf(path, sizeof path, *tid ? "/proc/self/task/%s/comm" : "/proc/self/comm", tid);
+  out[0] = 0;
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  if (fgets(out, (int)cap, f)) out[strcspn(out, "\n")] = 0;
+  fclose(f);
+}
+
+/* 1 when one of this process's threads is named `name`. */
+static int has_thread(const char *name) {
+  DIR *d = opendir("/proc/self/task");
+  struct dirent *e;
+  int found = 0;
+  while (d && !found && (e = readdir(d)))
+    if (e->d_name[0] != '.') {
+      char c[32];
+      comm_of(e->d_name, c, sizeof c);
+      found = strcmp(c, name) == 0;
+    }
+  if (d) closedir(d);
+  return found;
+}
 
 int main(void) {
   hora_ctx_t *ctx;
@@ -67,6 +96,11 @@ int main(void) {
   bad.name = rank == 0 ? "" : "w";
   EXPECT_RC(hora_ckpt_save(ck, 4, &bad, 1, NULL, 0), HORA_ERR_INVALID_ARGUMENT);
   EXPECT_OK(hora_ckpt_flush(ck));
+  char me[32];
+  comm_of("", me, sizeof me);
+  EXPECT(strcmp(me, "test_ckpt_mpi") == 0, "rank %d: the process is named '%s' after the saves", rank, me);
+  EXPECT(has_thread("hora-engine"), "rank %d: no thread named hora-engine", rank);
+  EXPECT(rank != 0 || has_thread("hora-ckpt-write"), "rank 0: no thread named hora-ckpt-write");
 
   for (int k = 0; k < NT; k++) memset(b[k], 0, bytes[k]);
   EXPECT_OK(hora_ckpt_restore(ck, &step, t, NT));
