@@ -108,9 +108,8 @@ HORA_EXPORT hora_result_t hora_elastic_open(hora_ctx_t *ctx, const char *dir, ho
     bv[0] = rc != HORA_SUCCESS, bv[1] = 0;
     MPI_Request req = MPI_REQUEST_NULL;
     int any = 0;
-    hora_result_t wrc = MPI_Iallreduce(&bv[0], &bv[1], 1, MPI_INT, MPI_MAX, es->comm, &req) != MPI_SUCCESS
-                            ? HORA_ERR(HORA_ERR_MPI, "hora_elastic_open: MPI_Iallreduce failed")
-                            : hora__ctx_wait(ctx, &req, "hora_elastic_open", 0);
+    hora_result_t wrc = hora__ctx_wait(ctx, MPI_Iallreduce(&bv[0], &bv[1], 1, MPI_INT, MPI_MAX, es->comm, &req), &req,
+                                       "hora_elastic_open", 0);
     if (wrc != HORA_SUCCESS) {
       if (rc == HORA_SUCCESS) rc = wrc;
       any = 1;

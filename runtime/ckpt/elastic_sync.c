@@ -173,17 +173,14 @@ static hora_result_t from_ckpt(hora_elastic_t *es, hora_tensor_t *t, size_t n, e
  * callers leak them (heap buffers only; the program is ending). `bytes`: the data the call moves
  * (hora__ctx_wait yields, without sleeping, for bytes / 50 MB/s). */
 static hora_result_t el_allreduce(hora_elastic_t *es, const void *in, void *out, int n, MPI_Datatype t, MPI_Op op) {
-  MPI_Request req;
-  int mrc = MPI_Iallreduce(in, out, n, t, op, es->comm, &req);
-  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Iallreduce (elastic)", __FILE__, __LINE__);
-  return hora__ctx_wait(es->ctx, &req, "elastic allreduce", 0); /* a few counters */
+  MPI_Request req = MPI_REQUEST_NULL;
+  return hora__ctx_wait(es->ctx, MPI_Iallreduce(in, out, n, t, op, es->comm, &req), &req, "elastic allreduce",
+                        0); /* a few counters */
 }
 
 static hora_result_t el_bcast(hora_elastic_t *es, void *p, int n, MPI_Datatype t, int root, size_t bytes) {
-  MPI_Request req;
-  int mrc = MPI_Ibcast(p, n, t, root, es->comm, &req);
-  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Ibcast (elastic)", __FILE__, __LINE__);
-  return hora__ctx_wait(es->ctx, &req, "elastic broadcast", bytes);
+  MPI_Request req = MPI_REQUEST_NULL;
+  return hora__ctx_wait(es->ctx, MPI_Ibcast(p, n, t, root, es->comm, &req), &req, "elastic broadcast", bytes);
 }
 
 /* Broadcast `bytes` bytes at p (heap) from root as one MPI element (also beyond 2 GiB). */

@@ -103,10 +103,6 @@ static void keep_meta(hora_ckpt_t *ck, size_t nmeta, const char *blob) {
  * HORA_ERR_REMOTE, not hang them in MPI_Bcast. After a verdict MPI may still write the buffers:
  * the header and the check flags are per-thread statics (never freed), the metadata and data
  * buffers are leaked. */
-static hora_result_t watched(hora_ckpt_t *ck, int mrc, MPI_Request *req, const char *what, size_t bytes) {
-  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, what, __FILE__, __LINE__);
-  return hora__ctx_wait(ck->ctx, req, what, bytes);
-}
 
 HORA_EXPORT hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora_tensor_t *tensors,
                                             size_t ntensors) {
@@ -153,7 +149,7 @@ HORA_EXPORT hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora
   hx = h;
   MPI_Request req = MPI_REQUEST_NULL;
   int mrc = MPI_Ibcast(&hx, (int)sizeof hx, MPI_BYTE, 0, ck->comm, &req);
-  hora_result_t wrc = watched(ck, mrc, &req, "hora_ckpt_restore: MPI_Ibcast (restore header)", 0);
+  hora_result_t wrc = hora__ctx_wait(ck->ctx, mrc, &req, "hora_ckpt_restore: MPI_Ibcast (restore header)", 0);
   if (wrc != HORA_SUCCESS) {
     rc = wrc;
     goto done;
@@ -168,7 +164,7 @@ HORA_EXPORT hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora
   if (ck->size > 1) {
     okv[0] = ok;
     mrc = MPI_Iallreduce(&okv[0], &okv[1], 1, MPI_INT, MPI_MIN, ck->comm, &req);
-    wrc = watched(ck, mrc, &req, "hora_ckpt_restore: MPI_Iallreduce (restore check)", 0);
+    wrc = hora__ctx_wait(ck->ctx, mrc, &req, "hora_ckpt_restore: MPI_Iallreduce (restore check)", 0);
     if (wrc != HORA_SUCCESS) {
       rc = wrc;
       goto done;

@@ -99,9 +99,8 @@ HORA_EXPORT hora_result_t hora_should_stop(hora_ctx_t *ctx, int *stop) {
   static _Thread_local int v[2];
   v[0] = got_signal, v[1] = 0;
   MPI_Request req = MPI_REQUEST_NULL;
-  int mrc = MPI_Iallreduce(&v[0], &v[1], 1, MPI_INT, MPI_MAX, st->comm, &req);
-  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "hora_should_stop: MPI_Iallreduce", __FILE__, __LINE__);
-  HORA_CHECK(hora__ctx_wait(ctx, &req, "hora_should_stop", 0));
+  HORA_CHECK(hora__ctx_wait(ctx, MPI_Iallreduce(&v[0], &v[1], 1, MPI_INT, MPI_MAX, st->comm, &req), &req,
+                            "hora_should_stop", 0));
   int any = v[1];
   if (any && !st->announced) {
     st->announced = 1;

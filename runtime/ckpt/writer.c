@@ -390,9 +390,7 @@ hora_result_t hora__ck_bcast_watched(hora_ckpt_t *ck, void *p, size_t bytes, con
   int owned = 0;
   HORA_CHECK(hora__mpi_bytes_type(bytes, &ty, &owned));
   MPI_Request req = MPI_REQUEST_NULL;
-  int mrc = MPI_Ibcast(p, 1, ty, 0, ck->comm, &req);
-  hora_result_t rc = mrc != MPI_SUCCESS ? hora__mpi_error(mrc, what, __FILE__, __LINE__)
-                                        : hora__ctx_wait(ck->ctx, &req, what, bytes);
+  hora_result_t rc = hora__ctx_wait(ck->ctx, MPI_Ibcast(p, 1, ty, 0, ck->comm, &req), &req, what, bytes);
   if (owned) MPI_Type_free(&ty); /* MPI keeps a type alive while a request uses it */
   *lost = rc != HORA_SUCCESS && hora__ctx_failed(ck->ctx);
   return rc;

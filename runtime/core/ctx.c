@@ -427,7 +427,8 @@ hora_result_t hora__ctx_verdict(const hora_ctx_t *ctx, const char *what) {
   return HORA_ERR(v->rc, "%s: %s", what, v->msg);
 }
 
-hora_result_t hora__ctx_wait(const hora_ctx_t *ctx, MPI_Request *req, const char *what, size_t bytes) {
+hora_result_t hora__ctx_wait(const hora_ctx_t *ctx, int started, MPI_Request *req, const char *what, size_t bytes) {
+  if (started != MPI_SUCCESS) return hora__mpi_error(started, what, __FILE__, __LINE__);
   double nap = 1e-6, poll_until = bytes ? hora__now_s() + (double)bytes / HORA_WAIT_RATE_FLOOR : 0;
   for (unsigned i = 0;; i++) {
     int done = 0, mrc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
@@ -448,23 +449,16 @@ hora_result_t hora__ctx_wait(const hora_ctx_t *ctx, MPI_Request *req, const char
 hora_result_t hora__ctx_dup(const hora_ctx_t *ctx, MPI_Comm base, MPI_Comm *out, const char *what) {
   MPI_Comm *cell = malloc(sizeof *cell); /* apart: an abandoned MPI_Comm_idup may still write it */
   if (!cell) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory", what);
-  MPI_Request req;
-  int mrc = MPI_Comm_idup(base, cell, &req);
-  if (mrc != MPI_SUCCESS) {
-    free(cell);
-    return hora__mpi_error(mrc, what, __FILE__, __LINE__);
-  }
-  hora_result_t rc = hora__ctx_wait(ctx, &req, what, 0);
+  MPI_Request req = MPI_REQUEST_NULL;
+  hora_result_t rc = hora__ctx_wait(ctx, MPI_Comm_idup(base, cell, &req), &req, what, 0);
   if (rc == HORA_SUCCESS) *out = *cell;
   if (rc == HORA_SUCCESS || rc == HORA_ERR_MPI) free(cell); /* else leaked: see above */
   return rc;
 }
 
 hora_result_t hora__ctx_barrier(const hora_ctx_t *ctx, MPI_Comm comm, const char *what) {
-  MPI_Request req;
-  int mrc = MPI_Ibarrier(comm, &req);
-  if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, what, __FILE__, __LINE__);
-  return hora__ctx_wait(ctx, &req, what, 0);
+  MPI_Request req = MPI_REQUEST_NULL;
+  return hora__ctx_wait(ctx, MPI_Ibarrier(comm, &req), &req, what, 0);
 }
 
 #define LAYOUT_GETTER(fn, field)                                                  \

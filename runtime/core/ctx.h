@@ -117,9 +117,10 @@ hora_result_t hora__ctx_verdict(const hora_ctx_t *ctx, const char *what);
  * would (Open MPI 4.1 has no fault tolerance). It polls MPI_Test, yielding for bytes / 50 MB/s
  * (`bytes`: the data the request moves; Open MPI may move it only inside this rank's MPI calls,
  * HORA_WAIT_RATE_FLOOR), then with a sleep that grows from 1 us to 1 ms. After a verdict
- * the request is abandoned: its buffers must stay allocated (leaked). MPI errors: HORA_ERR_MPI
- * naming `what`. */
-hora_result_t hora__ctx_wait(const hora_ctx_t *ctx, MPI_Request *req, const char *what, size_t bytes);
+ * the request is abandoned: its buffers must stay allocated (leaked). `started`: the return code
+ * of the nonblocking call that made *req (MPI_Isomething(..., req)), so that each caller is one
+ * call; when it is an error, or MPI_Test fails, HORA_ERR_MPI naming `what`, without waiting. */
+hora_result_t hora__ctx_wait(const hora_ctx_t *ctx, int started, MPI_Request *req, const char *what, size_t bytes);
 /* MPI_Comm_dup of `base` into *out, and MPI_Barrier on `comm`, as watched waits (MPI_Comm_idup,
  * MPI_Ibarrier, hora__ctx_wait): collectives that a service or a lazily built algorithm state
  * enters after start-up, where a rank that stopped or hangs would otherwise keep every other rank

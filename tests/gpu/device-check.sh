@@ -161,16 +161,17 @@ python_tests() {
 # rank: the averaging alone (blocks of 5 per method), then training steps, each rank bound to a
 # core of its own (the 2-core development VM shares 2 cores among 4 ranks).
 ddp_bench() {
-  local np py=$ROOT/$BUILD/python:${PYTHONPATH:-}
+  local np
+  export PYTHONPATH=$ROOT/$BUILD/python:${PYTHONPATH:-} HORA_LOG=WARN
+  # bench NP ARGS...: bench_ddp.py on NP ranks, one bound per core
+  bench() { mpirun -np "$1" --bind-to core --map-by core -x PYTHONPATH -x HORA_LOG python3 python/bench/bench_ddp.py "${@:2}"; }
   echo "$(nproc) CPUs: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)"
   for np in ${HORA_DEVICE_DDP_NP:-2 4}; do
     echo "--- $np ranks, averaging alone"
-    PYTHONPATH=$py HORA_LOG=WARN mpirun -np "$np" --bind-to core --map-by core -x PYTHONPATH -x HORA_LOG \
-      python3 python/bench/bench_ddp.py --modes "" --alone 20 --block 5 || return 1
+    bench "$np" --modes "" --alone 20 --block 5 || return 1
     echo "--- $np ranks, training steps"
-    PYTHONPATH=$py HORA_LOG=WARN mpirun -np "$np" --bind-to core --map-by core -x PYTHONPATH -x HORA_LOG \
-      python3 python/bench/bench_ddp.py --model resnet50 --image-size 32 --batch-size 2 --steps 2 \
-      --repeat 5 --warmup 1 --modes local,hora_opt,hora_opt_alone,hora_grouped,ddp,ddp_nosync,ddp_timed || return 1
+    bench "$np" --model resnet50 --image-size 32 --batch-size 2 --steps 2 --repeat 5 --warmup 1 \
+      --modes local,hora_opt,hora_opt_alone,hora_grouped,ddp,ddp_nosync,ddp_timed || return 1
   done
 }
 
