@@ -39,6 +39,8 @@
 #define LAUNCH_ELASTIC_RESTARTS 5
 #define LAUNCH_ELASTIC_WAIT_S 60
 
+#define LAUNCH_MAX_TUNE 16 /* HORA_* settings from horovodrun's options (tune.c) */
+
 typedef enum { LAUNCH_BIND_AUTO = 0, LAUNCH_BIND_NONE, LAUNCH_BIND_CORES, LAUNCH_BIND_GPU } launch_bind_t;
 
 typedef struct {
@@ -65,9 +67,28 @@ typedef struct {
   int min_nodes, max_nodes; /* --min-nodes, --max-nodes (0: 1, and every node of the allocation) */
   int max_restarts;       /* --max-restarts (default LAUNCH_ELASTIC_RESTARTS) */
   int elastic_wait_s;     /* --elastic-wait: how long to wait for --min-nodes usable nodes */
+  /* horovodrun's tuning options as HORA_* settings (tune.c) */
+  struct {
+    const char *env, *value;
+  } tune[LAUNCH_MAX_TUNE];
+  int ntune;
+  int tune_timeline;      /* --timeline-filename given: HORA_TIMELINE_MARK_CYCLES defaults to 0 */
+  int tune_autotune;      /* --autotune: warned about, nothing else */
   char **prog;            /* the program and its arguments */
   char **argv0;           /* launch's own argv (to re-run itself) */
 } launch_opts_t;
+
+/* tune.c: horovodrun's tuning options (--fusion-threshold-mb, --cycle-time-ms, ...). The first
+ * three return 1 when `name` is such an option (and was good), 0 when it is not, -1 after an
+ * error line. */
+int launch_tune_value(launch_opts_t *o, const char *name, const char *val);
+int launch_tune_flag(launch_opts_t *o, const char *name);
+int launch_tune_internal(launch_opts_t *o, const char *name, const char *val);
+int launch_tune_takes_value(const char *name);
+/* Set the HORA_* variables in this process (before anything is started); warns about --autotune. */
+void launch_tune_apply(const launch_opts_t *o);
+/* Append the options that carry the settings to a child launch's argv. */
+void launch_tune_forward(const launch_opts_t *o, void (*push)(void *, const char *), void *a);
 
 /* Where every rank of the job sits. Ranks are placed block-wise over nodes in the planned
  * modes; in an srun step this rank's own values come from Slurm (any distribution). */

@@ -104,6 +104,8 @@ static void push(argv_t *a, const char *s) {
   nv[a->n] = NULL;
 }
 
+static void push_cb(void *a, const char *s) { push(a, s); }
+
 static void push_self_opts(argv_t *a, const launch_opts_t *o) {
   static char self[PATH_MAX], gpr[32], kill_after[32];
   ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -129,6 +131,7 @@ static void push_self_opts(argv_t *a, const launch_opts_t *o) {
   }
   if (o->verbose) push(a, "-v");
   if (o->elastic || o->elastic_step) push(a, "--elastic-step");
+  launch_tune_forward(o, push_cb, a);
 }
 
 /* Ends the argv with "-- prog args"; -1 after an error line when memory ran out. */
@@ -271,6 +274,7 @@ int main(int argc, char **argv) {
   launch_opts_t o;
   int rc = launch_opts_parse(argc, argv, &o);
   if (rc != 0) return rc > 0 ? 0 : LAUNCH_EXIT_SETUP;
+  launch_tune_apply(&o); /* horovodrun's tuning options, before anything is started */
   if (o.mpirun_child) return run_mode(&o, &child_mode);
   if (getenv("OMPI_COMM_WORLD_RANK")) {
     launch_error("launch was started by mpirun: run `launch -np N prog` instead (launch starts mpirun itself)");

@@ -38,6 +38,12 @@ static void usage(FILE *f) {
           "  --max-restarts N           new steps an elastic job may start (default %d)\n"
           "  --elastic-wait S           wait this long for --min-nodes usable nodes (default %d s)\n"
           "  -v, --verbose              print the plan of each rank on stderr\n"
+          "horovodrun's tuning options (they set hora's HORA_* variables for every rank):\n"
+          "  --fusion-threshold-mb MB, --cycle-time-ms MS, --cache-capacity N,\n"
+          "  --timeline-filename PATH, --timeline-mark-cycles, --no-stall-check,\n"
+          "  --stall-check-warning-time-seconds S, --stall-check-shutdown-time-seconds S,\n"
+          "  --log-level trace|debug|info|warning|error|fatal; accepted without effect:\n"
+          "  --autotune (warns), --[no-]hierarchical-allreduce, --[no-]hierarchical-allgather, --mpi\n"
           "  -h, --help, --version\n",
           LAUNCH_MAX_RANKS, LAUNCH_KILL_AFTER_S, LAUNCH_ELASTIC_RESTARTS, LAUNCH_ELASTIC_WAIT_S);
 }
@@ -142,8 +148,10 @@ static int one_opt(int argc, char **argv, int *i, launch_opts_t *o) {
     else usage(stdout);
     return 1;
   }
-  if (!takes_value(name)) {
-    if (!opt_flag(o, name)) {
+  if (!takes_value(name) && !launch_tune_takes_value(name)) {
+    int t = launch_tune_flag(o, name);
+    if (t < 0) return -1;
+    if (!t && !opt_flag(o, name)) {
       launch_error("unknown option '%s' (launch --help lists them; put the program after --)", a);
       return -1;
     }
@@ -168,6 +176,9 @@ static int one_opt(int argc, char **argv, int *i, launch_opts_t *o) {
       return -1;
     }
   }
+  int t = launch_tune_value(o, name, val);
+  if (t == 0) t = launch_tune_internal(o, name, val);
+  if (t != 0) return t < 0 ? -1 : 0;
   return opt_value(o, name, val) < 0 ? -1 : 0;
 }
 

@@ -12,6 +12,7 @@ import threading
 import numpy as np
 
 from . import _buffers as B
+from . import _horovod_env
 from ._errors import NotInitializedError, MismatchError, check, invalid
 from ._hora_cffi import ffi, lib
 
@@ -71,11 +72,15 @@ def init(comm=None):
     MPI is started by hora unless it already is (for example by mpi4py); hora then finalizes it in
     shutdown(). Calling init() again while hora is running does nothing, like Horovod. Raises
     LayoutError when the processes were started without a working PMI (each one alone), MPIError
-    when MPI cannot start, InvalidArgumentError for a malformed HORA_* variable.
+    when MPI cannot start, InvalidArgumentError for a malformed HORA_* variable, a malformed
+    HOROVOD_* variable, or the two contradicting each other. Horovod's HOROVOD_* settings
+    (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, HOROVOD_TIMELINE, ...) are honoured through
+    their HORA_* counterparts (_horovod_env.py, docs/horovod.md).
     """
     with _state.lock:
         if _state.ctx is not None:
             return
+        notes = _horovod_env.apply()  # HOROVOD_* job settings -> HORA_* (before hora_init reads them)
         out = ffi.new("hora_ctx_t **")
         if comm is None:
             check(lib.hora_init(out), "hora.init")
@@ -87,6 +92,7 @@ def init(comm=None):
         _state.ctx = out[0]
         _state.was_shut_down = False
         _enable_faulthandler()
+    _horovod_env.warn(notes, rank())
 
 
 def _enable_faulthandler():

@@ -34,8 +34,10 @@ class InvalidArgumentError(HoraError, ValueError):
     """A bad argument: wrong type or dtype, non-contiguous array, out-of-range value."""
 
 
-class NotInitializedError(HoraError):
-    """hora.init() was not called, or hora.shutdown() already ran."""
+class NotInitializedError(HoraError, ValueError):
+    """hora.init() was not called, or hora.shutdown() already ran. Also a ValueError: Horovod's
+    rank(), size(), start_timeline() and the rest raise ValueError before init, and programs test
+    for an initialized Horovod with `except ValueError`."""
 
 
 class NotSupportedError(HoraError, NotImplementedError):

@@ -149,24 +149,24 @@ def is_homogeneous():
 
 
 def start_timeline(file_path, mark_cycles=False):
-    """hora writes its timeline from init to shutdown when HORA_TIMELINE names a file (rank 0,
-    Chrome trace format); it cannot be started later. With HORA_TIMELINE set to `file_path`
-    this is a no-op, otherwise NotSupportedError says what to set."""
-    _core._ctx()
-    if os.environ.get("HORA_TIMELINE") and os.path.abspath(os.environ["HORA_TIMELINE"]) == \
-            os.path.abspath(str(file_path)):
-        return
-    raise NotSupportedError(f"start_timeline({file_path!r}): hora's timeline is configured at "
-                            f"init: set HORA_TIMELINE={file_path} in the environment before "
-                            "init()", lib.HORA_ERR_NOT_SUPPORTED)
+    """Horovod's: record hora's timeline (a Chrome trace, rank 0 writes it: docs/api.md,
+    "Timeline") at `file_path` from now until stop_timeline(), another start_timeline() or
+    shutdown(); one that is recording (HORA_TIMELINE, HOROVOD_TIMELINE, an earlier call) is saved
+    under its own name first. `mark_cycles`: an instant event per engine cycle that ran a
+    collective. Call it on every rank, as Horovod programs do (only rank 0 opens the file; it is
+    not a collective). Raises ValueError before init() (NotInitializedError), and on rank 0
+    IOError (an OSError) when file_path's directory does not exist or the file cannot be made;
+    Horovod logs that instead. Unlike Horovod it needs no HOROVOD_TIMELINE=DYNAMIC."""
+    c = _core._ctx()
+    check(lib.hora_timeline_start(c, os.fsencode(os.fspath(file_path)), 1 if mark_cycles else 0),
+          "start_timeline")
 
 
 def stop_timeline():
-    """No-op when the timeline runs (it stops at shutdown); NotSupportedError otherwise."""
-    _core._ctx()
-    if not os.environ.get("HORA_TIMELINE"):
-        raise NotSupportedError("stop_timeline(): no timeline is running (HORA_TIMELINE is not "
-                                "set)", lib.HORA_ERR_NOT_SUPPORTED)
+    """Horovod's: end the recording and save the file (rank 0) before returning; nothing to do
+    when no timeline is recording. Raises ValueError before init() (NotInitializedError), IOError
+    when the file cannot be saved."""
+    check(lib.hora_timeline_stop(_core._ctx()), "stop_timeline")
 
 
 # Horovod's submodules, as programs import them (`from horovod.torch.mpi_ops import synchronize`,

@@ -287,6 +287,7 @@ static void engine_free(hora_engine_t *eng, int collective) {
     if (eng->shadow) shadow_destroy(eng->shadow, 1);
     if (eng->comm != MPI_COMM_NULL) MPI_Comm_free(&eng->comm);
     pthread_mutex_destroy(&eng->mu);
+    pthread_mutex_destroy(&eng->tl_mu);
     pthread_cond_destroy(&eng->cv);
     pthread_cond_destroy(&eng->exit_cv);
     free(eng);
@@ -419,6 +420,7 @@ hora_result_t hora__engine_on_init(hora_ctx_t *ctx) {
   eng->stopped_by = -1;
   eng->handles.next = eng->handles.prev = &eng->handles;
   pthread_mutex_init(&eng->mu, NULL);
+  pthread_mutex_init(&eng->tl_mu, NULL);
   pthread_cond_init(&eng->cv, NULL);
   pthread_cond_init(&eng->exit_cv, NULL);
   int mrc = MPI_Comm_dup(ctx->world, &eng->comm);
@@ -439,7 +441,8 @@ hora_result_t hora__engine_on_init(hora_ctx_t *ctx) {
     }
     if (!ctx->parent && eng->prm.timeline && *eng->prm.timeline) { /* the root context's only */
       /* The timeline is optional: a bad path is logged, not fatal. */
-      if (hora__timeline_open(eng->prm.timeline, eng->prm.timeline_max_bytes, &eng->tl) != HORA_SUCCESS)
+      if (hora__timeline_open("HORA_TIMELINE", eng->prm.timeline, eng->prm.timeline_max_bytes,
+                              (int)eng->prm.timeline_mark_cycles, &eng->tl) != HORA_SUCCESS)
         eng->tl = NULL;
     }
   }

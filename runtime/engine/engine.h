@@ -144,7 +144,9 @@ typedef struct {
 
 /* ---- timeline (timeline.c) ---- */
 typedef struct eng_timeline eng_timeline_t;
-hora_result_t hora__timeline_open(const char *path, uint64_t max_bytes, eng_timeline_t **out);
+/* `what` names the caller in error messages ("HORA_TIMELINE", "hora_timeline_start"). */
+hora_result_t hora__timeline_open(const char *what, const char *path, uint64_t max_bytes, int mark_cycles,
+                                  eng_timeline_t **out);
 /* One complete event ("ph":"X") on the tensor's row; times in s of hora__now_s(). */
 void hora__timeline_span(eng_timeline_t *t, const char *tensor, const char *phase, double t0, double t1);
 void hora__timeline_cycle(eng_timeline_t *t, double ts, uint64_t cycle);
@@ -221,7 +223,8 @@ typedef struct hora_engine {
   size_t fusion_bytes;
   void *zeros;           /* joined ranks' zero contributions */
   size_t zeros_bytes;
-  eng_timeline_t *tl;
+  eng_timeline_t *tl;    /* rank 0 of the root context; guarded by tl_mu (hora_timeline_start swaps it) */
+  pthread_mutex_t tl_mu;
   double stall_fallback_s; /* cached requests older than this go to the coordinator */
   /* Counters for tests and logs (written by the engine thread only). */
   _Atomic uint64_t stat_cycles, stat_slow_cycles, stat_cache_hits, stat_fused_groups;

@@ -16,7 +16,12 @@
  * (".tmp-<name>.<16 random hex digits>", created with O_EXCL|O_NOFOLLOW in a directory that passed
  * the shared-node check of core/safefs.h, mode HORA_FILE_MODE) and renamed inside that directory
  * when the engine stops, so the final name only ever holds a complete JSON document.
- * Strings are escaped by jansson. */
+ * Strings are escaped by jansson.
+ *
+ * Started at hora_init from HORA_TIMELINE, or at any time by hora_timeline_start (Horovod's
+ * hvd.start_timeline), which may also move it to a new file; hora_timeline_stop closes it. The
+ * engine thread writes events under eng->tl_mu, the only lock the switch needs, so starting or
+ * stopping never waits for a cycle. */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -43,6 +48,7 @@ struct eng_timeline {
   int first;
   tl_name_t *b[1024];
   int next_id;
+  int mark_cycles; /* CYCLE instant events (HORA_TIMELINE_MARK_CYCLES, or hora_timeline_start's flag) */
 };
 
 static void emit(eng_timeline_t *t, const char *s, size_t n) {
@@ -89,7 +95,8 @@ static int tensor_id(eng_timeline_t *t, const char *name) {
   return x->id;
 }
 
-hora_result_t hora__timeline_open(const char *path, uint64_t max_bytes, eng_timeline_t **out) {
+hora_result_t hora__timeline_open(const char *what, const char *path, uint64_t max_bytes, int mark_cycles,
+                                  eng_timeline_t **out) {
   eng_timeline_t *t = calloc(1, sizeof *t);
   if (!t) return HORA_ERR(HORA_ERR_NO_MEMORY, "timeline: out of memory");
   t->dirfd = -1;
@@ -102,7 +109,7 @@ hora_result_t hora__timeline_open(const char *path, uint64_t max_bytes, eng_time
   if (rc == HORA_SUCCESS) rc = hora__path_split(path, t->dir, sizeof t->dir, t->base, sizeof t->base);
   if (rc == HORA_SUCCESS) {
     rc = hora__dir_open(t->dir, 0, &t->dirfd);
-    if (rc == HORA_ERR_NOT_FOUND) rc = HORA_ERR(HORA_ERR_IO, "HORA_TIMELINE: %s: no such directory", t->dir);
+    if (rc == HORA_ERR_NOT_FOUND) rc = HORA_ERR(HORA_ERR_IO, "%s: %s: no such directory", what, t->dir);
   }
   int fd = -1;
   if (rc == HORA_SUCCESS)
@@ -111,7 +118,7 @@ hora_result_t hora__timeline_open(const char *path, uint64_t max_bytes, eng_time
     snprintf(t->tmp, n, "%s/%s", t->dir, t->tmpname);
     t->f = fdopen(fd, "w");
     if (!t->f) {
-      rc = HORA_ERR(HORA_ERR_IO, "HORA_TIMELINE: fdopen %s: %s", t->tmp, strerror(errno));
+      rc = HORA_ERR(HORA_ERR_IO, "%s: fdopen %s: %s", what, t->tmp, strerror(errno));
       close(fd);
       unlinkat(t->dirfd, t->tmpname, 0);
     }
@@ -124,6 +131,7 @@ hora_result_t hora__timeline_open(const char *path, uint64_t max_bytes, eng_time
     return rc;
   }
   t->max_bytes = max_bytes;
+  t->mark_cycles = mark_cycles != 0;
   t->t0 = hora__now_s();
   t->first = 1;
   fputs("[\n", t->f);
@@ -146,7 +154,7 @@ void hora__timeline_span(eng_timeline_t *t, const char *tensor, const char *phas
 }
 
 void hora__timeline_cycle(eng_timeline_t *t, double ts, uint64_t cycle) {
-  if (!t) return;
+  if (!t || !t->mark_cycles) return;
   char ev[160];
   int n = snprintf(ev, sizeof ev, "{\"name\":\"CYCLE %llu\",\"ph\":\"i\",\"s\":\"p\",\"pid\":0,\"tid\":0,\"ts\":%.3f}",
                    (unsigned long long)cycle, (ts - t->t0) * 1e6);
@@ -175,4 +183,48 @@ hora_result_t hora__timeline_close(eng_timeline_t *t) {
   free(t->tmp);
   free(t);
   return rc;
+}
+
+/* ---- hora_timeline_start / hora_timeline_stop (hora.h) ---- */
+
+/* The root context's engine, for the two calls below; HORA_ERR_INVALID_ARGUMENT on a process set. */
+static hora_result_t tl_engine(hora_ctx_t *ctx, const char *fn, hora_engine_t **out) {
+  HORA_CHECK(hora__ctx_check(ctx, fn));
+  if (ctx->parent)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: ctx is a process set; the timeline belongs to the context made "
+                    "by hora_init and records that context's operations", fn);
+  return hora__engine_get(ctx, fn, out);
+}
+
+/* Install `t` (NULL: none) as the engine's timeline and close the one it replaces. */
+static hora_result_t tl_swap(hora_engine_t *eng, eng_timeline_t *t) {
+  pthread_mutex_lock(&eng->tl_mu);
+  eng_timeline_t *old = eng->tl;
+  eng->tl = t;
+  pthread_mutex_unlock(&eng->tl_mu);
+  return hora__timeline_close(old); /* commits the old file under its final name */
+}
+
+HORA_EXPORT hora_result_t hora_timeline_start(hora_ctx_t *ctx, const char *path, int mark_cycles) {
+  const char *fn = "hora_timeline_start";
+  hora_engine_t *eng;
+  HORA_CHECK(tl_engine(ctx, fn, &eng));
+  if (!path || !*path) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: path is %s", fn, path ? "empty" : "NULL");
+  if (eng->rank != 0) return HORA_SUCCESS; /* rank 0 records every rank's view of each request */
+  eng_timeline_t *t;
+  HORA_CHECK(hora__timeline_open(fn, path, eng->prm.timeline_max_bytes, mark_cycles, &t));
+  hora_result_t rc = tl_swap(eng, t);
+  if (rc != HORA_SUCCESS)
+    return HORA_ERR(rc, "%s: the new timeline %s is recording, but the previous one was not saved: %s", fn, path,
+                    hora_last_error());
+  HORA_INFO(ENGINE, "timeline started: %s", path);
+  return HORA_SUCCESS;
+}
+
+HORA_EXPORT hora_result_t hora_timeline_stop(hora_ctx_t *ctx) {
+  const char *fn = "hora_timeline_stop";
+  hora_engine_t *eng;
+  HORA_CHECK(tl_engine(ctx, fn, &eng));
+  if (eng->rank != 0) return HORA_SUCCESS;
+  return tl_swap(eng, NULL);
 }

@@ -566,6 +566,35 @@ hora_result_t hora_handle_free(hora_handle_t *handle);
  * error. */
 hora_result_t hora_join(hora_ctx_t *ctx, int *last_rank);
 
+/* hora_timeline_start: record the async engine's requests into a Chrome-trace timeline at `path`
+ * (Trace Event Format JSON, loadable in Perfetto or chrome://tracing; the layout of HORA_TIMELINE,
+ * docs/api.md "Timeline"), from now until hora_timeline_stop, another hora_timeline_start or
+ * hora_finalize: Horovod's hvd.start_timeline. One row per tensor name with its QUEUE,
+ * NEGOTIATE, fusion-copy and collective phases (microseconds); mark_cycles != 0 adds an instant
+ * event per engine cycle that ran a collective. A timeline that is already recording (from
+ * HORA_TIMELINE or an earlier call) is closed and saved under its own name first, so each file
+ * holds the requests of its own interval. Only rank 0 of the context made by hora_init writes
+ * the file (its negotiation sees every rank's requests); other ranks may call it and return
+ * HORA_SUCCESS without touching `path`. Not collective, not blocking on other ranks, thread-safe.
+ * The file is written under a temporary name in path's directory and renamed to `path` when
+ * the recording ends, so `path` only ever holds a complete JSON document; it gets HORA_FILE_MODE,
+ * and HORA_TIMELINE_MAX_BYTES caps its size (events past the cap are dropped and counted).
+ * Errors: HORA_ERR_NOT_INITIALIZED (ctx NULL or finalized), HORA_ERR_INVALID_ARGUMENT (path NULL
+ * or empty; ctx is a process set), HORA_ERR_SHUTDOWN (hora_finalize has begun), HORA_ERR_IO
+ * (rank 0: path's directory does not exist or fails the shared-node check of docs/checkpoint.md,
+ * or the file cannot be created: the recording that was running, if any, goes on unchanged; or
+ * the previous recording could not be saved: the new one is recording and the message says so),
+ * HORA_ERR_NO_MEMORY. */
+hora_result_t hora_timeline_start(hora_ctx_t *ctx, const char *path, int mark_cycles);
+
+/* hora_timeline_stop: end the recording of hora_timeline_start or HORA_TIMELINE and save the
+ * file under its final name before returning (rank 0; other ranks return at once). HORA_SUCCESS
+ * and nothing done when no timeline is recording, as Horovod's hvd.stop_timeline.
+ * Errors: HORA_ERR_NOT_INITIALIZED, HORA_ERR_INVALID_ARGUMENT (ctx is a process set),
+ * HORA_ERR_SHUTDOWN, HORA_ERR_IO (the file could not be written or renamed: the temporary file
+ * is removed and the recording has ended). */
+hora_result_t hora_timeline_stop(hora_ctx_t *ctx);
+
 /* ---- GPU (runtime/comm) ----
  * Device buffers (device = HORA_DEVICE_CUDA) are accepted by every blocking collective above in
  * CUDA builds. They must be memory of this rank's GPU (hora_device_index). Transport:

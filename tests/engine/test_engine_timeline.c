@@ -3,9 +3,15 @@
  * the op's phase, and for the fused ones (a grouped allreduce of small tensors always travels
  * fused) MEMCPY_IN_FUSION/MEMCPY_OUT_FUSION when the group went through the fusion buffer, and
  * neither when it was reduced in place of the tensors (the engine's counters say which path ran;
- * HORA_ALLREDUCE_ALGO=mpi forces the fusion buffer), plus cycle markers.
+ * HORA_ALLREDUCE_ALGO=mpi forces the fusion buffer), plus cycle markers (none with
+ * HORA_TIMELINE_MARK_CYCLES=0).
  * With argument "cap" (and HORA_TIMELINE_MAX_BYTES=4096) the file must stay within the cap,
- * still parse, and report the dropped events. */
+ * still parse, and report the dropped events.
+ * With argument "dynamic" (no HORA_TIMELINE): hora_timeline_start/stop (Horovod's
+ * hvd.start_timeline): argument errors, a missing directory (rank 0 only), a stop with nothing
+ * recording, two files each holding exactly the requests of its own interval and readable as
+ * soon as the recording moves on, cycle markers only where asked, a process set refused, and
+ * starts and stops while requests are in flight (results still right; for TSan). */
 #include <jansson.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -40,10 +46,153 @@ static int tid_of(json_t *events, const char *name) {
   return -1;
 }
 
+
+static int count_named(json_t *events, const char *prefix) {
+  size_t i, n = 0;
+  json_t *e;
+  json_array_foreach(events, i, e) {
+    json_t *args = json_object_get(e, "args");
+    const char *an = args ? json_string_value(json_object_get(args, "name")) : NULL;
+    if (an && strncmp(an, prefix, strlen(prefix)) == 0) n++;
+  }
+  return (int)n;
+}
+
+static int count_cycles(json_t *events) {
+  size_t i, n = 0;
+  json_t *e;
+  json_array_foreach(events, i, e) {
+    const char *nm = json_string_value(json_object_get(e, "name"));
+    if (nm && strncmp(nm, "CYCLE ", 6) == 0) n++;
+  }
+  return (int)n;
+}
+
+/* k allreduces named prefix/0 .. prefix/k-1 of 64 floats, checked. */
+static void step(hora_ctx_t *ctx, const char *prefix, int k, int size) {
+  float s[64], r[64];
+  for (int j = 0; j < k; j++) {
+    char name[64];
+    snprintf(name, sizeof name, "%s/%d", prefix, j);
+    for (int i = 0; i < 64; i++) s[i] = (float)(i + j);
+    hora_handle_t *h;
+    EXPECT_OK(hora_allreduce_async(ctx, name, s, r, 64, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &h));
+    EXPECT_OK(hora_wait(h));
+    hora_handle_free(h);
+    EXPECT(r[7] == (float)((7 + j) * size), "%s: %g, want %d", name, r[7], (7 + j) * size);
+  }
+}
+
+static json_t *load(const char *path) {
+  json_error_t err;
+  json_t *root = json_load_file(path, 0, &err);
+  EXPECT(root && json_is_array(root), "%s does not parse as a JSON array: %s (line %d)", path, err.text, err.line);
+  return root;
+}
+
+static int dynamic(hora_ctx_t *ctx, int rank, int size) {
+  const char *a = "test_engine_timeline_dyn_a.json", *b = "test_engine_timeline_dyn_b.json";
+  const char *c = "test_engine_timeline_dyn_c.json";
+  EXPECT_RC(hora_timeline_start(ctx, NULL, 1), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(hora_last_error(), "path is NULL"), "message: %s", hora_last_error());
+  EXPECT_RC(hora_timeline_start(ctx, "", 1), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT_RC(hora_timeline_start(NULL, a, 1), HORA_ERR_NOT_INITIALIZED);
+  EXPECT_RC(hora_timeline_stop(NULL), HORA_ERR_NOT_INITIALIZED);
+  hora_result_t rc = hora_timeline_start(ctx, "test_engine_timeline_no_such_dir/t.json", 1);
+  if (rank == 0) {
+    EXPECT_RC(rc, HORA_ERR_IO);
+    EXPECT(strstr(hora_last_error(), "hora_timeline_start") && strstr(hora_last_error(), "no_such_dir"),
+           "message: %s", hora_last_error());
+  } else {
+    EXPECT_OK(rc); /* only rank 0 writes; the path is never looked at here */
+  }
+  EXPECT_OK(hora_timeline_stop(ctx)); /* nothing recording: a no-op, as Horovod */
+  step(ctx, "dyn/pre", 3, size);      /* before any recording: in no file */
+
+  EXPECT_OK(hora_timeline_start(ctx, a, 1));
+  step(ctx, "dyn/a", 4, size);
+  EXPECT_OK(hora_timeline_start(ctx, b, 0)); /* moves the recording: a is saved now */
+  EXPECT_OK(hora_barrier(ctx));              /* rank 0 reads a before anything else runs */
+  if (rank == 0) {
+    json_t *ja = load(a);
+    if (ja) {
+      EXPECT(count_named(ja, "dyn/a/") == 4, "%s: %d rows dyn/a/*, want 4", a, count_named(ja, "dyn/a/"));
+      EXPECT(count_named(ja, "dyn/pre/") == 0, "%s records requests from before its start", a);
+      EXPECT(count_cycles(ja) >= 1, "%s: no cycle markers with mark_cycles=1", a);
+      int tid = tid_of(ja, "dyn/a/2");
+      EXPECT(tid > 0 && has_phase(ja, tid, "QUEUE") && has_phase(ja, tid, "NEGOTIATE") && has_phase(ja, tid, "ALLREDUCE"),
+             "%s: dyn/a/2 lacks a phase", a);
+    }
+    json_decref(ja);
+  }
+  EXPECT_OK(hora_barrier(ctx));
+  step(ctx, "dyn/b", 2, size);
+  EXPECT_OK(hora_timeline_stop(ctx));
+  EXPECT_OK(hora_timeline_stop(ctx)); /* again: nothing recording */
+  step(ctx, "dyn/after", 2, size);    /* after the stop: in no file */
+
+  /* A process set has no timeline of its own. */
+  int all[64];
+  for (int i = 0; i < size && i < 64; i++) all[i] = i;
+  hora_ctx_t *set = NULL;
+  EXPECT_OK(hora_process_set_create(ctx, all, (size_t)size, &set));
+  EXPECT_RC(hora_timeline_start(set, c, 1), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(hora_last_error(), "process set"), "message: %s", hora_last_error());
+  EXPECT_RC(hora_timeline_stop(set), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT_OK(hora_process_set_destroy(set));
+
+  /* Starts and stops while requests are in flight: the engine writes events meanwhile. */
+  enum { NF = 24 };
+  static float fs[NF][256], fr[NF][256];
+  hora_handle_t *h[NF];
+  for (int j = 0; j < NF; j++) {
+    char name[32];
+    snprintf(name, sizeof name, "dyn/fly/%d", j);
+    for (int i = 0; i < 256; i++) fs[j][i] = (float)j;
+    EXPECT_OK(hora_allreduce_async(ctx, name, fs[j], fr[j], 256, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &h[j]));
+    if (j % 3 == 0) EXPECT_OK(hora_timeline_start(ctx, c, j % 2));
+    if (j % 3 == 2) EXPECT_OK(hora_timeline_stop(ctx));
+  }
+  for (int j = 0; j < NF; j++) {
+    EXPECT_OK(hora_wait(h[j]));
+    EXPECT(fr[j][100] == (float)(j * size), "dyn/fly/%d: %g, want %d", j, fr[j][100], j * size);
+    hora_handle_free(h[j]);
+  }
+  EXPECT_OK(hora_timeline_start(ctx, c, 1)); /* left recording: hora_finalize saves it */
+  step(ctx, "dyn/last", 2, size);
+  EXPECT_OK(hora_finalize(ctx));
+  if (rank == 0) {
+    json_t *jb = load(b), *jc = load(c);
+    if (jb) {
+      EXPECT(count_named(jb, "dyn/b/") == 2, "%s: %d rows dyn/b/*, want 2", b, count_named(jb, "dyn/b/"));
+      EXPECT(count_named(jb, "dyn/a/") == 0 && count_named(jb, "dyn/after/") == 0, "%s records outside its interval", b);
+      EXPECT(count_cycles(jb) == 0, "%s: %d cycle markers with mark_cycles=0", b, count_cycles(jb));
+    }
+    if (jc) EXPECT(count_named(jc, "dyn/last/") == 2 && count_named(jc, "dyn/b/") == 0, "%s: wrong rows", c);
+    json_decref(jb);
+    json_decref(jc);
+    struct stat st;
+    EXPECT(stat("test_engine_timeline_no_such_dir", &st) != 0, "the missing directory was created");
+    unlink(a), unlink(b), unlink(c);
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int cap = argc > 1 && strcmp(argv[1], "cap") == 0;
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  if (argc > 1 && strcmp(argv[1], "dynamic") == 0) {
+    hora_ctx_t *ctx;
+    if (hora_init(&ctx) != HORA_SUCCESS) return 1;
+    int rank, size;
+    hora_rank(ctx, &rank);
+    hora_size(ctx, &size);
+    dynamic(ctx, rank, size);
+    int rc = hora_test_finish_mpi("test_engine_timeline dynamic");
+    MPI_Finalize();
+    return rc;
+  }
   const char *path = getenv("HORA_TIMELINE");
   if (!path || !*path) {
     fprintf(stderr, "set HORA_TIMELINE\n");
@@ -123,7 +272,11 @@ int main(int argc, char **argv) {
         const char *n = json_string_value(json_object_get(e, "name"));
         if (n && strncmp(n, "CYCLE ", 6) == 0) cycles++;
       }
-      EXPECT(cycles >= 3, "only %zu cycle markers", cycles);
+      const char *mc = getenv("HORA_TIMELINE_MARK_CYCLES");
+      if (mc && !strcmp(mc, "0"))
+        EXPECT(cycles == 0, "%zu cycle markers with HORA_TIMELINE_MARK_CYCLES=0", cycles);
+      else
+        EXPECT(cycles >= 3, "only %zu cycle markers", cycles);
     }
     if (root && cap) {
       FILE *f = fopen(path, "r");

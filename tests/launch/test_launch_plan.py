@@ -229,6 +229,19 @@ CLI_ERRORS = [
      ["--min-nodes 3 is above --max-nodes 2"]),
     ("--min-nodes zero", ["--min-nodes", "0", "true"], ["option --min-nodes: 0 is out of range"]),
     ("--max-restarts too large", ["--max-restarts", "1001", "true"], ["option --max-restarts: 1001 is out of range (0..1000)"]),
+    ("--fusion-threshold-mb with a unit", ["--fusion-threshold-mb", "64MB", "true"],
+     ["option --fusion-threshold-mb: '64MB' is not a whole number"]),
+    ("--fusion-threshold-mb too large", ["--fusion-threshold-mb=1073741825", "true"],
+     ["option --fusion-threshold-mb: 1073741825 is out of range (0..1073741824)"]),
+    ("--cycle-time-ms negative", ["--cycle-time-ms=-1", "true"], ["option --cycle-time-ms: '-1' is not a number"]),
+    ("--cycle-time-ms nan", ["--cycle-time-ms", "nan", "true"], ["option --cycle-time-ms: 'nan' is not a number"]),
+    ("--stall-check-shutdown-time-seconds fraction", ["--stall-check-shutdown-time-seconds", "1.5", "true"],
+     ["option --stall-check-shutdown-time-seconds: '1.5' is not a whole number"]),
+    ("--log-level bad", ["--log-level", "verbose", "true"],
+     ["option --log-level: 'verbose' is not one of trace, debug"]),
+    ("--timeline-filename empty", ["--timeline-filename=", "true"], ["option --timeline-filename: the value is empty"]),
+    ("--gloo", ["--gloo", "true"], ["option --gloo: hora's controller and collectives run on MPI only"]),
+    ("--hora-set unknown", ["--hora-set", "PATH=/x", "true"], ["option --hora-set is internal to launch"]),
     ("no program", ["-np", "2"], ["no program given"]),
     ("missing program", ["-np", "2", "./no/such/prog"], ["program './no/such/prog' does not exist"]),
 ]
@@ -322,6 +335,28 @@ def case_run():
     rc, so, se = run(["--output-dir", d, "sh", "-c", "echo a; echo b >&2"], env)
     text = open(os.path.join(d, "rank.0.log")).read() if os.path.exists(os.path.join(d, "rank.0.log")) else ""
     check(rc == 0 and so == "" and sorted(text.split()) == ["a", "b"], f"--output-dir: {rc} {so!r} {text!r}")
+    # horovodrun's tuning options become HORA_* settings of the rank, overriding the environment
+    # (docs/launch.md, "From horovodrun").
+    show = ["sh", "-c", "env | grep -E '^HORA_(FUSION|CYCLE|CACHE|TIMELINE|STALL|LOG=)' | sort"]
+    rc, so, se = run(["--fusion-threshold-mb", "32", "--cycle-time-ms=2.5", "--cache-capacity", "0",
+                      "--timeline-filename", "/x/t.json", "--no-stall-check", "--log-level", "DEBUG",
+                      "--hierarchical-allreduce", "--mpi"] + show, dict(env, HORA_CACHE_CAPACITY="9"))
+    want = ["[0] HORA_CACHE_CAPACITY=0", "[0] HORA_CYCLE_TIME_MS=2.5", "[0] HORA_FUSION_THRESHOLD=32M",
+            "[0] HORA_LOG=TRACE", "[0] HORA_STALL_SHUTDOWN_S=0", "[0] HORA_STALL_WARNING_S=0",
+            "[0] HORA_TIMELINE=/x/t.json", "[0] HORA_TIMELINE_MARK_CYCLES=0"]
+    check(rc == 0 and so.split("\n")[:-1] == want and se == "", f"tuning options: rc={rc} {so!r} {se!r}")
+    rc, so, se = run(["--timeline-filename", "t.json", "--timeline-mark-cycles",
+                      "--stall-check-warning-time-seconds", "30", "--autotune"] + show, env)
+    check(rc == 0 and so.split("\n")[:-1] == ["[0] HORA_STALL_WARNING_S=30", "[0] HORA_TIMELINE=t.json",
+                                              "[0] HORA_TIMELINE_MARK_CYCLES=1"], f"mark cycles: {so!r}")
+    check(se.count("--autotune: hora has no autotuner") == 1, f"--autotune warning: {se!r}")
+    # Horovod's no-marks default gives way to a HORA_TIMELINE_MARK_CYCLES the user set.
+    rc, so, se = run(["--timeline-filename", "t.json"] + show, dict(env, HORA_TIMELINE_MARK_CYCLES="1"))
+    check(rc == 0 and "[0] HORA_TIMELINE_MARK_CYCLES=1" in so, f"user's mark cycles: {so!r}")
+    # What a child launch receives from its parent (local mode through mpirun).
+    rc, so, se = run(["--hora-set", "HORA_TIMELINE=/a=b.json", "--hora-timeline-default"] + show, env)
+    check(rc == 0 and so.split("\n")[:-1] == ["[0] HORA_TIMELINE=/a=b.json", "[0] HORA_TIMELINE_MARK_CYCLES=0"],
+          f"--hora-set: {so!r} {se!r}")
     rc, so, se = run(["sh", "-c", "kill -TERM $$"], env)
     check(rc == 128 + 15 and "killed by signal 15" in se, f"killed program: rc={rc} {se!r}")
     # Signals: from launch's parent (slurmstepd in a real step, which signals the whole step
@@ -420,6 +455,14 @@ def case_local():
                        timeout=120)
     check(p.returncode == 0 and len(re.findall(r"ALLREDUCE .* errors=0", p.stdout)) == 3,
           f"allreduce through local launch: rc {p.returncode}: {p.stdout} {p.stderr[-800:]}")
+    # horovodrun's tuning options reach every rank through launch's mpirun (on other hosts as
+    # options of the child launch, since mpirun forwards no environment there).
+    p = subprocess.run([LAUNCH, "-np", "2", "--fusion-threshold-mb", "8", "--timeline-filename", "tl.json",
+                        "sh", "-c", "echo TUNE $HORA_FUSION_THRESHOLD $HORA_TIMELINE $HORA_TIMELINE_MARK_CYCLES"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    got = sorted(l for l in p.stdout.splitlines() if " TUNE " in l)
+    check(p.returncode == 0 and got == ["[0] TUNE 8M tl.json 0", "[1] TUNE 8M tl.json 0"],
+          f"tuning options through local launch: rc {p.returncode}: {p.stdout!r} {p.stderr[-500:]}")
 
 
 if __name__ == "__main__":
