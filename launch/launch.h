@@ -45,7 +45,8 @@ typedef enum { LAUNCH_BIND_AUTO = 0, LAUNCH_BIND_NONE, LAUNCH_BIND_CORES, LAUNCH
 
 typedef struct {
   int np;                 /* -np N; 0: not given */
-  const char *hosts;      /* -H host:slots,... (local mode) */
+  const char *hosts;      /* -H host:slots,... (local mode), or made from the host file */
+  char *hostfile;         /* -hostfile/--hostfile: the -H form of the file (malloc'ed), NULL without */
   int gpus_per_rank;      /* --gpus-per-rank; -1: not given (1 when the node has GPUs) */
   int allow_gpu_sharing;  /* --allow-gpu-sharing */
   launch_bind_t bind;     /* --bind */

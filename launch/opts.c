@@ -1,6 +1,8 @@
 /* launch's command line: "--opt value" and "--opt=value"; the program starts at the first
  * argument that is not an option, or after "--". Every mistake is one error line (exit 2). */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "launch.h"
@@ -18,6 +20,7 @@ static void usage(FILE *f) {
           "options:\n"
           "  -np, -n N                  number of ranks, 1..%d (allocation and local modes)\n"
           "  -H, --hosts h1:n1,h2:n2    hosts and slots (local mode)\n"
+          "  -hostfile, --hostfile FILE  the same from a file of \"host slots=N\" lines\n"
           "  --gpus-per-rank N          GPUs per rank (default 1 when the node has GPUs, else 0)\n"
           "  --allow-gpu-sharing        let more ranks than GPUs share them round-robin\n"
           "  --bind none|cores|gpu      CPU binding (default gpu with GPUs, else cores)\n"
@@ -89,6 +92,54 @@ static int opt_flag(launch_opts_t *o, const char *name) {
   return 0;
 }
 
+/* -hostfile FILE (horovodrun) / --hostfile FILE (Open MPI): the hosts of -H, from a file. */
+static int hostfile(launch_opts_t *o, const char *name, const char *path) {
+  if (o->hosts || o->hostfile) {
+    launch_error("option %s: give the hosts once (-H or one host file)", name);
+    return -1;
+  }
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    launch_error("option %s: cannot open '%s': %s", name, path, strerror(errno));
+    return -1;
+  }
+  char *text = NULL;
+  size_t cap = 0, n = 0, k;
+  char buf[4096];
+  while ((k = fread(buf, 1, sizeof buf, f)) > 0) {
+    if (n + k + 1 > cap) {
+      cap = (n + k + 1) * 2;
+      char *t = n + k < (64u << 20) ? realloc(text, cap) : NULL; /* 64 MiB: no host file is larger */
+      if (!t) {
+        free(text);
+        fclose(f);
+        launch_error("option %s: '%s' is too large", name, path);
+        return -1;
+      }
+      text = t;
+    }
+    memcpy(text + n, buf, k);
+    n += k;
+  }
+  int rerr = ferror(f);
+  fclose(f);
+  if (rerr || !text) {
+    free(text);
+    launch_error("option %s: '%s' %s", name, path, rerr ? "could not be read" : "is empty");
+    return -1;
+  }
+  text[n] = 0;
+  char err[256], *hosts = NULL;
+  int rc = launch_hostfile_parse(text, &hosts, err, sizeof err);
+  free(text);
+  if (rc != 0) {
+    launch_error("option %s: %s: %s", name, path, err);
+    return -1;
+  }
+  o->hosts = o->hostfile = hosts; /* freed at exit */
+  return 0;
+}
+
 /* Options with a value: 1 when `name` is one (and val was good), 0 when it is not, -1 on error. */
 static int opt_value(launch_opts_t *o, const char *name, const char *val) {
 #define IS(s) (strcmp(name, s) == 0)
@@ -109,6 +160,7 @@ static int opt_value(launch_opts_t *o, const char *name, const char *val) {
     }
     return 1;
   }
+  if (IS("-hostfile") || IS("--hostfile")) return hostfile(o, name, val) ? -1 : 1;
   const char **dst = IS("-H") || IS("--hosts") ? &o->hosts
                      : IS("--topology")        ? &o->topology
                      : IS("--gpus")            ? &o->gpus
@@ -118,6 +170,10 @@ static int opt_value(launch_opts_t *o, const char *name, const char *val) {
                                                : NULL;
 #undef IS
   if (!dst) return 0;
+  if (dst == &o->hosts && o->hostfile) {
+    launch_error("option %s: give the hosts once (-H or one host file)", name);
+    return -1;
+  }
   if (!*val) {
     launch_error("option %s: the value is empty", name);
     return -1;
@@ -128,6 +184,7 @@ static int opt_value(launch_opts_t *o, const char *name, const char *val) {
 
 static int takes_value(const char *name) {
   static const char *names[] = {"-np", "-n", "--np", "--gpus-per-rank", "--kill-after", "--bind", "-H", "--hosts",
+                                "-hostfile", "--hostfile",
                                 "--topology", "--gpus", "--output-dir", "--child-tpn", "--child-hosts",
                                 "--min-nodes", "--max-nodes", "--max-restarts", "--elastic-wait", NULL};
   for (int i = 0; names[i]; i++)

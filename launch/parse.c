@@ -437,3 +437,89 @@ bad:
   launch_strv_free(out.v, out.n);
   return -1;
 }
+
+/* One whitespace-separated word of line `ln` at *p (advanced past it); NULL at the line's end. */
+static const char *word(const char **p, size_t *len) {
+  while (**p == ' ' || **p == '\t' || **p == '\r') (*p)++;
+  if (!**p || **p == '\n') return NULL;
+  const char *w = *p;
+  while (**p && **p != ' ' && **p != '\t' && **p != '\r' && **p != '\n') (*p)++;
+  *len = (size_t)(*p - w);
+  return w;
+}
+
+int launch_hostfile_parse(const char *text, char **hosts, char *err, size_t errlen) {
+  size_t cap = 64, used = 0;
+  char *out = malloc(cap);
+  if (!out) return fail(err, errlen, "out of memory");
+  out[0] = 0;
+  int line = 0, nhosts = 0;
+  for (const char *p = text; *p;) {
+    line++;
+    const char *eol = strchr(p, '\n');
+    size_t linelen = eol ? (size_t)(eol - p) : strlen(p);
+    const char *hash = memchr(p, '#', linelen);
+    const char *end = hash ? hash : p + linelen; /* a comment runs to the end of the line */
+    size_t hn, n;
+    const char *q = p, *host = word(&q, &hn);
+    if (host && host < end) {
+      for (size_t i = 0; i < hn; i++)
+        if (!host_char(host[i])) {
+          free(out);
+          return fail(err, errlen, "line %d: '%.*s' is not a host name", line, (int)(hn > 64 ? 64 : hn), host);
+        }
+      int slots = 1;
+      const char *w;
+      while ((w = word(&q, &n)) && w < end) {
+        if (w + n > end) n = (size_t)(end - w);
+        char buf[16];
+        const char *val = NULL;
+        if (n > 6 && strncmp(w, "slots=", 6) == 0) val = w + 6;
+        else if (n > 10 && strncmp(w, "max_slots=", 10) == 0) val = w + 10; /* Open MPI's; not used */
+        size_t vn = val ? (size_t)(w + n - val) : 0;
+        int v;
+        if (!val || vn >= sizeof buf) {
+          free(out);
+          return fail(err, errlen, "line %d: '%.*s' is not slots=N (a line is \"host slots=N\")", line,
+                      (int)(n > 64 ? 64 : n), w);
+        }
+        memcpy(buf, val, vn);
+        buf[vn] = 0;
+        if (launch_parse_uint(buf, 1 << 20, &v) != 0 || v < 1) {
+          free(out);
+          return fail(err, errlen, "line %d: slot count '%s' is not a number from 1 to %d", line, buf, 1 << 20);
+        }
+        if (val == w + 6) slots = v;
+      }
+      char item[320];
+      int k = snprintf(item, sizeof item, "%s%.*s:%d", nhosts ? "," : "", (int)hn, host, slots);
+      if (k < 0 || (size_t)k >= sizeof item) {
+        free(out);
+        return fail(err, errlen, "line %d: host name too long", line);
+      }
+      if (used + (size_t)k + 1 > cap) {
+        while (used + (size_t)k + 1 > cap) cap *= 2;
+        char *nb = realloc(out, cap);
+        if (!nb) {
+          free(out);
+          return fail(err, errlen, "out of memory");
+        }
+        out = nb;
+      }
+      memcpy(out + used, item, (size_t)k + 1);
+      used += (size_t)k;
+      if (++nhosts > LAUNCH_MAX_NAMES) {
+        free(out);
+        return fail(err, errlen, "more than %d hosts", LAUNCH_MAX_NAMES);
+      }
+    }
+    p += linelen;
+    if (*p == '\n') p++;
+  }
+  if (!nhosts) {
+    free(out);
+    return fail(err, errlen, "no host in it (a line is \"host slots=N\")");
+  }
+  *hosts = out;
+  return 0;
+}

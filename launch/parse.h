@@ -37,6 +37,12 @@ int launch_gpu_list_parse(const char *s, char ***ids, size_t *count, char *err, 
 int launch_hosts_parse(const char *s, char ***names, int **slots, size_t *count, char *err,
                        size_t errlen);
 
+/* A host file as horovodrun's -hostfile and Open MPI's --hostfile take it: one host per line,
+ * "host slots=N" (slots default to 1; Open MPI's "max_slots=M" is accepted and not used), '#'
+ * starts a comment, blank lines are skipped. *hosts receives the -H form "h1:n1,h2:n2". Errors
+ * name the line (the caller adds the file name). */
+int launch_hostfile_parse(const char *text, char **hosts, char *err, size_t errlen);
+
 /* A non-negative decimal int (no sign, no spaces, <= max). */
 int launch_parse_uint(const char *s, int max, int *out);
 

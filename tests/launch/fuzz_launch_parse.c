@@ -1,5 +1,5 @@
 /* libFuzzer target over launch's parsers. Each input is tried as a hostlist, a tasks-per-node
- * string, a GPU list and a -H list; besides the sanitizers' checks, the results must satisfy
+ * string, a GPU list, a -H list and a host file; besides the sanitizers' checks, the results must satisfy
  * the parsers' contracts (bounded sizes, non-empty names, counts >= 1, error message set). */
 #include <stdint.h>
 #include <stdlib.h>
@@ -46,6 +46,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (slots[i] < 1 || !v[i][0]) abort();
     launch_strv_free(v, n);
     free(slots);
+  }
+  char *hosts = NULL;
+  if (launch_hostfile_parse(s, &hosts, err, sizeof err) == 0) {
+    /* The -H form it makes must parse as one. */
+    if (launch_hosts_parse(hosts, &v, &slots, &n, err, sizeof err) != 0 || n == 0) abort();
+    launch_strv_free(v, n);
+    free(slots);
+    free(hosts);
   }
   free(s);
   return 0;

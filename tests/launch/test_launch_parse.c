@@ -194,6 +194,40 @@ int main(void) {
     CHECK(launch_hosts_parse(bad_hosts[i], &h, &sl, &nh, err, sizeof err) == -1, "-H '%s' accepted", bad_hosts[i]);
   }
 
+  /* Host files (horovodrun -hostfile / Open MPI --hostfile) -> the -H form. */
+  struct {
+    const char *text, *want;
+  } hf[] = {
+      {"node1 slots=4\nnode2 slots=2\n", "node1:4,node2:2"},
+      {"# cluster\n\n  gpu-a.example.org   slots=8  max_slots=8 # rack 1\r\nnode3\n", "gpu-a.example.org:8,node3:1"},
+      {"n1 slots=1", "n1:1"},
+      {"n1 slots=3#x\n", "n1:3"},
+  };
+  for (size_t i = 0; i < sizeof hf / sizeof *hf; i++) {
+    char *got = NULL;
+    CHECK(launch_hostfile_parse(hf[i].text, &got, err, sizeof err) == 0 && got && strcmp(got, hf[i].want) == 0,
+          "host file %zu: got '%s' (%s), want '%s'", i, got ? got : "(none)", err, hf[i].want);
+    free(got);
+  }
+  struct {
+    const char *text, *msg;
+  } hf_bad[] = {
+      {"", "no host"},
+      {"# only a comment\n\n", "no host"},
+      {"n1 slots=0\n", "line 1: slot count '0'"},
+      {"n1\nn2 slots=x\n", "line 2: slot count 'x'"},
+      {"n1 cpus=4\n", "line 1: 'cpus=4' is not slots=N"},
+      {"n1 slots=\n", "line 1: 'slots=' is not slots=N"},
+      {"n1\nbad/host slots=2\n", "line 2: 'bad/host' is not a host name"},
+      {"n1 slots=2000000\n", "not a number from 1 to 1048576"},
+  };
+  for (size_t i = 0; i < sizeof hf_bad / sizeof *hf_bad; i++) {
+    char *got = NULL;
+    err[0] = 0;
+    CHECK(launch_hostfile_parse(hf_bad[i].text, &got, err, sizeof err) == -1 && !got && strstr(err, hf_bad[i].msg),
+          "bad host file %zu: rc/message '%s', want '%s'", i, err, hf_bad[i].msg);
+  }
+
   /* Slurm's own expansion of the same valid lists. */
   char conf[] = "/tmp/launch-parse-XXXXXX";
   int fd = mkstemp(conf);

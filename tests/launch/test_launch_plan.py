@@ -242,6 +242,11 @@ CLI_ERRORS = [
     ("--timeline-filename empty", ["--timeline-filename=", "true"], ["option --timeline-filename: the value is empty"]),
     ("--gloo", ["--gloo", "true"], ["option --gloo: hora's controller and collectives run on MPI only"]),
     ("--hora-set unknown", ["--hora-set", "PATH=/x", "true"], ["option --hora-set is internal to launch"]),
+    ("-hostfile missing", ["-hostfile", "/no/such/hostfile", "true"],
+     ["option -hostfile: cannot open '/no/such/hostfile'"]),
+    ("--hostfile empty", ["--hostfile", "/dev/null", "true"], ["option --hostfile: '/dev/null' is empty"]),
+    ("-H and a host file", ["-H", "a:2", "--hostfile", "/dev/null", "true"],
+     ["option --hostfile: give the hosts once"]),
     ("no program", ["-np", "2"], ["no program given"]),
     ("missing program", ["-np", "2", "./no/such/prog"], ["program './no/such/prog' does not exist"]),
 ]
@@ -455,6 +460,19 @@ def case_local():
                        timeout=120)
     check(p.returncode == 0 and len(re.findall(r"ALLREDUCE .* errors=0", p.stdout)) == 3,
           f"allreduce through local launch: rc {p.returncode}: {p.stdout} {p.stderr[-800:]}")
+    # horovodrun's -hostfile: "host slots=N" lines, as -H; a bad line names the file and the line.
+    d = tmpdir()
+    hf = os.path.join(d, "hosts")
+    with open(hf, "w") as f:
+        f.write("# the machine itself\nlocalhost slots=2\n")
+    p = subprocess.run([LAUNCH, "-hostfile", hf, probe], env=env, capture_output=True, text=True, timeout=60)
+    got = sorted(int(m.group(1)) for m in re.finditer(r"^\[(\d+)\] PROBE ", p.stdout, re.M))
+    check(p.returncode == 0 and got == [0, 1], f"-hostfile (2 slots, no -np): rc {p.returncode}: {got} {p.stderr[-500:]}")
+    with open(hf, "a") as f:
+        f.write("otherhost slots=two\n")
+    p = subprocess.run([LAUNCH, "-hostfile", hf, probe], env=env, capture_output=True, text=True, timeout=60)
+    check(p.returncode == 2 and f"option -hostfile: {hf}: line 3: slot count 'two'" in p.stderr and not p.stdout,
+          f"bad host file: rc {p.returncode}: {p.stderr!r}")
     # horovodrun's tuning options reach every rank through launch's mpirun (on other hosts as
     # options of the child launch, since mpirun forwards no environment there).
     p = subprocess.run([LAUNCH, "-np", "2", "--fusion-threshold-mb", "8", "--timeline-filename", "tl.json",
