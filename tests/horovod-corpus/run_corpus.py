@@ -346,6 +346,12 @@ def main():
     ap.add_argument("--json", help="write every case's outcome here")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
+    # The programs run in their own folders: paths given relative to here must still hold there
+    # (a bare command name such as python3 is looked up on PATH and stays as it is).
+    for a in ("python", "mpirun", "build", "corpus", "download", "json"):
+        v = getattr(args, a)
+        if v and (os.sep in v or a not in ("python", "mpirun")):
+            setattr(args, a, os.path.abspath(v))
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     corpus = args.corpus or (fetch_corpus(args.download) if args.download else None)
     if not corpus:
