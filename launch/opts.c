@@ -41,13 +41,13 @@ static void usage(FILE *f) {
           "  --max-restarts N           new steps an elastic job may start (default %d)\n"
           "  --elastic-wait S           wait this long for --min-nodes usable nodes (default %d s)\n"
           "  -v, --verbose              print the plan of each rank on stderr\n"
+          "  -h, --help, --version\n"
           "horovodrun's tuning options (they set hora's HORA_* variables for every rank):\n"
           "  --fusion-threshold-mb MB, --cycle-time-ms MS, --cache-capacity N,\n"
           "  --timeline-filename PATH, --timeline-mark-cycles, --no-stall-check,\n"
           "  --stall-check-warning-time-seconds S, --stall-check-shutdown-time-seconds S,\n"
           "  --log-level trace|debug|info|warning|error|fatal; accepted without effect:\n"
-          "  --autotune (warns), --[no-]hierarchical-allreduce, --[no-]hierarchical-allgather, --mpi\n"
-          "  -h, --help, --version\n",
+          "  --autotune (warns), --[no-]hierarchical-allreduce, --[no-]hierarchical-allgather, --mpi\n",
           LAUNCH_MAX_RANKS, LAUNCH_KILL_AFTER_S, LAUNCH_ELASTIC_RESTARTS, LAUNCH_ELASTIC_WAIT_S);
 }
 

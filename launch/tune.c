@@ -29,7 +29,7 @@
 
 #include "launch.h"
 
-/* One HORA_* assignment; `value` points into argv or at the static text of `buf`. */
+/* One HORA_* assignment; `value` points into argv, at a string constant or at text of whole(). */
 static int add_set(launch_opts_t *o, const char *env, const char *value) {
   for (int i = 0; i < o->ntune; i++)
     if (strcmp(o->tune[i].env, env) == 0) {
@@ -46,10 +46,9 @@ static int add_set(launch_opts_t *o, const char *env, const char *value) {
   return 0;
 }
 
-/* A whole number in [0, max] for option `name` into a static buffer (with `suffix`). */
+/* A whole number in [0, max] for option `name`, as text with `suffix` (malloc'ed: it lives until
+ * launch execs or exits). */
 static const char *whole(const char *name, const char *val, long max, const char *suffix) {
-  static char bufs[LAUNCH_MAX_TUNE][32];
-  static int next;
   size_t n = strlen(val);
   if (n == 0 || n > 12 || strspn(val, "0123456789") != n) {
     launch_error("option %s: '%s' is not a whole number (horovodrun's unit, no suffix)", name, val);
@@ -60,8 +59,11 @@ static const char *whole(const char *name, const char *val, long max, const char
     launch_error("option %s: %s is out of range (0..%ld)", name, val, max);
     return NULL;
   }
-  char *b = bufs[next++ % LAUNCH_MAX_TUNE];
-  snprintf(b, sizeof bufs[0], "%ld%s", v, suffix);
+  char *b = NULL;
+  if (asprintf(&b, "%ld%s", v, suffix) < 0) {
+    launch_error("out of memory");
+    return NULL;
+  }
   return b;
 }
 

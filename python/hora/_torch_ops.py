@@ -88,14 +88,20 @@ _counter = itertools.count()
 
 
 def _claim(name, kind, parts):
+    """The engine's name of a request: "<kind>.<name>", or "<kind>.noname.<n>" without a name,
+    as Horovod's torch ops name theirs (GetOpName): an allreduce and an allgather may carry the
+    same user name at once, and the timeline's rows read "allreduce.<name>" as in Horovod's."""
+    user = name
     if name is None:
         name = f"{kind}.noname.{next(_counter)}"
     elif not isinstance(name, str):
         raise invalid(f"{kind}: name must be a str, got {type(name).__name__}")
+    else:
+        name = f"{kind}.{name}"
     with _inflight_lock:
         prev = _inflight.get(name)
         if prev is not None and not prev.done():
-            raise ValueError(f"{kind}: a request named {name!r} is already in flight on this "
+            raise ValueError(f"{kind}: a request named {user!r} is already in flight on this "
                              "rank; wait for it (synchronize) before submitting the name again")
         if len(_inflight) >= _sweep["at"]:
             for n in [n for n, c in _inflight.items() if c.done()]:

@@ -72,7 +72,9 @@ static void span(hora_engine_t *eng, const eng_resp_t *x, const char *phase, dou
 static void spans_before(hora_engine_t *eng, const eng_resp_t *x, double start) {
   if (!x->req) return;
   span(eng, x, "QUEUE", x->req->t_enqueue, x->req->t_negotiate);
-  span(eng, x, "NEGOTIATE", x->req->t_negotiate, start);
+  char neg[40]; /* Horovod's name of the phase: NEGOTIATE_ALLREDUCE, NEGOTIATE_ALLGATHER, ... */
+  snprintf(neg, sizeof neg, "NEGOTIATE_%s", hora__eng_kind_name(x->p.kind));
+  span(eng, x, neg, x->req->t_negotiate, start);
 }
 
 /* The one place where device buffers would be dispatched: the GPU path (runtime/comm) installs
@@ -175,9 +177,9 @@ static hora_result_t run_fused(hora_engine_t *eng, eng_resp_t **m, size_t k, siz
   free(d);
   for (size_t i = 0; i < k; i++) {
     spans_before(eng, m[i], t0);
-    span(eng, m[i], "MEMCPY_IN_FUSION", t0, t1);
+    span(eng, m[i], "MEMCPY_IN_FUSION_BUFFER", t0, t1);
     span(eng, m[i], "ALLREDUCE", t1, t2);
-    span(eng, m[i], "MEMCPY_OUT_FUSION", t2, t3);
+    span(eng, m[i], "MEMCPY_OUT_FUSION_BUFFER", t2, t3);
   }
   return rc;
 }

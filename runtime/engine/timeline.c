@@ -1,10 +1,13 @@
 /* The timeline (HORA_TIMELINE): a Chrome trace written by rank 0, loadable in Perfetto and
  * chrome://tracing (format: "Trace Event Format", a JSON array of events; Horovod's timeline is
- * the model). One row (thread) per tensor, named by a thread_name metadata event; each phase of
- * a request is one complete event ("ph":"X", microseconds since the file was opened):
+ * the model, and its names are used where hora has the same thing, so that tools reading
+ * Horovod's timelines read hora's). One row (thread) per tensor, named by a thread_name metadata
+ * event (hora.torch names requests "allreduce.<name>" as Horovod does); each phase of a request is
+ * one complete event ("ph":"X", microseconds since the file was opened, whose wall-clock time
+ * is the process_name event's start_time_since_epoch_in_micros, as in Horovod's):
  *
- *   grad/fc1 |QUEUE|NEGOTIATE|MEMCPY_IN_FUSION|ALLREDUCE|MEMCPY_OUT_FUSION|
- *   cycles   ^ CYCLE 17 (instant event, only for cycles that ran something)
+ *   allreduce.fc1 |QUEUE|NEGOTIATE_ALLREDUCE|MEMCPY_IN_FUSION_BUFFER|ALLREDUCE|MEMCPY_OUT_FUSION_BUFFER|
+ *   cycles        ^ CYCLE_START (instant event, args.cycle; only for cycles that ran something)
  *
  * MEMCPY_* appear only for tensors that went through the fusion buffer. A fused group that the
  * shared-memory algorithm reduces in place of its tensors (one node, engine/fusion.c) has no
@@ -24,6 +27,7 @@
  * stopping never waits for a cycle. */
 #include <errno.h>
 #include <fcntl.h>
+#include <time.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,8 +140,14 @@ hora_result_t hora__timeline_open(const char *what, const char *path, uint64_t m
   t->first = 1;
   fputs("[\n", t->f);
   t->bytes = 2;
-  const char *meta = "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"hora rank 0\"}}";
-  emit(t, meta, strlen(meta));
+  struct timespec wall;
+  clock_gettime(CLOCK_REALTIME, &wall);
+  char meta[200];
+  int mn = snprintf(meta, sizeof meta,
+                    "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"hora rank 0\","
+                    "\"start_time_since_epoch_in_micros\":%lld}}",
+                    (long long)wall.tv_sec * 1000000LL + wall.tv_nsec / 1000);
+  if (mn > 0 && (size_t)mn < sizeof meta) emit(t, meta, (size_t)mn);
   *out = t;
   return HORA_SUCCESS;
 }
@@ -156,8 +166,10 @@ void hora__timeline_span(eng_timeline_t *t, const char *tensor, const char *phas
 void hora__timeline_cycle(eng_timeline_t *t, double ts, uint64_t cycle) {
   if (!t || !t->mark_cycles) return;
   char ev[160];
-  int n = snprintf(ev, sizeof ev, "{\"name\":\"CYCLE %llu\",\"ph\":\"i\",\"s\":\"p\",\"pid\":0,\"tid\":0,\"ts\":%.3f}",
-                   (unsigned long long)cycle, (ts - t->t0) * 1e6);
+  int n = snprintf(ev, sizeof ev,
+                   "{\"name\":\"CYCLE_START\",\"ph\":\"i\",\"s\":\"p\",\"pid\":0,\"tid\":0,\"ts\":%.3f,"
+                   "\"args\":{\"cycle\":%llu}}",
+                   (ts - t->t0) * 1e6, (unsigned long long)cycle);
   if (n > 0 && (size_t)n < sizeof ev) emit(t, ev, (size_t)n);
 }
 

@@ -1,7 +1,7 @@
 /* Timeline (HORA_TIMELINE): after hora_finalize rank 0 parses the file with jansson and checks
  * that it is one JSON array in Chrome trace form holding, for every tensor, QUEUE and NEGOTIATE,
  * the op's phase, and for the fused ones (a grouped allreduce of small tensors always travels
- * fused) MEMCPY_IN_FUSION/MEMCPY_OUT_FUSION when the group went through the fusion buffer, and
+ * fused) MEMCPY_IN_FUSION_BUFFER/MEMCPY_OUT_FUSION_BUFFER when the group went through the fusion buffer, and
  * neither when it was reduced in place of the tensors (the engine's counters say which path ran;
  * HORA_ALLREDUCE_ALGO=mpi forces the fusion buffer), plus cycle markers (none with
  * HORA_TIMELINE_MARK_CYCLES=0).
@@ -14,6 +14,7 @@
  * starts and stops while requests are in flight (results still right; for TSan). */
 #include <jansson.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/engine.h"
@@ -63,7 +64,7 @@ static int count_cycles(json_t *events) {
   json_t *e;
   json_array_foreach(events, i, e) {
     const char *nm = json_string_value(json_object_get(e, "name"));
-    if (nm && strncmp(nm, "CYCLE ", 6) == 0) n++;
+    if (nm && strcmp(nm, "CYCLE_START") == 0) n++;
   }
   return (int)n;
 }
@@ -120,7 +121,8 @@ static int dynamic(hora_ctx_t *ctx, int rank, int size) {
       EXPECT(count_named(ja, "dyn/pre/") == 0, "%s records requests from before its start", a);
       EXPECT(count_cycles(ja) >= 1, "%s: no cycle markers with mark_cycles=1", a);
       int tid = tid_of(ja, "dyn/a/2");
-      EXPECT(tid > 0 && has_phase(ja, tid, "QUEUE") && has_phase(ja, tid, "NEGOTIATE") && has_phase(ja, tid, "ALLREDUCE"),
+      EXPECT(tid > 0 && has_phase(ja, tid, "QUEUE") && has_phase(ja, tid, "NEGOTIATE_ALLREDUCE") &&
+                 has_phase(ja, tid, "ALLREDUCE"),
              "%s: dyn/a/2 lacks a phase", a);
     }
     json_decref(ja);
@@ -254,23 +256,32 @@ int main(int argc, char **argv) {
       for (int k = 0; k < NG; k++) {
         int tid = tid_of(root, names[k]);
         EXPECT(tid > 0, "no row for tensor %s", names[k]);
-        const char *ph[] = {"QUEUE", "NEGOTIATE", "ALLREDUCE", "MEMCPY_IN_FUSION", "MEMCPY_OUT_FUSION"};
+        const char *ph[] = {"QUEUE", "NEGOTIATE_ALLREDUCE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER",
+                            "MEMCPY_OUT_FUSION_BUFFER"};
         for (int p = 0; p < 3; p++) EXPECT(has_phase(root, tid, ph[p]), "tensor %s lacks phase %s", names[k], ph[p]);
         for (int p = 3; p < 5; p++)
           EXPECT(has_phase(root, tid, ph[p]) == packed, "tensor %s %s phase %s (%s)", names[k],
                  packed ? "lacks" : "has", ph[p], packed ? "fusion buffer" : "reduced in place");
       }
       int tid = tid_of(root, "tl/big");
-      EXPECT(tid > 0 && has_phase(root, tid, "QUEUE") && has_phase(root, tid, "NEGOTIATE") &&
+      EXPECT(tid > 0 && has_phase(root, tid, "QUEUE") && has_phase(root, tid, "NEGOTIATE_ALLREDUCE") &&
              has_phase(root, tid, "ALLREDUCE"), "tl/big lacks a phase");
       tid = tid_of(root, "tl/allgather");
-      EXPECT(tid > 0 && has_phase(root, tid, "QUEUE") && has_phase(root, tid, "NEGOTIATE") &&
+      EXPECT(tid > 0 && has_phase(root, tid, "QUEUE") && has_phase(root, tid, "NEGOTIATE_ALLGATHER") &&
              has_phase(root, tid, "ALLGATHER"), "tl/allgather lacks a phase");
+      /* Horovod's wall-clock anchor of the microsecond timestamps (timeline tools align with it). */
+      json_t *pn = json_array_get(root, 0);
+      json_int_t start = json_integer_value(json_object_get(json_object_get(pn, "args"), "start_time_since_epoch_in_micros"));
+      long long now = (long long)time(NULL) * 1000000LL;
+      EXPECT(strcmp(json_string_value(json_object_get(pn, "name")), "process_name") == 0 && start > now - 3600000000LL &&
+                 start <= now + 1000000LL,
+             "process_name's start_time_since_epoch_in_micros %lld, now %lld", (long long)start, now);
       size_t i, cycles = 0;
       json_t *e;
       json_array_foreach(root, i, e) {
         const char *n = json_string_value(json_object_get(e, "name"));
-        if (n && strncmp(n, "CYCLE ", 6) == 0) cycles++;
+        if (n && strcmp(n, "CYCLE_START") == 0 && json_integer_value(json_object_get(json_object_get(e, "args"), "cycle")) > 0)
+          cycles++;
       }
       const char *mc = getenv("HORA_TIMELINE_MARK_CYCLES");
       if (mc && !strcmp(mc, "0"))

@@ -466,6 +466,31 @@ def test_same_name_twice_in_flight_is_a_value_error_on_every_rank():
     assert errors == 1
 
 
+def test_one_name_on_different_collectives_at_once():
+    """Horovod names a request "<op>.<name>" (GetOpName): an allreduce, an allgather and a
+    broadcast may carry the same name at the same time; a second allreduce of it may not."""
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    x = torch.full((3,), float(r + 1))
+
+    def submit():
+        return (hvd.allreduce_async(x, name="shared", op=hvd.Sum),
+                hvd.allgather_async(x, name="shared"), hvd.broadcast_async(x, 0, name="shared"))
+    # Rank 0 submits first; the others only after the barrier, so its requests are still
+    # pending when it submits the name a second time.
+    if r == 0:
+        ha, hg, hb = submit()
+        with pytest.raises(ValueError, match="'shared' is already in flight"):
+            hvd.allreduce_async(x, name="shared")
+    hvd.barrier()
+    if r != 0:
+        ha, hg, hb = submit()
+    assert hvd.synchronize(ha).tolist() == [n * (n + 1) / 2] * 3
+    assert hvd.synchronize(hg).tolist() == [float(k + 1) for k in range(n) for _ in range(3)]
+    assert hvd.synchronize(hb).tolist() == [1.0] * 3
+
+
 def test_dropped_handle_keeps_its_name_until_done_on_every_rank():
     """Horovod's duplicate-name tests drop the first handle (fire-and-forget): its name stays
     claimed until the request completes, for allreduce, allgather and broadcast alike."""
@@ -516,7 +541,7 @@ def test_shape_mismatch_with_equal_counts_raises_on_every_rank():
     if n == 1:
         pytest.skip("needs two ranks")
     x = torch.full((3, 4) if r == n - 1 else (4, 3), float(r + 1))
-    with pytest.raises(hora.MismatchError, match="tensor 'w.grad'.*shape") as e:
+    with pytest.raises(hora.MismatchError, match="tensor 'allreduce.w.grad'.*shape") as e:
         hvd.allreduce(x, name="w.grad")
     assert isinstance(e.value, ValueError)
     with pytest.raises(ValueError, match="shape"):
