@@ -226,9 +226,11 @@ HORA_EXPORT hora_result_t hora_timeline_start(hora_ctx_t *ctx, const char *path,
   eng_timeline_t *t;
   HORA_CHECK(hora__timeline_open(fn, path, eng->prm.timeline_max_bytes, mark_cycles, &t));
   hora_result_t rc = tl_swap(eng, t);
-  if (rc != HORA_SUCCESS)
-    return HORA_ERR(rc, "%s: the new timeline %s is recording, but the previous one was not saved: %s", fn, path,
-                    hora_last_error());
+  if (rc != HORA_SUCCESS) {
+    char why[512]; /* hora_last_error() is the buffer HORA_ERR writes: copy it first */
+    snprintf(why, sizeof why, "%s", hora_last_error());
+    return HORA_ERR(rc, "%s: the new timeline %s is recording, but the previous one was not saved: %s", fn, path, why);
+  }
   HORA_INFO(ENGINE, "timeline started: %s", path);
   return HORA_SUCCESS;
 }
