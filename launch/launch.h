@@ -75,6 +75,7 @@ typedef struct {
   int ntune;
   int tune_timeline;      /* --timeline-filename given: HORA_TIMELINE_MARK_CYCLES defaults to 0 */
   int tune_autotune;      /* --autotune: warned about, nothing else */
+  const char *mpi_args;   /* --mpi-args: extra arguments of local mode's mpirun (split at white space) */
   char **prog;            /* the program and its arguments */
   char **argv0;           /* launch's own argv (to re-run itself) */
 } launch_opts_t;

@@ -232,18 +232,23 @@ static int local_start(const launch_opts_t *o, const launch_layout_t *l, launch_
   push(&a, "none");
   if (l->size > l->slots || (!o->hosts && l->size > (int)sysconf(_SC_NPROCESSORS_ONLN)))
     push(&a, "--oversubscribe");
-  /* Remote hosts get only what -x names. */
+  /* Remote hosts get only what -x names: hora's settings and Horovod's (which hora.torch reads),
+   * so that every rank runs with the same ones. */
   static const char *fwd[] = {"PATH", "LD_LIBRARY_PATH", NULL};
   for (int i = 0; fwd[i]; i++)
     if (getenv(fwd[i])) push(&a, "-x"), push(&a, fwd[i]);
   extern char **environ;
   for (char **e = environ; *e; e++)
-    if (strncmp(*e, "HORA_", 5) == 0) {
+    if (strncmp(*e, "HORA_", 5) == 0 || strncmp(*e, "HOROVOD_", 8) == 0) {
       char *name = strndup(*e, strcspn(*e, "="));
       if (!name) a.oom = 1;
       push(&a, "-x");
       push(&a, name);
     }
+  /* --mpi-args (horovodrun's): white-space separated, before the program (launch itself). */
+  char *extra = o->mpi_args ? strdup(o->mpi_args) : NULL, *save = NULL;
+  if (o->mpi_args && !extra) a.oom = 1;
+  for (char *w = extra ? strtok_r(extra, " \t\n", &save) : NULL; w; w = strtok_r(NULL, " \t\n", &save)) push(&a, w);
   push_self_opts(&a, o);
   push(&a, "--mpirun-child");
   push(&a, "--child-tpn");
@@ -259,6 +264,7 @@ static int local_start(const launch_opts_t *o, const launch_layout_t *l, launch_
     launch_error("cannot execute mpirun: %m (is Open MPI installed and in PATH?)");
   }
   free(a.v);
+  free(extra);
   free(hs);
   free(ts);
   free(cs);
@@ -286,6 +292,9 @@ int main(int argc, char **argv) {
                  "not inside srun, with --mpirun or -H");
     return LAUNCH_EXIT_SETUP;
   }
+  if (o.mpi_args && ((in_step && !o.use_mpirun) || (getenv("SLURM_JOB_ID") && !o.use_mpirun && !o.hosts)))
+    launch_warn("--mpi-args is ignored: launch starts the ranks with srun here (it passes them to mpirun in local "
+                "mode: without Slurm, with -H, or with --mpirun)");
   if (in_step && !o.use_mpirun) return run_mode(&o, &step_mode);
   if (getenv("SLURM_JOB_ID") && !o.use_mpirun && !o.hosts) return run_mode(&o, &alloc_mode);
   return run_mode(&o, &local_mode);

@@ -46,8 +46,9 @@ static void usage(FILE *f) {
           "  --fusion-threshold-mb MB, --cycle-time-ms MS, --cache-capacity N,\n"
           "  --timeline-filename PATH, --timeline-mark-cycles, --no-stall-check,\n"
           "  --stall-check-warning-time-seconds S, --stall-check-shutdown-time-seconds S,\n"
-          "  --log-level trace|debug|info|warning|error|fatal; accepted without effect:\n"
-          "  --autotune (warns), --[no-]hierarchical-allreduce, --[no-]hierarchical-allgather, --mpi\n",
+          "  --log-level trace|debug|info|warning|error|fatal, --start-timeout S,\n"
+          "  --mpi-args \"ARGS\" (local mode's mpirun); accepted without effect: --autotune (warns),\n"
+          "  --[no-]hierarchical-allreduce, --[no-]hierarchical-allgather, --mpi, --disable-cache\n",
           LAUNCH_MAX_RANKS, LAUNCH_KILL_AFTER_S, LAUNCH_ELASTIC_RESTARTS, LAUNCH_ELASTIC_WAIT_S);
 }
 

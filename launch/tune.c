@@ -13,13 +13,17 @@
  *   --stall-check-warning-time-seconds S     HORA_STALL_WARNING_S
  *   --stall-check-shutdown-time-seconds S    HORA_STALL_SHUTDOWN_S
  *   --log-level trace|debug|info|warning|error|fatal   HORA_LOG
+ *   --start-timeout S                        HORA_INIT_TIMEOUT_S (how long hora_init waits for
+ *                                            every rank)
+ *   --mpi-args "ARGS"                        extra arguments of launch's mpirun (local mode; split at
+ *                                            white space, no quoting); a warning in Slurm modes
  *
  * An option overrides the variable in the environment, as horovodrun's do. The settings are made
  * in launch's own environment before it starts anything (srun and mpirun pass it on to the ranks
  * on this node) and the options are passed on to the launch of every rank (mpirun's ranks on
  * other hosts, whose environment mpirun does not forward). --autotune is accepted with a warning
- * (hora has no autotuner); --hierarchical-allreduce, --hierarchical-allgather, their --no- forms
- * and --mpi are accepted and change nothing (hora picks its hierarchical allreduce by layout and
+ * (hora has no autotuner); --hierarchical-allreduce, --hierarchical-allgather, their --no- forms,
+ * --mpi and --disable-cache (horovodrun's cache of host checks) are accepted and change nothing (hora picks its hierarchical allreduce by layout and
  * always runs on MPI); --gloo is an error. */
 #include <math.h>
 #include <stdio.h>
@@ -79,6 +83,20 @@ int launch_tune_value(launch_opts_t *o, const char *name, const char *val) {
     if (!(v = whole(name, val, 10000000, ""))) return -1;
     return add_set(o, "HORA_CACHE_CAPACITY", v) ? -1 : 1;
   }
+  if (IS("--start-timeout")) { /* horovodrun: all ranks must have started within this many seconds */
+    if (!(v = whole(name, val, 1000000000, ""))) return -1;
+    return add_set(o, "HORA_INIT_TIMEOUT_S", v) ? -1 : 1;
+  }
+  if (IS("--mpi-args")) {
+    /* Split at white space; no shell quoting (a quote would be passed on literally: refuse it). */
+    if (strpbrk(val, "'\"\\")) {
+      launch_error("option --mpi-args: '%s' holds a quote or backslash; launch splits the value at white space "
+                   "only, so give each mpirun argument without quotes", val);
+      return -1;
+    }
+    o->mpi_args = val;
+    return 1;
+  }
   if (IS("--stall-check-warning-time-seconds") || IS("--stall-check-shutdown-time-seconds")) {
     if (!(v = whole(name, val, 1000000000, ""))) return -1;
     return add_set(o, IS("--stall-check-warning-time-seconds") ? "HORA_STALL_WARNING_S" : "HORA_STALL_SHUTDOWN_S", v)
@@ -115,7 +133,7 @@ int launch_tune_value(launch_opts_t *o, const char *name, const char *val) {
 }
 
 int launch_tune_takes_value(const char *name) {
-  static const char *names[] = {"--hora-set", "--fusion-threshold-mb", "--cycle-time-ms", "--cache-capacity",
+  static const char *names[] = {"--hora-set", "--start-timeout", "--mpi-args", "--fusion-threshold-mb", "--cycle-time-ms", "--cache-capacity",
                                 "--timeline-filename", "--stall-check-warning-time-seconds",
                                 "--stall-check-shutdown-time-seconds", "--log-level", NULL};
   for (int i = 0; names[i]; i++)
@@ -133,7 +151,7 @@ int launch_tune_flag(launch_opts_t *o, const char *name) {
     return 1;
   }
   if (IS("--hierarchical-allreduce") || IS("--no-hierarchical-allreduce") || IS("--hierarchical-allgather") ||
-      IS("--no-hierarchical-allgather") || IS("--mpi"))
+      IS("--no-hierarchical-allgather") || IS("--mpi") || IS("--disable-cache"))
     return 1;
   if (IS("--hora-timeline-default")) { /* internal: the parent had --timeline-filename */
     o->tune_timeline = 1;
@@ -174,7 +192,7 @@ int launch_tune_internal(launch_opts_t *o, const char *name, const char *val) {
   if (strcmp(name, "--hora-set") != 0) return 0;
   static const char *known[] = {"HORA_FUSION_THRESHOLD", "HORA_CYCLE_TIME_MS", "HORA_CACHE_CAPACITY",
                                 "HORA_TIMELINE", "HORA_TIMELINE_MARK_CYCLES", "HORA_STALL_WARNING_S",
-                                "HORA_STALL_SHUTDOWN_S", "HORA_LOG", NULL};
+                                "HORA_STALL_SHUTDOWN_S", "HORA_LOG", "HORA_INIT_TIMEOUT_S", NULL};
   size_t k = strcspn(val, "=");
   for (int i = 0; val[k] && known[i]; i++)
     if (strlen(known[i]) == k && strncmp(val, known[i], k) == 0) return add_set(o, known[i], val + k + 1) ? -1 : 1;

@@ -240,6 +240,9 @@ CLI_ERRORS = [
     ("--log-level bad", ["--log-level", "verbose", "true"],
      ["option --log-level: 'verbose' is not one of trace, debug"]),
     ("--timeline-filename empty", ["--timeline-filename=", "true"], ["option --timeline-filename: the value is empty"]),
+    ("--mpi-args with quotes", ["--mpi-args=--mca btl '^openib'", "true"],
+     ["option --mpi-args: '--mca btl '^openib'' holds a quote"]),
+    ("--start-timeout not a number", ["--start-timeout", "1m", "true"], ["option --start-timeout: '1m' is not a whole number"]),
     ("--gloo", ["--gloo", "true"], ["option --gloo: hora's controller and collectives run on MPI only"]),
     ("--hora-set unknown", ["--hora-set", "PATH=/x", "true"], ["option --hora-set is internal to launch"]),
     ("-hostfile missing", ["-hostfile", "/no/such/hostfile", "true"],
@@ -342,7 +345,7 @@ def case_run():
     check(rc == 0 and so == "" and sorted(text.split()) == ["a", "b"], f"--output-dir: {rc} {so!r} {text!r}")
     # horovodrun's tuning options become HORA_* settings of the rank, overriding the environment
     # (docs/launch.md, "From horovodrun").
-    show = ["sh", "-c", "env | grep -E '^HORA_(FUSION|CYCLE|CACHE|TIMELINE|STALL|LOG=)' | sort"]
+    show = ["sh", "-c", "env | grep -E '^HORA_(FUSION|CYCLE|CACHE|TIMELINE|STALL|LOG=|INIT_TIMEOUT)' | sort"]
     rc, so, se = run(["--fusion-threshold-mb", "32", "--cycle-time-ms=2.5", "--cache-capacity", "0",
                       "--timeline-filename", "/x/t.json", "--no-stall-check", "--log-level", "DEBUG",
                       "--hierarchical-allreduce", "--mpi"] + show, dict(env, HORA_CACHE_CAPACITY="9"))
@@ -350,10 +353,11 @@ def case_run():
             "[0] HORA_LOG=TRACE", "[0] HORA_STALL_SHUTDOWN_S=0", "[0] HORA_STALL_WARNING_S=0",
             "[0] HORA_TIMELINE=/x/t.json", "[0] HORA_TIMELINE_MARK_CYCLES=0"]
     check(rc == 0 and so.split("\n")[:-1] == want and se == "", f"tuning options: rc={rc} {so!r} {se!r}")
-    rc, so, se = run(["--timeline-filename", "t.json", "--timeline-mark-cycles",
-                      "--stall-check-warning-time-seconds", "30", "--autotune"] + show, env)
-    check(rc == 0 and so.split("\n")[:-1] == ["[0] HORA_STALL_WARNING_S=30", "[0] HORA_TIMELINE=t.json",
-                                              "[0] HORA_TIMELINE_MARK_CYCLES=1"], f"mark cycles: {so!r}")
+    rc, so, se = run(["--timeline-filename", "t.json", "--timeline-mark-cycles", "--disable-cache",
+                      "--stall-check-warning-time-seconds", "30", "--autotune", "--start-timeout", "45"] + show, env)
+    check(rc == 0 and so.split("\n")[:-1] == ["[0] HORA_INIT_TIMEOUT_S=45", "[0] HORA_STALL_WARNING_S=30",
+                                              "[0] HORA_TIMELINE=t.json", "[0] HORA_TIMELINE_MARK_CYCLES=1"],
+          f"mark cycles: {so!r}")
     check(se.count("--autotune: hora has no autotuner") == 1, f"--autotune warning: {se!r}")
     # Horovod's no-marks default gives way to a HORA_TIMELINE_MARK_CYCLES the user set.
     rc, so, se = run(["--timeline-filename", "t.json"] + show, dict(env, HORA_TIMELINE_MARK_CYCLES="1"))
@@ -481,6 +485,15 @@ def case_local():
     got = sorted(l for l in p.stdout.splitlines() if " TUNE " in l)
     check(p.returncode == 0 and got == ["[0] TUNE 8M tl.json 0", "[1] TUNE 8M tl.json 0"],
           f"tuning options through local launch: rc {p.returncode}: {p.stdout!r} {p.stderr[-500:]}")
+    # horovodrun's --mpi-args="..." (the = form, as with horovodrun's argparse, since the value
+    # starts with '-') reach mpirun (here its -x NAME=VALUE), and Horovod's variables are
+    # forwarded to every host as hora's are (-x, shown by -v).
+    p = subprocess.run([LAUNCH, "-v", "-np", "2", "--mpi-args=-x HORA_TEST_MPI_ARGS=yes",
+                        "sh", "-c", "echo MA $HORA_TEST_MPI_ARGS"],
+                       env=dict(env, HOROVOD_CYCLE_TIME="2"), capture_output=True, text=True, timeout=60)
+    got = sorted(l for l in p.stdout.splitlines() if " MA " in l)
+    check(p.returncode == 0 and got == ["[0] MA yes", "[1] MA yes"] and "-x HOROVOD_CYCLE_TIME" in p.stderr,
+          f"--mpi-args through local launch: rc {p.returncode}: {p.stdout!r} {p.stderr[-800:]}")
 
 
 if __name__ == "__main__":
