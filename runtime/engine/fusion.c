@@ -60,9 +60,13 @@ static hora_result_t grow(void **buf, size_t *have, size_t need, int zero) {
   return HORA_SUCCESS;
 }
 
-/* eng->tl is swapped by hora_timeline_start/stop from other threads: read it under tl_mu. */
+/* eng->tl is swapped by hora_timeline_start/stop from other threads (timeline.c): an atomic load
+ * tells whether one records (the common case, none, costs no lock), and events are written under
+ * tl_mu, which the swap takes. */
+static int recording(hora_engine_t *eng) { return __atomic_load_n(&eng->tl, __ATOMIC_ACQUIRE) != NULL; }
+
 static void span(hora_engine_t *eng, const eng_resp_t *x, const char *phase, double t0, double t1) {
-  if (!x->req) return;
+  if (!x->req || !recording(eng)) return;
   pthread_mutex_lock(&eng->tl_mu);
   if (eng->tl) hora__timeline_span(eng->tl, x->name, phase, t0, t1);
   pthread_mutex_unlock(&eng->tl_mu);
@@ -70,7 +74,7 @@ static void span(hora_engine_t *eng, const eng_resp_t *x, const char *phase, dou
 
 /* QUEUE and NEGOTIATE phases of a request, ending when its execution starts. */
 static void spans_before(hora_engine_t *eng, const eng_resp_t *x, double start) {
-  if (!x->req) return;
+  if (!x->req || !recording(eng)) return;
   span(eng, x, "QUEUE", x->req->t_enqueue, x->req->t_negotiate);
   char neg[40]; /* Horovod's name of the phase: NEGOTIATE_ALLREDUCE, NEGOTIATE_ALLGATHER, ... */
   snprintf(neg, sizeof neg, "NEGOTIATE_%s", hora__eng_kind_name(x->p.kind));
@@ -236,9 +240,11 @@ static void finish(hora_engine_t *eng, eng_resp_t *x, hora_result_t rc) {
 hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
   hora_algo_t algo;
   HORA_CHECK(hora__algo_parse(eng->prm.allreduce_algo, &algo));
-  pthread_mutex_lock(&eng->tl_mu);
-  if (eng->tl) hora__timeline_cycle(eng->tl, hora__now_s(), eng->cycle);
-  pthread_mutex_unlock(&eng->tl_mu);
+  if (recording(eng)) {
+    pthread_mutex_lock(&eng->tl_mu);
+    if (eng->tl) hora__timeline_cycle(eng->tl, hora__now_s(), eng->cycle);
+    pthread_mutex_unlock(&eng->tl_mu);
+  }
   size_t threshold = (size_t)eng->prm.fusion_threshold;
   uint8_t *used = calloc(n, 1);
   eng_resp_t **m = malloc(n * sizeof *m);

@@ -212,7 +212,7 @@ static hora_result_t tl_engine(hora_ctx_t *ctx, const char *fn, hora_engine_t **
 static hora_result_t tl_swap(hora_engine_t *eng, eng_timeline_t *t) {
   pthread_mutex_lock(&eng->tl_mu);
   eng_timeline_t *old = eng->tl;
-  eng->tl = t;
+  __atomic_store_n(&eng->tl, t, __ATOMIC_RELEASE); /* fusion.c reads it without the lock first */
   pthread_mutex_unlock(&eng->tl_mu);
   return hora__timeline_close(old); /* commits the old file under its final name */
 }
