@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "launch.h"
@@ -92,6 +93,33 @@ static void write_all(int fd, const char *p, size_t n) {
   }
 }
 
+/* One output line: prefix, text and (add_nl) a newline in one writev, so that a line never mixes
+ * with another rank's on the same pipe (mpirun and srun forward each write as one chunk, and a
+ * pipe write of up to PIPE_BUF bytes is atomic); a line the pipe takes in part goes on with
+ * write_all. */
+static void write_line(int fd, const char *prefix, const char *p, size_t n, int add_nl) {
+  struct iovec v[3];
+  int k = 0;
+  if (prefix) v[k++] = (struct iovec){(void *)prefix, strlen(prefix)};
+  v[k++] = (struct iovec){(void *)p, n};
+  if (add_nl) v[k++] = (struct iovec){(void *)"\n", 1};
+  size_t total = 0;
+  for (int i = 0; i < k; i++) total += v[i].iov_len;
+  ssize_t w;
+  do w = writev(fd, v, k);
+  while (w < 0 && errno == EINTR);
+  if (w < 0 || (size_t)w == total) return;
+  size_t done = (size_t)w; /* a partial write: the rest in order */
+  for (int i = 0; i < k; i++) {
+    if (done >= v[i].iov_len) {
+      done -= v[i].iov_len;
+      continue;
+    }
+    write_all(fd, (const char *)v[i].iov_base + done, v[i].iov_len - done);
+    done = 0;
+  }
+}
+
 /* The line every failing rank's launch prints (see step.c): "launch: rank R (node N): P exited
  * with status S". */
 static void scan_failure(const char *line, size_t n, int *status) {
@@ -118,10 +146,8 @@ static void emit(stream_t *s, const char *prefix, int flush) {
     } else {
       break;
     }
-    if (prefix) write_all(s->out_fd, prefix, strlen(prefix));
-    write_all(s->out_fd, s->buf + start, end - start);
+    write_line(s->out_fd, prefix, s->buf + start, end - start, !nl);
     if (s->watch && *s->watch < 0) scan_failure(s->buf + start, end - start, s->watch);
-    if (!nl) write_all(s->out_fd, "\n", 1);
     start = end;
     if (start == s->len) break;
   }
