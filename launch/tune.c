@@ -52,19 +52,18 @@ static int add_set(launch_opts_t *o, const char *env, const char *value) {
 
 /* A whole number in [0, max] for option `name`, as text with `suffix` (malloc'ed: it lives until
  * launch execs or exits). */
-static const char *whole(const char *name, const char *val, long max, const char *suffix) {
-  size_t n = strlen(val);
-  if (n == 0 || n > 12 || strspn(val, "0123456789") != n) {
+static const char *whole(const char *name, const char *val, int max, const char *suffix) {
+  int v;
+  if (!*val || strspn(val, "0123456789") != strlen(val)) {
     launch_error("option %s: '%s' is not a whole number (horovodrun's unit, no suffix)", name, val);
     return NULL;
   }
-  long v = strtol(val, NULL, 10);
-  if (v > max) {
-    launch_error("option %s: %s is out of range (0..%ld)", name, val, max);
+  if (launch_parse_uint(val, max, &v) != 0) { /* parse.c, as -np's */
+    launch_error("option %s: %s is out of range (0..%d)", name, val, max);
     return NULL;
   }
   char *b = NULL;
-  if (asprintf(&b, "%ld%s", v, suffix) < 0) {
+  if (asprintf(&b, "%d%s", v, suffix) < 0) {
     launch_error("out of memory");
     return NULL;
   }
@@ -76,7 +75,7 @@ int launch_tune_value(launch_opts_t *o, const char *name, const char *val) {
   const char *v;
   if (IS("--fusion-threshold-mb")) {
     /* MiB, as horovodrun (fusion_threshold_mb * 1024 * 1024); hora's bytes setting takes "M". */
-    if (!(v = whole(name, val, 1L << 30, "M"))) return -1;
+    if (!(v = whole(name, val, 1 << 30, "M"))) return -1;
     return add_set(o, "HORA_FUSION_THRESHOLD", v) ? -1 : 1;
   }
   if (IS("--cache-capacity")) {
