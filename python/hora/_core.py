@@ -6,6 +6,7 @@ the same order with matching shapes and dtypes, as in Horovod and MPI. The C cal
 """
 import atexit
 import faulthandler
+import os
 import sys
 import threading
 
@@ -36,6 +37,7 @@ class _State:
         self.lock = threading.Lock()
         self.finalizers = []  # callables run by shutdown() before hora_finalize (handles, ...)
         self.failed = False  # an uncaught exception ended the program
+        self.pid = None  # the process that ran init(): a fork() child of it must not finalize
 
 
 _state = _State()
@@ -90,6 +92,7 @@ def init(comm=None):
             opts.mpi_comm = _mpi_comm_handle(comm)
             check(lib.hora_init_ex(opts, out), "hora.init")
         _state.ctx = out[0]
+        _state.pid = os.getpid()
         _state.was_shut_down = False
         _enable_faulthandler()
     _horovod_env.warn(notes, rank())
@@ -158,6 +161,11 @@ sys.excepthook = _excepthook
 
 @atexit.register
 def _shutdown_at_exit():
+    # A child made by os.fork() from a rank inherits the context but none of its threads or MPI
+    # state: finalizing there would wait forever (libhora refuses it, hora.shutdown() raises
+    # NotSupportedError). Its parent shuts hora down.
+    if _state.pid != os.getpid():
+        return
     if _state.ctx is not None and not _state.failed:
         try:
             shutdown()

@@ -179,6 +179,7 @@ HORA_EXPORT hora_result_t hora_ckpt_open(hora_ctx_t *ctx, const hora_ckpt_opts_t
   pthread_mutex_init(&ck->mu, NULL);
   pthread_cond_init(&ck->cv, NULL);
   ck->ctx = ctx;
+  ck->fork_gen = ctx->fork_gen;
   ck->keep = o.keep;
   ck->copy_interval_s = o.copy_interval_s;
   ck->copying_step = INT64_MIN;
@@ -267,12 +268,14 @@ static hora_result_t flush_root(hora_ckpt_t *ck) {
 
 HORA_EXPORT hora_result_t hora_ckpt_flush(hora_ckpt_t *ck) {
   if (!ck) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_flush: ck is NULL");
+  HORA_CKPT_FORK_CHECK(ck, "hora_ckpt_flush");
   hora_result_t rc = ck->rank == 0 ? flush_root(ck) : HORA_SUCCESS;
   return hora__ck_bcast_result(ck, rc, "hora_ckpt_flush");
 }
 
 HORA_EXPORT hora_result_t hora_ckpt_close(hora_ckpt_t *ck) {
   if (!ck) return HORA_SUCCESS;
+  HORA_CKPT_FORK_CHECK(ck, "hora_ckpt_close");
   hora_result_t rc = hora_ckpt_flush(ck);
   if (ck->rank == 0) stop_threads(ck);
   hora_ctx_t *ctx = ck->ctx;

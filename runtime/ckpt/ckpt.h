@@ -161,10 +161,15 @@ hora_result_t hora__ck_scatter(hora_tensor_t *t, size_t n, const size_t *offsets
                                const unsigned char *src, int device);
 
 /* ---- the checkpointer ---- */
+/* Refuse a checkpointer's call in a fork() child of the rank that opened it (core/fork.c). */
+#define HORA_CKPT_FORK_CHECK(ck, fn) \
+  HORA_CHECK(hora__fork_check((ck)->fork_gen, fn, "the checkpointer", "save and close it in the parent"))
+
 struct hora_ckpt {
   hora_ctx_t *ctx;
   MPI_Comm comm; /* dup of the world: ckpt's collectives never interleave with the engine's */
   int rank, size;
+  unsigned fork_gen; /* ctx->fork_gen: the writer and copier threads and MPI are the parent's */
   char *local_dir, *persist_dir;
   int keep;
   double copy_interval_s;

@@ -151,6 +151,7 @@ static hora_result_t commit_to_ckpt(hora_elastic_t *es, const hora_tensor_t *t, 
 HORA_EXPORT hora_result_t hora_elastic_commit(hora_elastic_t *es, const hora_tensor_t *tensors, size_t ntensors,
                                               const void *blob, size_t blob_bytes) {
   if (!es) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_elastic_commit: es is NULL");
+  HORA_ELASTIC_FORK_CHECK(es, "hora_elastic_commit");
   if (blob_bytes > HORA_ELASTIC_BLOB_MAX || (blob_bytes && !blob))
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_elastic_commit: blob %s (%zu bytes; at most %d)",
                     blob_bytes && !blob ? "is NULL" : "is too large", blob_bytes, HORA_ELASTIC_BLOB_MAX);
@@ -210,6 +211,7 @@ HORA_EXPORT hora_result_t hora_elastic_commit_id(hora_elastic_t *es, int64_t *co
 
 HORA_EXPORT hora_result_t hora_elastic_close(hora_elastic_t *es) {
   if (!es) return HORA_SUCCESS;
+  HORA_ELASTIC_FORK_CHECK(es, "hora_elastic_close");
   hora__ctx_remove_finalizer(es->ctx, el_finalizer, es);
   int fin = 0;
   MPI_Finalized(&fin);

@@ -17,6 +17,10 @@ typedef struct {
   unsigned char *data; /* data_bytes + blob_bytes */
 } el_commit_t;
 
+/* Refuse an elastic state's call in a fork() child of the rank that opened it (core/fork.c). */
+#define HORA_ELASTIC_FORK_CHECK(es, fn) \
+  HORA_CHECK(hora__fork_check((es)->ctx->fork_gen, fn, "the elastic state", "use it in the parent"))
+
 struct hora_elastic {
   hora_ctx_t *ctx;
   MPI_Comm comm;

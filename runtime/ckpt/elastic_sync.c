@@ -24,6 +24,7 @@ static uint64_t get_u64(const unsigned char *p) {
 
 HORA_EXPORT hora_result_t hora_elastic_save(hora_elastic_t *es) {
   if (!es) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_elastic_save: es is NULL");
+  HORA_ELASTIC_FORK_CHECK(es, "hora_elastic_save");
   const el_commit_t *c = &es->cur;
   if (c->id < 0) return HORA_ERR(HORA_ERR_NOT_FOUND, "hora_elastic_save: nothing committed or synced yet");
   size_t payload = c->data_bytes + c->blob_bytes, len = EL_HDR_BYTES + payload + 4;
@@ -328,6 +329,7 @@ static hora_result_t wait_prev_step(hora_elastic_t *es) {
 HORA_EXPORT hora_result_t hora_elastic_sync(hora_elastic_t *es, hora_tensor_t *tensors, size_t ntensors, void *blob,
                                             size_t blob_cap, size_t *blob_bytes, int64_t *commit) {
   if (!es) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_elastic_sync: es is NULL");
+  HORA_ELASTIC_FORK_CHECK(es, "hora_elastic_sync");
   uint64_t layout = 0;
   size_t bytes = 0;
   hora_result_t rc = commit ? hora__el_layout("hora_elastic_sync", tensors, ntensors, &layout, &bytes, NULL)
@@ -377,6 +379,7 @@ done:
 
 HORA_EXPORT hora_result_t hora_elastic_hosts_changed(hora_elastic_t *es, int *changed) {
   if (!es || !changed) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_elastic_hosts_changed: NULL argument");
+  HORA_ELASTIC_FORK_CHECK(es, "hora_elastic_hosts_changed");
   int v[2] = {0, 0}; /* changed, nodes available */
   const char *path = hora__params()->elastic_hosts_file;
   if (es->rank == 0 && path && *path) {

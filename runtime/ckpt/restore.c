@@ -107,6 +107,7 @@ static void keep_meta(hora_ckpt_t *ck, size_t nmeta, const char *blob) {
 HORA_EXPORT hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora_tensor_t *tensors,
                                             size_t ntensors) {
   if (!ck) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_restore: ck is NULL");
+  HORA_CKPT_FORK_CHECK(ck, "hora_ckpt_restore");
   restore_hdr_t h;
   memset(&h, 0, sizeof h);
   size_t n = ntensors, total = 0;

@@ -427,6 +427,7 @@ hora_result_t hora__ck_bcast_result(hora_ckpt_t *ck, hora_result_t rc, const cha
 HORA_EXPORT hora_result_t hora_ckpt_save(hora_ckpt_t *ck, int64_t step, const hora_tensor_t *tensors,
                                          size_t ntensors, const hora_kv_t *meta, size_t nmeta) {
   if (!ck) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_ckpt_save: ck is NULL");
+  HORA_CKPT_FORK_CHECK(ck, "hora_ckpt_save");
   hora_result_t frc = hora__fault_hit("save", ck->rank), rc = frc;
   if (ck->rank == 0 && rc == HORA_SUCCESS) rc = save_root(ck, step, tensors, ntensors, meta, nmeta);
   rc = hora__ck_bcast_result(ck, rc, "hora_ckpt_save");

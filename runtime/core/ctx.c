@@ -18,8 +18,23 @@
 #define MAX_LIVE 64
 static hora_ctx_t *live[MAX_LIVE];
 static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+/* fork() while another thread holds live_lock would leave it locked forever in the child, whose
+ * every call then hangs in hora__ctx_check instead of being refused: the lock is taken around
+ * fork() (the pthread_atfork idiom for a lock the child uses). */
+static pthread_once_t live_fork_once = PTHREAD_ONCE_INIT;
+static void live_lock_take(void) { pthread_mutex_lock(&live_lock); }
+static void live_lock_give(void) { pthread_mutex_unlock(&live_lock); }
+static void live_fork_register(void) { pthread_atfork(live_lock_take, live_lock_give, live_lock_give); }
+
+/* What a process made by fork() from a rank should do instead, for the messages. */
+#define FORK_FIX "use hora in the parent only; a child that needs it must start a new program " \
+                 "(exec; Python: subprocess, or multiprocessing's 'spawn' or 'forkserver')"
+
+/* The fork generation in which this process saw MPI initialized (hora_init), or -1. */
+static long long mpi_gen = -1;
 
 static int live_add(hora_ctx_t *c) {
+  pthread_once(&live_fork_once, live_fork_register);
   pthread_mutex_lock(&live_lock);
   for (int i = 0; i < MAX_LIVE; i++)
     if (!live[i]) {
@@ -47,15 +62,21 @@ static int live_has(hora_ctx_t *ctx) {
   return found;
 }
 
-hora_result_t hora__ctx_check_live(hora_ctx_t *ctx, const char *fn) {
+/* Live in this process or in the one it was forked from (the layout getters: reading the rank in
+ * a DataLoader worker is fine, as in Horovod). */
+static hora_result_t check_known(hora_ctx_t *ctx, const char *fn) {
   if (live_has(ctx)) return HORA_SUCCESS;
   return HORA_ERR(HORA_ERR_NOT_INITIALIZED,
                   "%s: the context is %s: call hora_init first (and not after hora_finalize)", fn,
                   ctx ? "not a live hora context" : "NULL");
 }
 
-hora_result_t hora__ctx_check(hora_ctx_t *ctx, const char *fn) {
-  HORA_CHECK(hora__ctx_check_live(ctx, fn));
+hora_result_t hora__ctx_check_live(hora_ctx_t *ctx, const char *fn) {
+  HORA_CHECK(check_known(ctx, fn));
+  return hora__fork_check_rc(ctx->fork_gen, HORA_ERR_NOT_INITIALIZED, fn, "its hora context", FORK_FIX);
+}
+
+static hora_result_t check_member(hora_ctx_t *ctx, const char *fn) {
   if (ctx->excluded) {
     char list[96] = "";
     size_t len = 0;
@@ -67,6 +88,11 @@ hora_result_t hora__ctx_check(hora_ctx_t *ctx, const char *fn) {
                     "{%s}: only its members may use it", fn, ctx->parent ? ctx->parent->rank : -1, list);
   }
   return HORA_SUCCESS;
+}
+
+hora_result_t hora__ctx_check(hora_ctx_t *ctx, const char *fn) {
+  HORA_CHECK(hora__ctx_check_live(ctx, fn));
+  return check_member(ctx, fn);
 }
 
 hora_result_t hora__ctx_add_finalizer(hora_ctx_t *ctx, hora_finalizer_fn fn, void *arg) {
@@ -291,6 +317,9 @@ hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out) {
                     "hora_init_ex: opts->size=%zu is too small: set it to sizeof(hora_init_opts_t)",
                     opts->size);
   HORA_CHECK(hora__log_configure());
+  unsigned gen = hora__fork_watch();
+  if (mpi_gen >= 0)
+    HORA_CHECK(hora__fork_check((unsigned)mpi_gen, "hora_init", "MPI (initialized for hora)", FORK_FIX));
   HORA_CHECK(hora__params_reload());
   const hora_params_t *p = hora__params();
 
@@ -298,6 +327,7 @@ hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out) {
   int mpirun_started = getenv("OMPI_COMM_WORLD_SIZE") != NULL;
   int mpi_owned = 0;
   HORA_CHECK(mpi_start(&mpi_owned));
+  mpi_gen = gen;
 
   hora_ctx_t *c = calloc(1, sizeof *c);
   if (!c) {
@@ -316,6 +346,7 @@ hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out) {
     goto fail_mpi;
   }
   c->mpi_owned = mpi_owned;
+  c->fork_gen = gen;
   pthread_mutex_init(&c->lock, NULL);
   MPI_Comm base = (opts && opts->mpi_comm) ? (MPI_Comm)opts->mpi_comm : MPI_COMM_WORLD;
   int mrc = MPI_Comm_dup(base, &c->world);
@@ -355,6 +386,7 @@ hora_result_t hora__ctx_open_sub(hora_ctx_t *parent, MPI_Comm comm, int *ranks, 
   c->world = comm;
   c->local = c->cross = MPI_COMM_NULL;
   c->device = parent->device;
+  c->fork_gen = parent->fork_gen;
   c->parent = parent;
   c->set_ranks = ranks;
   c->set_nranks = nranks;
@@ -461,9 +493,11 @@ hora_result_t hora__ctx_barrier(const hora_ctx_t *ctx, MPI_Comm comm, const char
   return hora__ctx_wait(ctx, MPI_Ibarrier(comm, &req), &req, what, 0);
 }
 
+/* Also in a fork() child of the rank: they read memory only. */
 #define LAYOUT_GETTER(fn, field)                                                  \
   HORA_EXPORT hora_result_t fn(hora_ctx_t *ctx, int *out) {                       \
-    HORA_CHECK(hora__ctx_check(ctx, #fn));                                        \
+    HORA_CHECK(check_known(ctx, #fn));                                            \
+    HORA_CHECK(check_member(ctx, #fn));                                           \
     if (!out) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, #fn ": output is NULL"); \
     *out = ctx->field;                                                            \
     return HORA_SUCCESS;                                                          \
@@ -476,7 +510,8 @@ LAYOUT_GETTER(hora_cross_rank, cross_rank)
 LAYOUT_GETTER(hora_cross_size, cross_size)
 
 HORA_EXPORT hora_result_t hora_device_index(hora_ctx_t *ctx, int *device) {
-  HORA_CHECK(hora__ctx_check(ctx, "hora_device_index"));
+  HORA_CHECK(check_known(ctx, "hora_device_index"));
+  HORA_CHECK(check_member(ctx, "hora_device_index"));
   if (!device) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_device_index: device is NULL");
   if (ctx->device < 0)
     return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "hora_device_index: this rank uses no GPU");

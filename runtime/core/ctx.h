@@ -29,6 +29,7 @@ struct hora_ctx {
   int overlaps_compute;       /* collectives run beside the caller's compute (the engine's shadow) */
   int device;                 /* CUDA ordinal, or -1 */
   int mpi_owned;              /* hora called MPI_Init and must call MPI_Finalize */
+  unsigned fork_gen;          /* hora__fork_watch() when made: a fork() child may not use it */
   int failed;                 /* a peer was declared dead or the engine failed (__atomic_*): what
                                * would wait for every rank (MPI_Finalize, window frees) is skipped */
   struct hora_verdict *verdict; /* why it failed (hora__ctx_fail); shared with the engine's shadow

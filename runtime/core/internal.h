@@ -110,6 +110,19 @@ hora_result_t hora__params_reload(void);
 /* Parse "128M", "4k", "1G", "4096" into bytes (K/M/G are powers of 1024). */
 hora_result_t hora__parse_bytes(const char *s, uint64_t *out);
 
+/* ---- fork() children (core/fork.c) ----
+ * hora__fork_watch: registers the fork handler (once per process, thread-safe) and returns the
+ * current fork generation (0 in the process that was started, +1 in each fork() child). Objects
+ * that own a thread or MPI state store it when they are made.
+ * hora__fork_check: HORA_SUCCESS when `gen` is the current generation, else HORA_ERR_NOT_SUPPORTED
+ * naming `fn`, `what` (the object, e.g. "the records reader"), both pids and `fix` (may be NULL).
+ * One relaxed atomic load on the success path. hora__fork_check_rc returns `rc` instead: a
+ * context is HORA_ERR_NOT_INITIALIZED there (not live in this process), which also keeps the
+ * blocking calls' refusal from telling the parent's peers about it over MPI (algo/coll.c). */
+unsigned hora__fork_watch(void);
+hora_result_t hora__fork_check_rc(unsigned gen, hora_result_t rc, const char *fn, const char *what, const char *fix);
+#define hora__fork_check(gen, fn, what, fix) hora__fork_check_rc(gen, HORA_ERR_NOT_SUPPORTED, fn, what, fix)
+
 /* ---- time ---- */
 double hora__now_s(void); /* CLOCK_MONOTONIC seconds */
 

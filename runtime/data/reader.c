@@ -218,6 +218,7 @@ HORA_EXPORT hora_result_t hora_records_reader_open(const hora_records_reader_opt
   /* The thread blocks every signal so that process-directed signals (Slurm's SIGUSR1/SIGTERM)
    * go to the application's threads, except the ones a fault raises: a blocked SIGBUS from a
    * fault would end the process without running mapped.c's guard. */
+  r->fork_gen = hora__fork_watch();
   sigset_t blocked, old;
   sigfillset(&blocked);
   sigdelset(&blocked, SIGBUS);
@@ -315,11 +316,19 @@ static hora_result_t give(hora_records_reader_t *r, const item_t *it, struct rec
   return HORA_SUCCESS;
 }
 
+/* A DataLoader worker (fork) iterating a reader its parent opened would wait forever for records
+ * from a prefetch thread it does not have, or, had it one, read the same records as every other
+ * worker. */
+#define READER_FORK_FIX "open the reader in the process that reads it (in a PyTorch Dataset: in " \
+  "__iter__, so that each DataLoader worker opens its own, with shard=(rank * workers + worker id, " \
+  "size * workers))"
+
 HORA_EXPORT hora_result_t hora_records_next(hora_records_reader_t *r, const void **data, size_t *len_bytes,
                                             int *eof) {
   if (!r || !data || !len_bytes || !eof)
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_next: %s is NULL",
                     !r ? "reader" : !data ? "data" : !len_bytes ? "len_bytes" : "eof");
+  HORA_CHECK(hora__fork_check(r->fork_gen, "hora_records_next", "the records reader", READER_FORK_FIX));
   if (r->cons_err != HORA_SUCCESS) return HORA_ERR(r->cons_err, "%s", r->cons_msg);
   for (;;) {
     int cur_done = !r->cur || (r->cur->seg ? r->seg.stop == SEG_END && r->seg.i == r->seg.n : r->cur_i >= r->cur->nrec);
@@ -422,6 +431,7 @@ HORA_EXPORT hora_result_t hora_records_reader_corrupt(hora_records_reader_t *r, 
 
 HORA_EXPORT hora_result_t hora_records_reader_close(hora_records_reader_t *r) {
   if (!r) return HORA_SUCCESS;
+  HORA_CHECK(hora__fork_check(r->fork_gen, "hora_records_reader_close", "the records reader", READER_FORK_FIX));
   if (r->thread_started) {
     pthread_mutex_lock(&r->lock);
     r->stop = 1;

@@ -56,6 +56,7 @@ struct hora_records_reader {
   int mmap_mode; /* MMAP_AUTO, MMAP_ON or MMAP_OFF (HORA_RECORDS_MMAP) */
   uint64_t seed, epochs, start_epoch, skip;
   int skip_corrupt;
+  unsigned fork_gen; /* hora__fork_watch() at open: the prefetch thread exists only there */
 
   pthread_t thread;
   int thread_started;

@@ -23,7 +23,13 @@ struct hora_records_writer {
   unsigned char *buf;
   size_t used;
   uint64_t records;
+  unsigned fork_gen; /* hora__fork_watch() at open (core/fork.c) */
 };
+
+/* The file being written is the parent's: a fork() child (whose Python exit may drop its copy of
+ * the writer, which aborts it) must neither unlink, rename nor append to it. */
+#define WRITER_FORK_CHECK(w, fn) \
+  HORA_CHECK(hora__fork_check((w)->fork_gen, fn, "the records writer", "write and close it in the parent"))
 
 static hora_result_t write_all(int fd, const void *p, size_t n, const char *name) {
   const unsigned char *c = p;
@@ -81,6 +87,7 @@ HORA_EXPORT hora_result_t hora_records_writer_open(const char *path, hora_record
     return rc;
   }
   snprintf(w->tmp, 2 * n + 32, "%s/%s", w->dir, w->tmpname);
+  w->fork_gen = hora__fork_watch();
   *writer = w;
   return HORA_SUCCESS;
 }
@@ -110,6 +117,7 @@ static hora_result_t writer_put(hora_records_writer_t *w, const void *p, size_t 
 HORA_EXPORT hora_result_t hora_records_writer_write(hora_records_writer_t *w, const void *data,
                                                     size_t len_bytes) {
   if (!w) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_writer_write: writer is NULL");
+  WRITER_FORK_CHECK(w, "hora_records_writer_write");
   if (!data && len_bytes)
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_records_writer_write: data is NULL with len_bytes=%zu", len_bytes);
   if (w->failed)
@@ -126,6 +134,7 @@ HORA_EXPORT hora_result_t hora_records_writer_write(hora_records_writer_t *w, co
 
 HORA_EXPORT hora_result_t hora_records_writer_abort(hora_records_writer_t *w) {
   if (!w) return HORA_SUCCESS;
+  WRITER_FORK_CHECK(w, "hora_records_writer_abort");
   close(w->fd);
   w->fd = -1;
   unlinkat(w->dirfd, w->tmpname, 0);
@@ -135,6 +144,7 @@ HORA_EXPORT hora_result_t hora_records_writer_abort(hora_records_writer_t *w) {
 
 HORA_EXPORT hora_result_t hora_records_writer_close(hora_records_writer_t *w) {
   if (!w) return HORA_SUCCESS;
+  WRITER_FORK_CHECK(w, "hora_records_writer_close");
   hora_result_t rc = HORA_SUCCESS;
   if (w->failed) {
     rc = HORA_ERR(HORA_ERR_IO, "hora_records_writer_close: an earlier write to %s failed; %s not written",

@@ -64,6 +64,7 @@ struct hora_handle {
   atomic_int linked;
   struct hora_engine *eng;
   int last_rank;  /* hora_join's result */
+  unsigned fork_gen; /* hora__fork_watch() when made: a fork() child's calls are refused */
 };
 
 /* ---- requests ---- */

@@ -26,6 +26,7 @@ hora_result_t hora__handle_new(hora_engine_t *eng, int members, hora_handle_t **
   h->remaining = members;
   h->eng = eng;
   h->last_rank = -1;
+  h->fork_gen = hora__fork_watch();
   atomic_store(&h->linked, 1);
   pthread_mutex_lock(&eng->mu);
   h->next = eng->handles.next;
@@ -178,9 +179,16 @@ void hora__req_finish(hora_engine_t *eng, eng_req_t *r, hora_result_t rc, const 
 
 /* ---- public handle calls ---- */
 
+/* In a fork() child the engine thread that completes the handle does not exist (and the handle's
+ * mutex may have been held by it at the fork): refused before touching it. */
+#define HANDLE_FORK_CHECK(h, fn) \
+  HORA_CHECK(hora__fork_check((h)->fork_gen, fn, "the handle (its async engine)", \
+                              "wait for it in the parent"))
+
 HORA_EXPORT hora_result_t hora_poll(hora_handle_t *handle, int *done) {
   if (!handle || !done)
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_poll: %s is NULL", !handle ? "handle" : "done");
+  HANDLE_FORK_CHECK(handle, "hora_poll");
   pthread_mutex_lock(&handle->mu);
   *done = handle->done;
   pthread_mutex_unlock(&handle->mu);
@@ -189,6 +197,7 @@ HORA_EXPORT hora_result_t hora_poll(hora_handle_t *handle, int *done) {
 
 HORA_EXPORT hora_result_t hora_wait(hora_handle_t *handle) {
   if (!handle) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_wait: handle is NULL");
+  HANDLE_FORK_CHECK(handle, "hora_wait");
   pthread_mutex_lock(&handle->mu);
   while (!handle->done) pthread_cond_wait(&handle->cv, &handle->mu);
   hora_result_t rc = handle->rc;
@@ -202,6 +211,7 @@ HORA_EXPORT hora_result_t hora_wait(hora_handle_t *handle) {
 
 HORA_EXPORT hora_result_t hora_handle_free(hora_handle_t *handle) {
   if (!handle) return HORA_SUCCESS;
+  HANDLE_FORK_CHECK(handle, "hora_handle_free");
   pthread_mutex_lock(&handle->mu);
   while (!handle->done) pthread_cond_wait(&handle->cv, &handle->mu);
   pthread_mutex_unlock(&handle->mu);

@@ -42,8 +42,14 @@ typedef struct tl_name {
   struct tl_name *next;
 } tl_name_t;
 
+/* The file is written through our own buffer and write(2), not stdio: a fork() child of rank 0
+ * that ends with exit() flushes every stdio stream it inherited, and would append a second copy
+ * of whatever the parent had not written yet. */
 struct eng_timeline {
-  FILE *f;
+  int fd;
+  int werr;          /* errno of the first failed write (the rest are skipped), or 0 */
+  size_t blen;
+  char buf[1 << 16];
   char *path, *tmp; /* tmp: dir/tmpname, for messages */
   int dirfd;        /* the checked directory of path (core/safefs.h) */
   char dir[4096], base[256], tmpname[320];
@@ -55,15 +61,35 @@ struct eng_timeline {
   int mark_cycles; /* CYCLE instant events (HORA_TIMELINE_MARK_CYCLES, or hora_timeline_start's flag) */
 };
 
+static void tl_flush(eng_timeline_t *t) {
+  for (size_t off = 0; off < t->blen && !t->werr;) {
+    ssize_t w = write(t->fd, t->buf + off, t->blen - off);
+    if (w > 0) off += (size_t)w;
+    else if (w < 0 && errno != EINTR) t->werr = errno;
+  }
+  t->blen = 0;
+}
+
+static void tl_put(eng_timeline_t *t, const char *s, size_t n) {
+  while (n > 0) {
+    if (t->blen == sizeof t->buf) tl_flush(t);
+    size_t k = sizeof t->buf - t->blen < n ? sizeof t->buf - t->blen : n;
+    memcpy(t->buf + t->blen, s, k);
+    t->blen += k;
+    s += k;
+    n -= k;
+  }
+}
+
 static void emit(eng_timeline_t *t, const char *s, size_t n) {
   /* 160 bytes stay for the closing event and bracket. */
   if (t->bytes + n + 2 + 160 > t->max_bytes) {
     t->dropped++;
     return;
   }
-  if (!t->first) fputs(",\n", t->f), t->bytes += 2;
+  if (!t->first) tl_put(t, ",\n", 2), t->bytes += 2;
   t->first = 0;
-  fwrite(s, 1, n, t->f);
+  tl_put(t, s, n);
   t->bytes += n;
 }
 
@@ -120,12 +146,7 @@ hora_result_t hora__timeline_open(const char *what, const char *path, uint64_t m
     rc = hora__file_create_tmp(t->dirfd, t->dir, t->base, O_WRONLY, t->tmpname, sizeof t->tmpname, &fd);
   if (rc == HORA_SUCCESS) {
     snprintf(t->tmp, n, "%s/%s", t->dir, t->tmpname);
-    t->f = fdopen(fd, "w");
-    if (!t->f) {
-      rc = HORA_ERR(HORA_ERR_IO, "%s: fdopen %s: %s", what, t->tmp, strerror(errno));
-      close(fd);
-      unlinkat(t->dirfd, t->tmpname, 0);
-    }
+    t->fd = fd;
   }
   if (rc != HORA_SUCCESS) {
     if (t->dirfd >= 0) close(t->dirfd);
@@ -138,7 +159,7 @@ hora_result_t hora__timeline_open(const char *what, const char *path, uint64_t m
   t->mark_cycles = mark_cycles != 0;
   t->t0 = hora__now_s();
   t->first = 1;
-  fputs("[\n", t->f);
+  tl_put(t, "[\n", 2);
   t->bytes = 2;
   struct timespec wall;
   clock_gettime(CLOCK_REALTIME, &wall);
@@ -175,11 +196,15 @@ void hora__timeline_cycle(eng_timeline_t *t, double ts, uint64_t cycle) {
 
 hora_result_t hora__timeline_close(eng_timeline_t *t) {
   if (!t) return HORA_SUCCESS;
-  fprintf(t->f, "%s{\"name\":\"hora_timeline\",\"ph\":\"M\",\"pid\":0,\"args\":{\"dropped_events\":%llu}}\n]\n",
-          t->first ? "" : ",\n", (unsigned long long)t->dropped);
+  char end[160];
+  int en = snprintf(end, sizeof end, "%s{\"name\":\"hora_timeline\",\"ph\":\"M\",\"pid\":0,\"args\":{\"dropped_events\":%llu}}\n]\n",
+                    t->first ? "" : ",\n", (unsigned long long)t->dropped);
+  tl_put(t, end, (size_t)en);
+  tl_flush(t);
   hora_result_t rc = HORA_SUCCESS;
-  if (fflush(t->f) != 0 || fsync(fileno(t->f)) != 0) rc = HORA_ERR(HORA_ERR_IO, "timeline %s: %s", t->tmp, strerror(errno));
-  if (fclose(t->f) != 0 && rc == HORA_SUCCESS) rc = HORA_ERR(HORA_ERR_IO, "timeline %s: %s", t->tmp, strerror(errno));
+  if (t->werr) rc = HORA_ERR(HORA_ERR_IO, "timeline %s: write: %s", t->tmp, strerror(t->werr));
+  else if (fsync(t->fd) != 0) rc = HORA_ERR(HORA_ERR_IO, "timeline %s: fsync: %s", t->tmp, strerror(errno));
+  if (close(t->fd) != 0 && rc == HORA_SUCCESS) rc = HORA_ERR(HORA_ERR_IO, "timeline %s: close: %s", t->tmp, strerror(errno));
   if (rc == HORA_SUCCESS) rc = hora__file_commit(t->dirfd, t->dir, t->tmpname, t->base);
   if (rc != HORA_SUCCESS) unlinkat(t->dirfd, t->tmpname, 0);
   close(t->dirfd);

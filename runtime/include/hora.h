@@ -200,8 +200,26 @@ hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t **ctx);
  *  (hora_process_set_create), is not covered. */
 hora_result_t hora_finalize(hora_ctx_t *ctx);
 
-/* Layout queries. Local; valid between hora_init and hora_finalize. Errors:
- * HORA_ERR_INVALID_ARGUMENT (NULL output), HORA_ERR_NOT_INITIALIZED (ctx NULL or finalized). */
+/* fork(). A child made by fork() from a rank (a PyTorch DataLoader worker, os.fork) inherits the
+ * memory of what the rank made but none of its threads (the async engine, heartbeat, records
+ * prefetch, checkpoint writer and copier, GPU monitor), and MPI's connections belong to the
+ * parent. In the child:
+ *  - the layout queries (hora_rank, hora_size, ..., hora_device_index) work;
+ *  - every other call on a context made before the fork returns HORA_ERR_NOT_INITIALIZED (the
+ *    context is not live in the child; hora_finalize included, so the child may simply exit);
+ *  - calls on a handle, records reader or writer, checkpointer, elastic state, TensorBoard writer
+ *    or GPU monitor made before the fork, and hora_init once hora_init had started MPI in the
+ *    parent, return HORA_ERR_NOT_SUPPORTED and touch nothing (a records writer's abort in the
+ *    child does not remove the parent's file);
+ *  each message names the call, both pids and what to do instead. Nothing is sent to the parent's
+ *  peers. A reader, writer or TensorBoard file that the child opens itself works as anywhere. A
+ *  timeline being recorded on rank 0 is not written twice when the child ends with exit(). The
+ *  parent is unaffected. Children started with exec (subprocess, multiprocessing's 'spawn' or
+ *  'forkserver', posix_spawn) are not fork() children of the rank in this sense. */
+
+/* Layout queries. Local; valid between hora_init and hora_finalize, also in a fork() child of the
+ * rank (below). Errors: HORA_ERR_INVALID_ARGUMENT (NULL output), HORA_ERR_NOT_INITIALIZED (ctx
+ * NULL or finalized). */
 hora_result_t hora_rank(hora_ctx_t *ctx, int *rank);             /* 0 .. size-1 */
 hora_result_t hora_size(hora_ctx_t *ctx, int *size);             /* world size */
 hora_result_t hora_local_rank(hora_ctx_t *ctx, int *local_rank); /* rank among this node's */
@@ -537,7 +555,9 @@ hora_result_t hora_alltoall_async(hora_ctx_t *ctx, const char *name, const void 
                                   hora_device_t device, hora_handle_t **handle);
 
 /* hora_poll: *done = 1 if the request has completed (successfully or not), else 0. Local;
- * never blocks; thread-safe. Errors: HORA_ERR_INVALID_ARGUMENT (handle or done NULL). */
+ * never blocks; thread-safe. Errors: HORA_ERR_INVALID_ARGUMENT (handle or done NULL).
+ * HORA_ERR_NOT_SUPPORTED in a fork() child of the process that made the object (see fork()
+ * above). */
 hora_result_t hora_poll(hora_handle_t *handle, int *done);
 
 /* hora_wait: block until the request has completed and return its own result (see the
@@ -545,13 +565,15 @@ hora_result_t hora_poll(hora_handle_t *handle, int *done);
  * hora_last_error()). Local; thread-safe; may be called again after completion (it returns the
  * same result). Bounded in time: a dead peer completes it with HORA_ERR_REMOTE within about
  * HORA_PEER_TIMEOUT_S. Errors besides the request's own: HORA_ERR_INVALID_ARGUMENT (handle
- * NULL). The handle stays valid until hora_handle_free. */
+ * NULL). The handle stays valid until hora_handle_free. HORA_ERR_NOT_SUPPORTED in a fork() child
+ * of the process that made the object (see fork() above). */
 hora_result_t hora_wait(hora_handle_t *handle);
 
 /* hora_handle_free: release a handle. If the request is still pending it first waits for it
  * (the buffers must stay valid until then), so freeing never leaves the engine writing into
  * memory the caller has reclaimed. Local. handle NULL is a no-op. Returns HORA_SUCCESS (the
- * request's own result is only reported by hora_wait). */
+ * request's own result is only reported by hora_wait), or HORA_ERR_NOT_SUPPORTED in a fork()
+ * child of the process that made the object (see fork() above). */
 hora_result_t hora_handle_free(hora_handle_t *handle);
 
 /* hora_join: Horovod's join, for ranks that ran out of data. Collective over the world, but
@@ -707,7 +729,9 @@ hora_result_t hora_ckpt_open(hora_ctx_t *ctx, const hora_ckpt_opts_t *opts, hora
  *     rank 0"); rank 0 may have taken its snapshot before, which the writer still commits.
  *   HORA_ERR_NOT_SUPPORTED (device tensors in a build without CUDA), HORA_ERR_CUDA,
  *   HORA_ERR_NO_MEMORY (the staging buffer, as large as all tensors, cannot be allocated),
- *   HORA_ERR_MPI. On the other errors no snapshot is taken and nothing on disk changes. */
+ *   HORA_ERR_MPI. On the other errors no snapshot is taken and nothing on disk changes.
+ * HORA_ERR_NOT_SUPPORTED in a fork() child of the process that made the object (see fork()
+ * above). */
 hora_result_t hora_ckpt_save(hora_ckpt_t *ck, int64_t step, const hora_tensor_t *tensors,
                              size_t ntensors, const hora_kv_t *meta, size_t nmeta);
 
@@ -739,7 +763,8 @@ hora_result_t hora_ckpt_save(hora_ckpt_t *ck, int64_t step, const hora_tensor_t 
  *   bytes in one buffer), HORA_ERR_NOT_SUPPORTED / HORA_ERR_CUDA (device tensors; tensors may
  *   be partly written), HORA_ERR_REMOTE (a peer was declared dead during the restore: the
  *   survivors return within HORA_PEER_TIMEOUT_S, not every rank the same code then),
- *   HORA_ERR_MPI. *step is unchanged on error. */
+ *   HORA_ERR_MPI. *step is unchanged on error. HORA_ERR_NOT_SUPPORTED in a fork() child of the
+ * process that made the object (see fork() above). */
 hora_result_t hora_ckpt_restore(hora_ckpt_t *ck, int64_t *step, hora_tensor_t *tensors,
                                 size_t ntensors);
 
@@ -762,11 +787,15 @@ hora_result_t hora_ckpt_restore_source(hora_ckpt_t *ck, const char **dir);
  *   (a deferred write error, see hora_ckpt_save, or the copy kept failing until the timeout:
  *   the message says why), HORA_ERR_DATA (the local file no longer matched its manifest, so it
  *   was not copied), HORA_ERR_REMOTE (a rank was declared dead, or the job failed otherwise,
- *   while this rank waited for rank 0's result: the message names it), HORA_ERR_MPI. */
+ *   while this rank waited for rank 0's result: the message names it), HORA_ERR_MPI.
+ * HORA_ERR_NOT_SUPPORTED in a fork() child of the process that made the object (see fork()
+ * above). */
 hora_result_t hora_ckpt_flush(hora_ckpt_t *ck);
 
 /* hora_ckpt_close: flush, stop the threads and free the checkpointer. Collective. ck NULL is a
- * no-op. The checkpointer is freed in every case; returns the flush's error. */
+ * no-op. The checkpointer is freed in every case; returns the flush's error.
+ * HORA_ERR_NOT_SUPPORTED in a fork() child of the process that made the object (see fork()
+ * above). */
 hora_result_t hora_ckpt_close(hora_ckpt_t *ck);
 
 /* hora_ckpt_on_signal: install handlers for SIGUSR1 (Slurm's `--signal=USR1@T`, `scancel -s
@@ -836,7 +865,8 @@ hora_result_t hora_elastic_open(hora_ctx_t *ctx, const char *dir, hora_ckpt_t *c
  *   device; blob NULL with blob_bytes > 0; blob_bytes > HORA_ELASTIC_BLOB_MAX), HORA_ERR_NO_MEMORY,
  *   HORA_ERR_CUDA / HORA_ERR_NOT_SUPPORTED (device tensors); on these the previous commit stays.
  *   A checkpoint commit also returns hora_ckpt_save's errors; the in-memory commit is then already
- *   made. */
+ *   made. HORA_ERR_NOT_SUPPORTED in a fork() child of the process that made the object (see
+ * fork() above). */
 hora_result_t hora_elastic_commit(hora_elastic_t *es, const hora_tensor_t *tensors, size_t ntensors,
                                   const void *blob, size_t blob_bytes);
 
@@ -867,7 +897,9 @@ hora_result_t hora_elastic_restore(hora_elastic_t *es, hora_tensor_t *tensors, s
  *   (a peer died or fell silent), HORA_ERR_MISMATCH
  *   (the ranks pass different tensors), hora_ckpt_restore's errors (HORA_ERR_CORRUPT, ...),
  *   HORA_ERR_NO_MEMORY, HORA_ERR_CUDA, HORA_ERR_MPI. On error this rank's commit is unchanged and
- *   the tensors are unchanged, except after a checkpoint restore that failed late. */
+ *   the tensors are unchanged, except after a checkpoint restore that failed late.
+ * HORA_ERR_NOT_SUPPORTED in a fork() child of the process that made the object (see fork()
+ * above). */
 hora_result_t hora_elastic_sync(hora_elastic_t *es, hora_tensor_t *tensors, size_t ntensors, void *blob,
                                 size_t blob_cap, size_t *blob_bytes, int64_t *commit);
 
@@ -875,7 +907,9 @@ hora_result_t hora_elastic_sync(hora_elastic_t *es, hora_tensor_t *tensors, size
  * name, fsync, rename; CRC32C), for the next step's hora_elastic_sync. Local, uses no MPI: call
  * it after HORA_ERR_REMOTE, then hora_finalize and exit(HORA_EXIT_ELASTIC).
  * Errors: HORA_ERR_INVALID_ARGUMENT (es NULL), HORA_ERR_NOT_FOUND (nothing committed or synced),
- *   HORA_ERR_IO (dir or the file; no file appears under the final name), HORA_ERR_NO_MEMORY. */
+ *   HORA_ERR_IO (dir or the file; no file appears under the final name), HORA_ERR_NO_MEMORY.
+ * HORA_ERR_NOT_SUPPORTED in a fork() child of the process that made the object (see fork()
+ * above). */
 hora_result_t hora_elastic_save(hora_elastic_t *es);
 
 /* hora_elastic_hosts_changed: *changed = 1 on every rank when the driver (`launch --elastic`)
@@ -885,14 +919,18 @@ hora_result_t hora_elastic_save(hora_elastic_t *es);
  * after a commit; on 1 the intended sequence is hora_elastic_save, hora_finalize,
  * exit(HORA_EXIT_ELASTIC), and the driver starts the next step on the nodes it has.
  * Errors: HORA_ERR_INVALID_ARGUMENT (a NULL argument), HORA_ERR_REMOTE (a peer died or fell silent:
- *   within HORA_PEER_TIMEOUT_S, as for sync), HORA_ERR_NO_MEMORY, HORA_ERR_MPI. */
+ *   within HORA_PEER_TIMEOUT_S, as for sync), HORA_ERR_NO_MEMORY, HORA_ERR_MPI.
+ * HORA_ERR_NOT_SUPPORTED in a fork() child of the process that made the object (see fork()
+ * above). */
 hora_result_t hora_elastic_hosts_changed(hora_elastic_t *es, int *changed);
 
 /* hora_elastic_commit_id: *commit = the id of the commit held (-1: none yet). Local.
  * Errors: HORA_ERR_INVALID_ARGUMENT (a NULL argument). */
 hora_result_t hora_elastic_commit_id(hora_elastic_t *es, int64_t *commit);
 
-/* hora_elastic_close: free the state (local; es NULL is a no-op). Always HORA_SUCCESS. */
+/* hora_elastic_close: free the state (local; es NULL is a no-op). HORA_SUCCESS, or
+ * HORA_ERR_NOT_SUPPORTED in a fork() child of the process that made the object (see fork()
+ * above). */
 hora_result_t hora_elastic_close(hora_elastic_t *es);
 
 /* ---- record files (runtime/data) ----
@@ -923,18 +961,24 @@ hora_result_t hora_records_writer_open(const char *path, hora_records_writer_t *
  * NULL). Local; blocking only when its 1 MiB buffer is full (then it writes the buffer out).
  * Errors: HORA_ERR_INVALID_ARGUMENT (writer NULL, data NULL with len_bytes > 0),
  *   HORA_ERR_IO (a write failed, e.g. disk full). After HORA_ERR_IO the writer is failed: later
- *   writes return HORA_ERR_IO and close discards the temporary file and returns HORA_ERR_IO. */
+ *   writes return HORA_ERR_IO and close discards the temporary file and returns HORA_ERR_IO.
+ * HORA_ERR_NOT_SUPPORTED in a fork() child of the process that made the object (see fork()
+ * above). */
 hora_result_t hora_records_writer_write(hora_records_writer_t *writer, const void *data,
                                         size_t len_bytes);
 
 /* hora_records_writer_close: commit (flush, fsync, rename to the final path, fsync the directory)
  * and free the writer. Local; blocking. writer NULL is a no-op. The writer is freed in every case.
  * Errors: HORA_ERR_IO (an earlier write failed, or flush/fsync/rename failed: the temporary file
- *   is removed and nothing appears under the final path; a file already there stays as it was). */
+ *   is removed and nothing appears under the final path; a file already there stays as it was).
+ * HORA_ERR_NOT_SUPPORTED in a fork() child of the process that made the object (see fork()
+ * above). */
 hora_result_t hora_records_writer_close(hora_records_writer_t *writer);
 
 /* hora_records_writer_abort: discard everything written (the temporary file is removed; the final
- * path is not touched) and free the writer. Local. writer NULL is a no-op. Always HORA_SUCCESS. */
+ * path is not touched) and free the writer. Local. writer NULL is a no-op. HORA_SUCCESS, or
+ * HORA_ERR_NOT_SUPPORTED in a fork() child of the process that made the object (see fork()
+ * above). */
 hora_result_t hora_records_writer_abort(hora_records_writer_t *writer);
 
 /* hora_records_count: number of records in one file, through *count. Local; blocking (reads every
@@ -1016,7 +1060,8 @@ hora_result_t hora_records_reader_open(const hora_records_reader_opts_t *opts,
  *   in place while being read: the message names it, and the record returned by the call before
  *   may hold zeros in place of the bytes that were lost; replace record files by renaming a new
  *   file over them, as hora_records_writer_close does), HORA_ERR_NO_MEMORY. An error is sticky:
- *   later calls return it again. Outputs are unchanged on error. */
+ *   later calls return it again. Outputs are unchanged on error. HORA_ERR_NOT_SUPPORTED in a
+ * fork() child of the process that made the object (see fork() above). */
 hora_result_t hora_records_next(hora_records_reader_t *reader, const void **data,
                                 size_t *len_bytes, int *eof);
 
@@ -1036,7 +1081,8 @@ hora_result_t hora_records_reader_corrupt(hora_records_reader_t *reader, uint64_
 
 /* hora_records_reader_close: stop the prefetch thread (waits for a read in progress), close the
  * files and free the reader; pointers returned by hora_records_next become invalid. Local.
- * reader NULL is a no-op. Always HORA_SUCCESS. */
+ * reader NULL is a no-op. HORA_SUCCESS, or HORA_ERR_NOT_SUPPORTED in a fork() child of the
+ * process that made the object (see fork() above). */
 hora_result_t hora_records_reader_close(hora_records_reader_t *reader);
 
 /* ---- TensorBoard and GPU monitor (runtime/trace) ---- */
@@ -1060,16 +1106,19 @@ hora_result_t hora_tb_open(const char *dir, hora_tb_t **tb);
  * from its own thread). Unbuffered: each event goes to the file in one write() (about 1 us), so
  * a live TensorBoard sees it at once and a crash loses nothing already returned.
  * Errors: HORA_ERR_INVALID_ARGUMENT (tb/tag NULL, tag empty or longer than 1024 bytes),
- * HORA_ERR_IO (a write failed; the writer then stays failed). */
+ * HORA_ERR_IO (a write failed; the writer then stays failed). HORA_ERR_NOT_SUPPORTED in a fork()
+ * child of the process that made the object (see fork() above). */
 hora_result_t hora_tb_scalar(hora_tb_t *tb, const char *tag, int64_t step, double value);
 
 /* hora_tb_flush: make the events written so far durable (fsync). Local; thread-safe.
- * Errors: HORA_ERR_INVALID_ARGUMENT (tb NULL), HORA_ERR_IO. */
+ * Errors: HORA_ERR_INVALID_ARGUMENT (tb NULL), HORA_ERR_IO. HORA_ERR_NOT_SUPPORTED in a fork()
+ * child of the process that made the object (see fork() above). */
 hora_result_t hora_tb_flush(hora_tb_t *tb);
 
 /* hora_tb_close: flush, fsync, close and free. Local. Detach it from any GPU monitor first
  * (stop the monitor). tb NULL is a no-op. Errors: HORA_ERR_IO (flush/fsync/close failed; the
- * writer is freed anyway). */
+ * writer is freed anyway). HORA_ERR_NOT_SUPPORTED in a fork() child of the process that made the
+ * object (see fork() above). */
 hora_result_t hora_tb_close(hora_tb_t *tb);
 
 typedef struct hora_gpumon hora_gpumon_t;
@@ -1106,11 +1155,13 @@ typedef struct {
 hora_result_t hora_gpumon_start(const hora_gpumon_opts_t *opts, hora_gpumon_t **mon);
 
 /* hora_gpumon_stop: stop the thread (waits at most one NVML call), close the CSV, unload NVML
- * and free. Local. mon NULL is a no-op. Always HORA_SUCCESS. */
+ * and free. Local. mon NULL is a no-op. HORA_SUCCESS, or HORA_ERR_NOT_SUPPORTED in a fork() child
+ * of the process that made the object (see fork() above). */
 hora_result_t hora_gpumon_stop(hora_gpumon_t *mon);
 
 /* hora_gpumon_samples: number of sampling rounds done so far. Local; thread-safe.
- * Errors: HORA_ERR_INVALID_ARGUMENT (NULL argument). */
+ * Errors: HORA_ERR_INVALID_ARGUMENT (NULL argument). HORA_ERR_NOT_SUPPORTED in a fork() child of
+ * the process that made the object (see fork() above). */
 hora_result_t hora_gpumon_samples(hora_gpumon_t *mon, uint64_t *count);
 
 /* HORA_CDEF_END */

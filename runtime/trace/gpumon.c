@@ -68,6 +68,7 @@ struct hora_gpumon {
   pthread_cond_t cond;
   int stop;
   uint64_t samples;
+  unsigned fork_gen; /* hora__fork_watch() at start: the sampling thread exists only there */
 };
 
 static const char *nvml_err(const nvml_api *nv, nvml_ret r) {
@@ -329,6 +330,7 @@ HORA_EXPORT hora_result_t hora_gpumon_start(const hora_gpumon_opts_t *o, hora_gp
   sigset_t blocked, old;
   sigfillset(&blocked);
   pthread_sigmask(SIG_SETMASK, &blocked, &old);
+  m->fork_gen = hora__fork_watch();
   int prc = pthread_create(&m->thread, NULL, monitor_thread, m);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (prc != 0) {
@@ -345,6 +347,7 @@ HORA_EXPORT hora_result_t hora_gpumon_start(const hora_gpumon_opts_t *o, hora_gp
 
 HORA_EXPORT hora_result_t hora_gpumon_stop(hora_gpumon_t *m) {
   if (!m) return HORA_SUCCESS;
+  HORA_CHECK(hora__fork_check(m->fork_gen, "hora_gpumon_stop", "the GPU monitor", "stop it in the parent"));
   pthread_mutex_lock(&m->lock);
   m->stop = 1;
   pthread_cond_broadcast(&m->cond);
@@ -358,6 +361,7 @@ HORA_EXPORT hora_result_t hora_gpumon_stop(hora_gpumon_t *m) {
 
 HORA_EXPORT hora_result_t hora_gpumon_samples(hora_gpumon_t *m, uint64_t *count) {
   if (!m || !count) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_gpumon_samples: NULL argument");
+  HORA_CHECK(hora__fork_check(m->fork_gen, "hora_gpumon_samples", "the GPU monitor", "ask the parent"));
   pthread_mutex_lock(&m->lock);
   *count = m->samples;
   pthread_mutex_unlock(&m->lock);

@@ -37,7 +37,10 @@ struct hora_tb {
   int failed;
   char *path;
   pthread_mutex_t lock;
+  unsigned fork_gen; /* hora__fork_watch() at open: the file is the opener's (core/fork.c) */
 };
+#define TB_FORK_CHECK(tb, fn) \
+  HORA_CHECK(hora__fork_check((tb)->fork_gen, fn, "the TensorBoard writer", "write to it in the parent"))
 
 static size_t put_varint(unsigned char *p, uint64_t v) {
   size_t n = 0;
@@ -151,12 +154,14 @@ HORA_EXPORT hora_result_t hora_tb_open(const char *dir, hora_tb_t **out) {
     return rc;
   }
   HORA_INFO(TRACE, "TensorBoard events: %s", path);
+  tb->fork_gen = hora__fork_watch();
   *out = tb;
   return HORA_SUCCESS;
 }
 
 HORA_EXPORT hora_result_t hora_tb_scalar(hora_tb_t *tb, const char *tag, int64_t step, double value) {
   if (!tb || !tag) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_tb_scalar: %s is NULL", !tb ? "tb" : "tag");
+  TB_FORK_CHECK(tb, "hora_tb_scalar");
   size_t tl = strlen(tag);
   if (tl == 0 || tl > TB_MAX_TAG)
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_tb_scalar: tag length %zu is outside 1..%d", tl, TB_MAX_TAG);
@@ -187,6 +192,7 @@ HORA_EXPORT hora_result_t hora_tb_scalar(hora_tb_t *tb, const char *tag, int64_t
 
 HORA_EXPORT hora_result_t hora_tb_flush(hora_tb_t *tb) {
   if (!tb) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_tb_flush: tb is NULL");
+  TB_FORK_CHECK(tb, "hora_tb_flush");
   pthread_mutex_lock(&tb->lock);
   hora_result_t rc = HORA_SUCCESS;
   if (fsync(tb->fd) != 0) rc = HORA_ERR(HORA_ERR_IO, "fsync %s: %s", tb->path, strerror(errno));
@@ -196,6 +202,7 @@ HORA_EXPORT hora_result_t hora_tb_flush(hora_tb_t *tb) {
 
 HORA_EXPORT hora_result_t hora_tb_close(hora_tb_t *tb) {
   if (!tb) return HORA_SUCCESS;
+  TB_FORK_CHECK(tb, "hora_tb_close");
   hora_result_t rc = HORA_SUCCESS;
   if (fsync(tb->fd) != 0) rc = HORA_ERR(HORA_ERR_IO, "fsync %s: %s", tb->path, strerror(errno));
   if (close(tb->fd) != 0 && rc == HORA_SUCCESS) rc = HORA_ERR(HORA_ERR_IO, "close %s: %s", tb->path, strerror(errno));
