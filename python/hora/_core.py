@@ -153,6 +153,9 @@ _prev_excepthook = sys.excepthook
 
 def _excepthook(tp, value, tb):
     _state.failed = True
+    if _state.ctx is not None and _state.pid == os.getpid():
+        # Save the timeline's last second of events (rank 0; local, never waits for a peer).
+        lib.hora_timeline_stop(_state.ctx)
     _prev_excepthook(tp, value, tb)
 
 

@@ -113,6 +113,7 @@ hora_result_t hora__engine_mpi_wait(hora_engine_t *eng, MPI_Request *req, const 
       return HORA_ERR(eng->fail_rc, "%s: %s", what, eng->dead_msg);
     }
     if (i < 20) continue;
+    if ((i & 255) == 0) hora__timeline_poll(eng);
     sleep_s(nap);
     if (nap < 200e-6) nap *= 2;
   }
@@ -238,6 +239,7 @@ static void *engine_main(void *arg) {
       break;
     }
     if (stop) break;
+    hora__timeline_poll(eng);
     eng->idle_cycles = idle ? eng->idle_cycles + 1 : 0;
     if (eng->idle_cycles > IDLE_CYCLES_BEFORE_BACKOFF) {
       double d = sleep_for > 1e-4 ? sleep_for * 2 : 1e-4; /* also from HORA_CYCLE_TIME_MS=0 */

@@ -335,7 +335,7 @@ static void set_heartbeats(eng_hb_t *hb, hb_state_t *s, double now) {
   for (int k = 0; hb->calls && k < HORA_SET_SLOTS; k++) {
     struct hora_calls *c = &hb->calls[1 + k];
     int live = __atomic_load_n(&c->live, __ATOMIC_ACQUIRE);
-    uint64_t entered = __atomic_load_n(&c->entered, __ATOMIC_ACQUIRE);
+    uint64_t entered = live ? __atomic_load_n(&c->entered, __ATOMIC_ACQUIRE) : 0;
     if (eng->rank != 0) {
       if (live) send_to(hb, 0, KIND_SET_HB, k, 0, entered);
       continue;

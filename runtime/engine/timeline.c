@@ -15,11 +15,20 @@
  *
  * Size cap: a long run must not grow the file to gigabytes (Horovod #603). Once the next event
  * would pass HORA_TIMELINE_MAX_BYTES, events are dropped and counted; the closing metadata
- * event reports the count. The file is written under a temporary name next to the final one
- * (".tmp-<name>.<16 random hex digits>", created with O_EXCL|O_NOFOLLOW in a directory that passed
- * the shared-node check of core/safefs.h, mode HORA_FILE_MODE) and renamed inside that directory
- * when the engine stops, so the final name only ever holds a complete JSON document.
- * Strings are escaped by jansson.
+ * event reports the count.
+ *
+ * The file under its final name is a complete JSON array from the start of the recording to its
+ * end, so that it can be opened while the job runs, and after the job was killed or hung: the
+ * case a timeline is most needed for (Horovod's file, too, grows while it records). It is made
+ * under a temporary name next to the final one (".tmp-<name>.<16 random hex digits>", created with
+ * O_EXCL|O_NOFOLLOW in a directory that passed the shared-node check of core/safefs.h, mode
+ * HORA_FILE_MODE), holding "[", the process_name event and "]", and renamed to the final name at
+ * once. Events then collect in a 64 KiB buffer; a flush (buffer full, TL_FLUSH_S after the
+ * previous one with events waiting, hora__timeline_poll from the engine's loop and waits, or the
+ * end) writes them in one pwrite over the closing "\n]\n", followed by a new "\n]\n", so every
+ * write leaves a complete array. A write that fails (disk full) is undone (truncated, the closing
+ * bracket put back), later events are dropped, and the end reports HORA_ERR_IO: the file keeps
+ * the events written before. Strings are escaped by jansson.
  *
  * Started at hora_init from HORA_TIMELINE, or at any time by hora_timeline_start (Horovod's
  * hvd.start_timeline), which may also move it to a new file; hora_timeline_stop closes it. The
@@ -45,11 +54,16 @@ typedef struct tl_name {
 /* The file is written through our own buffer and write(2), not stdio: a fork() child of rank 0
  * that ends with exit() flushes every stdio stream it inherited, and would append a second copy
  * of whatever the parent had not written yet. */
+#define TL_FLUSH_S 1.0 /* events wait at most this long in the buffer while the engine runs */
+#define TL_CLOSE "\n]\n"
 struct eng_timeline {
   int fd;
-  int werr;          /* errno of the first failed write (the rest are skipped), or 0 */
+  int werr;          /* errno of the first failed write (the rest are dropped), or 0 */
+  uint64_t flen;     /* bytes in the file: a complete array ending with TL_CLOSE */
+  double last_flush; /* hora__now_s() of the last flush */
+  uint64_t nbuf;     /* events in buf (counted as dropped if their write fails) */
   size_t blen;
-  char buf[1 << 16];
+  char buf[(1 << 16) + 4]; /* events, then room for TL_CLOSE */
   char *path, *tmp; /* tmp: dir/tmpname, for messages */
   int dirfd;        /* the checked directory of path (core/safefs.h) */
   char dir[4096], base[256], tmpname[320];
@@ -61,19 +75,43 @@ struct eng_timeline {
   int mark_cycles; /* CYCLE instant events (HORA_TIMELINE_MARK_CYCLES, or hora_timeline_start's flag) */
 };
 
+/* Write the buffered events over the file's closing bracket, with a new one after them. */
 static void tl_flush(eng_timeline_t *t) {
-  for (size_t off = 0; off < t->blen && !t->werr;) {
-    ssize_t w = write(t->fd, t->buf + off, t->blen - off);
-    if (w > 0) off += (size_t)w;
-    else if (w < 0 && errno != EINTR) t->werr = errno;
+  t->last_flush = hora__now_s();
+  if (t->blen == 0 || t->werr) {
+    t->blen = 0;
+    return;
   }
+  memcpy(t->buf + t->blen, TL_CLOSE, 3);
+  size_t n = t->blen + 3, done = 0;
+  off_t at = (off_t)(t->flen - 3);
+  while (done < n) {
+    ssize_t w = pwrite(t->fd, t->buf + done, n - done, at + (off_t)done);
+    if (w > 0) done += (size_t)w;
+    else if (w < 0 && errno == EINTR) continue;
+    else {
+      t->werr = w < 0 ? errno : EIO;
+      /* Undo: the file as it was (the bracket's blocks are allocated, so this write fits). */
+      int undone = pwrite(t->fd, TL_CLOSE, 3, at) == 3 && ftruncate(t->fd, (off_t)t->flen) == 0;
+      if (!undone)
+        HORA_WARN(ENGINE, "timeline %s: a failed write (%s) could not be undone: its end may be torn", t->path,
+                  strerror(t->werr));
+      t->dropped += t->nbuf;
+      t->nbuf = 0;
+      t->blen = 0;
+      return;
+    }
+  }
+  t->flen = (uint64_t)at + n;
   t->blen = 0;
+  t->nbuf = 0;
 }
 
 static void tl_put(eng_timeline_t *t, const char *s, size_t n) {
+  const size_t cap = sizeof t->buf - 4;
   while (n > 0) {
-    if (t->blen == sizeof t->buf) tl_flush(t);
-    size_t k = sizeof t->buf - t->blen < n ? sizeof t->buf - t->blen : n;
+    if (t->blen == cap) tl_flush(t);
+    size_t k = cap - t->blen < n ? cap - t->blen : n;
     memcpy(t->buf + t->blen, s, k);
     t->blen += k;
     s += k;
@@ -82,11 +120,15 @@ static void tl_put(eng_timeline_t *t, const char *s, size_t n) {
 }
 
 static void emit(eng_timeline_t *t, const char *s, size_t n) {
-  /* 160 bytes stay for the closing event and bracket. */
-  if (t->bytes + n + 2 + 160 > t->max_bytes) {
+  /* 160 bytes stay for the closing event and bracket. After a failed write nothing more is
+   * written (the file keeps what it had). */
+  if (t->werr || t->bytes + n + 2 + 160 > t->max_bytes) {
     t->dropped++;
     return;
   }
+  /* Whole events only go to the file: one that does not fit flushes the buffer first. */
+  if (t->blen + n + 2 > sizeof t->buf - 4) tl_flush(t);
+  t->nbuf++;
   if (!t->first) tl_put(t, ",\n", 2), t->bytes += 2;
   t->first = 0;
   tl_put(t, s, n);
@@ -147,6 +189,23 @@ hora_result_t hora__timeline_open(const char *what, const char *path, uint64_t m
   if (rc == HORA_SUCCESS) {
     snprintf(t->tmp, n, "%s/%s", t->dir, t->tmpname);
     t->fd = fd;
+    /* The first complete array ("[", the process_name event, "]"), then the final name. */
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    char head[300];
+    int hn = snprintf(head, sizeof head,
+                      "[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"hora rank 0\","
+                      "\"start_time_since_epoch_in_micros\":%lld}}" TL_CLOSE,
+                      (long long)wall.tv_sec * 1000000LL + wall.tv_nsec / 1000);
+    ssize_t w = pwrite(fd, head, (size_t)hn, 0);
+    if (w != hn) rc = HORA_ERR(HORA_ERR_IO, "%s: write %s: %s", what, t->tmp, w < 0 ? strerror(errno) : "short write");
+    if (rc == HORA_SUCCESS) rc = hora__file_commit(t->dirfd, t->dir, t->tmpname, t->base);
+    if (rc != HORA_SUCCESS) {
+      close(fd);
+      unlinkat(t->dirfd, t->tmpname, 0);
+    }
+    t->flen = (uint64_t)hn;
+    t->bytes = (uint64_t)hn;
   }
   if (rc != HORA_SUCCESS) {
     if (t->dirfd >= 0) close(t->dirfd);
@@ -158,19 +217,21 @@ hora_result_t hora__timeline_open(const char *what, const char *path, uint64_t m
   t->max_bytes = max_bytes;
   t->mark_cycles = mark_cycles != 0;
   t->t0 = hora__now_s();
-  t->first = 1;
-  tl_put(t, "[\n", 2);
-  t->bytes = 2;
-  struct timespec wall;
-  clock_gettime(CLOCK_REALTIME, &wall);
-  char meta[200];
-  int mn = snprintf(meta, sizeof meta,
-                    "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"hora rank 0\","
-                    "\"start_time_since_epoch_in_micros\":%lld}}",
-                    (long long)wall.tv_sec * 1000000LL + wall.tv_nsec / 1000);
-  if (mn > 0 && (size_t)mn < sizeof meta) emit(t, meta, (size_t)mn);
+  t->last_flush = t->t0;
+  t->first = 0; /* the process_name event is in the file: every later event starts with ",\n" */
   *out = t;
   return HORA_SUCCESS;
+}
+
+void hora__timeline_tick(eng_timeline_t *t, double now) {
+  if (t && t->blen && now - t->last_flush >= TL_FLUSH_S) tl_flush(t);
+}
+
+void hora__timeline_poll(hora_engine_t *eng) {
+  if (!__atomic_load_n(&eng->tl, __ATOMIC_ACQUIRE)) return;
+  pthread_mutex_lock(&eng->tl_mu);
+  hora__timeline_tick(eng->tl, hora__now_s());
+  pthread_mutex_unlock(&eng->tl_mu);
 }
 
 void hora__timeline_span(eng_timeline_t *t, const char *tensor, const char *phase, double t0, double t1) {
@@ -196,17 +257,20 @@ void hora__timeline_cycle(eng_timeline_t *t, double ts, uint64_t cycle) {
 
 hora_result_t hora__timeline_close(eng_timeline_t *t) {
   if (!t) return HORA_SUCCESS;
-  char end[160];
-  int en = snprintf(end, sizeof end, "%s{\"name\":\"hora_timeline\",\"ph\":\"M\",\"pid\":0,\"args\":{\"dropped_events\":%llu}}\n]\n",
-                    t->first ? "" : ",\n", (unsigned long long)t->dropped);
-  tl_put(t, end, (size_t)en);
+  if (!t->werr) { /* the closing metadata event, past the cap (160 bytes were kept for it) */
+    char end[160];
+    int en = snprintf(end, sizeof end, ",\n{\"name\":\"hora_timeline\",\"ph\":\"M\",\"pid\":0,\"args\":{\"dropped_events\":%llu}}",
+                      (unsigned long long)t->dropped);
+    if (t->blen + (size_t)en > sizeof t->buf - 4) tl_flush(t);
+    tl_put(t, end, (size_t)en);
+  }
   tl_flush(t);
   hora_result_t rc = HORA_SUCCESS;
-  if (t->werr) rc = HORA_ERR(HORA_ERR_IO, "timeline %s: write: %s", t->tmp, strerror(t->werr));
-  else if (fsync(t->fd) != 0) rc = HORA_ERR(HORA_ERR_IO, "timeline %s: fsync: %s", t->tmp, strerror(errno));
-  if (close(t->fd) != 0 && rc == HORA_SUCCESS) rc = HORA_ERR(HORA_ERR_IO, "timeline %s: close: %s", t->tmp, strerror(errno));
-  if (rc == HORA_SUCCESS) rc = hora__file_commit(t->dirfd, t->dir, t->tmpname, t->base);
-  if (rc != HORA_SUCCESS) unlinkat(t->dirfd, t->tmpname, 0);
+  if (t->werr)
+    rc = HORA_ERR(HORA_ERR_IO, "timeline %s: write: %s (the file holds the events written before; %llu dropped)",
+                  t->path, strerror(t->werr), (unsigned long long)t->dropped);
+  else if (fsync(t->fd) != 0) rc = HORA_ERR(HORA_ERR_IO, "timeline %s: fsync: %s", t->path, strerror(errno));
+  if (close(t->fd) != 0 && rc == HORA_SUCCESS) rc = HORA_ERR(HORA_ERR_IO, "timeline %s: close: %s", t->path, strerror(errno));
   close(t->dirfd);
   if (t->dropped) HORA_INFO(ENGINE, "timeline: %llu events dropped at the %llu-byte cap (HORA_TIMELINE_MAX_BYTES)",
                             (unsigned long long)t->dropped, (unsigned long long)t->max_bytes);

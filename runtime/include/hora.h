@@ -598,9 +598,11 @@ hora_result_t hora_join(hora_ctx_t *ctx, int *last_rank);
  * holds the requests of its own interval. Only rank 0 of the context made by hora_init writes
  * the file (its negotiation sees every rank's requests); other ranks may call it and return
  * HORA_SUCCESS without touching `path`. Not collective, not blocking on other ranks, thread-safe.
- * The file is written under a temporary name in path's directory and renamed to `path` when
- * the recording ends, so `path` only ever holds a complete JSON document; it gets HORA_FILE_MODE,
- * and HORA_TIMELINE_MAX_BYTES caps its size (events past the cap are dropped and counted).
+ * The file is made under a temporary name in path's directory with its first event and renamed
+ * to `path` at once; from then on `path` holds a complete JSON array at every moment, and every
+ * finished request within about a second (each flush rewrites the closing bracket), so it can be
+ * read while the job runs and after it hung or was killed. It gets HORA_FILE_MODE, and
+ * HORA_TIMELINE_MAX_BYTES caps its size (events past the cap are dropped and counted).
  * Errors: HORA_ERR_NOT_INITIALIZED (ctx NULL or finalized), HORA_ERR_INVALID_ARGUMENT (path NULL
  * or empty; ctx is a process set), HORA_ERR_SHUTDOWN (hora_finalize has begun), HORA_ERR_IO
  * (rank 0: path's directory does not exist or fails the shared-node check of docs/checkpoint.md,
@@ -613,8 +615,9 @@ hora_result_t hora_timeline_start(hora_ctx_t *ctx, const char *path, int mark_cy
  * file under its final name before returning (rank 0; other ranks return at once). HORA_SUCCESS
  * and nothing done when no timeline is recording, as Horovod's hvd.stop_timeline.
  * Errors: HORA_ERR_NOT_INITIALIZED, HORA_ERR_INVALID_ARGUMENT (ctx is a process set),
- * HORA_ERR_SHUTDOWN, HORA_ERR_IO (the file could not be written or renamed: the temporary file
- * is removed and the recording has ended). */
+ * HORA_ERR_SHUTDOWN, HORA_ERR_IO (a write or the final fsync failed, e.g. a full disk: the file
+ * keeps the events written before the failure, as a complete array, the message says how many
+ * were dropped, and the recording has ended). */
 hora_result_t hora_timeline_stop(hora_ctx_t *ctx);
 
 /* ---- GPU (runtime/comm) ----

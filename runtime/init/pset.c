@@ -122,7 +122,12 @@ static hora_result_t agree_list(hora_ctx_t *ctx, hora_result_t mine, const int *
 static void slot_take(hora_ctx_t *set, int slot) {
   if (slot < 0 || set->excluded) return;
   struct hora_calls *c = &set->parent->calls[1 + slot];
-  c->entered = c->done = c->fin = c->lag = 0;
+  /* Atomic: the heartbeat thread may still be reading the slot's counts of a set destroyed just
+   * before (it reads them without a lock, and checks `live` between). */
+  __atomic_store_n(&c->entered, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&c->done, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&c->fin, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&c->lag, 0, __ATOMIC_RELAXED);
   snprintf(c->what, sizeof c->what, "process set of %d ranks (%d..%d)", set->size, set->set_ranks[0],
            set->set_ranks[set->set_nranks - 1]);
   set->calls = c;

@@ -16,6 +16,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <errno.h>
+#include <signal.h>
+#include <sys/resource.h>
 
 #include "engine/engine.h"
 #include "hora_test.h"
@@ -129,6 +132,30 @@ static int dynamic(hora_ctx_t *ctx, int rank, int size) {
   }
   EXPECT_OK(hora_barrier(ctx));
   step(ctx, "dyn/b", 2, size);
+  /* The file is a complete JSON array while it records: within about a second of a request's end
+   * (the engine flushes at most TL_FLUSH_S = 1 s after), also while a request waits for a rank
+   * that has not submitted it, as in a hung job, when the timeline is wanted most. */
+  float ss[8], sr[8];
+  for (int i = 0; i < 8; i++) ss[i] = (float)(rank + 1);
+  hora_handle_t *stuck = NULL;
+  if (rank == 0)
+    EXPECT_OK(hora_allreduce_async(ctx, "dyn/stuck", ss, sr, 8, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &stuck));
+  usleep(rank == 0 ? 1800000 : 3500000); /* the others submit well after rank 0 has read the file */
+  if (rank == 0) {
+    int stuck_done = 0;
+    EXPECT_OK(hora_poll(stuck, &stuck_done));
+    EXPECT(size == 1 || !stuck_done, "dyn/stuck completed without the other ranks");
+    json_t *live = load(b);
+    if (live)
+      EXPECT(count_named(live, "dyn/b/") == 2 && count_named(live, "dyn/a/") == 0,
+             "%s, read while recording: %d rows dyn/b/*, want 2", b, count_named(live, "dyn/b/"));
+    json_decref(live);
+  } else {
+    EXPECT_OK(hora_allreduce_async(ctx, "dyn/stuck", ss, sr, 8, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &stuck));
+  }
+  EXPECT_OK(hora_wait(stuck));
+  EXPECT_OK(hora_handle_free(stuck));
+  EXPECT(sr[3] == (float)(size * (size + 1) / 2), "dyn/stuck: %g, want %d", sr[3], size * (size + 1) / 2);
   EXPECT_OK(hora_timeline_stop(ctx));
   EXPECT_OK(hora_timeline_stop(ctx)); /* again: nothing recording */
   step(ctx, "dyn/after", 2, size);    /* after the stop: in no file */
@@ -160,6 +187,41 @@ static int dynamic(hora_ctx_t *ctx, int rank, int size) {
     EXPECT(fr[j][100] == (float)(j * size), "dyn/fly/%d: %g, want %d", j, fr[j][100], j * size);
     hora_handle_free(h[j]);
   }
+  /* A write that fails (the file size limit stands in for a full disk) is undone: the file keeps
+   * the events written before, complete, and the stop reports HORA_ERR_IO naming it. */
+  const char *d = "test_engine_timeline_dyn_d.json";
+  EXPECT_OK(hora_timeline_start(ctx, d, 0));
+  step(ctx, "dyn/d/kept", 2, size);
+  EXPECT_OK(hora_barrier(ctx));
+  usleep(1300000); /* flushed */
+  struct rlimit old_lim;
+  struct stat dst;
+  getrlimit(RLIMIT_FSIZE, &old_lim);
+  if (rank == 0) {
+    EXPECT(stat(d, &dst) == 0 && dst.st_size > 0, "%s: not there while recording", d);
+    signal(SIGXFSZ, SIG_IGN); /* the write returns EFBIG instead */
+    struct rlimit lim = old_lim;
+    lim.rlim_cur = (rlim_t)dst.st_size + 40; /* part of the next write fits */
+    EXPECT(setrlimit(RLIMIT_FSIZE, &lim) == 0, "setrlimit: %s", strerror(errno));
+  }
+  step(ctx, "dyn/d/lost", 3, size);
+  rc = hora_timeline_stop(ctx);
+  if (rank == 0) {
+    setrlimit(RLIMIT_FSIZE, &old_lim);
+    EXPECT_RC(rc, HORA_ERR_IO);
+    EXPECT(strstr(hora_last_error(), d) && strstr(hora_last_error(), "dropped"), "message: %s", hora_last_error());
+    json_t *jd = load(d);
+    if (jd)
+      EXPECT(count_named(jd, "dyn/d/kept/") == 2 && count_named(jd, "dyn/d/lost/") == 0,
+             "%s after the failed write: %d kept rows (want 2), %d lost rows (want 0)", d,
+             count_named(jd, "dyn/d/kept/"), count_named(jd, "dyn/d/lost/"));
+    json_decref(jd);
+    EXPECT(stat(d, &dst) == 0 && dst.st_size > 0, "%s", d);
+    unlink(d);
+  } else {
+    EXPECT_OK(rc);
+  }
+
   EXPECT_OK(hora_timeline_start(ctx, c, 1)); /* left recording: hora_finalize saves it */
   step(ctx, "dyn/last", 2, size);
   EXPECT_OK(hora_finalize(ctx));
@@ -167,6 +229,7 @@ static int dynamic(hora_ctx_t *ctx, int rank, int size) {
     json_t *jb = load(b), *jc = load(c);
     if (jb) {
       EXPECT(count_named(jb, "dyn/b/") == 2, "%s: %d rows dyn/b/*, want 2", b, count_named(jb, "dyn/b/"));
+      EXPECT(count_named(jb, "dyn/stuck") == 1, "%s: %d rows dyn/stuck, want 1", b, count_named(jb, "dyn/stuck"));
       EXPECT(count_named(jb, "dyn/a/") == 0 && count_named(jb, "dyn/after/") == 0, "%s records outside its interval", b);
       EXPECT(count_cycles(jb) == 0, "%s: %d cycle markers with mark_cycles=0", b, count_cycles(jb));
     }
