@@ -38,42 +38,38 @@ def wait_child(pid, limit_s):
     raise AssertionError(f"rank {hvd.rank()}: the fork() child did not end within {limit_s} s")
 
 
+def refused(call, exc, word):
+    """True when call() raises exc with `word` in its message."""
+    try:
+        call()
+    except exc as e:
+        return word in str(e)
+    return False
+
+
 def check_os_fork():
     r, n = hvd.rank(), hvd.size()
     pending = hvd.allreduce_async(torch.full((3,), float(r + 1)), name="in.flight", op=hvd.Sum) \
         if r == 0 else None
     sys.stdout.flush()
     sys.stderr.flush()
+    layout = (r, n, hvd.local_rank())
     pid = os.fork()
     if pid == 0:
-        code = 0
-        try:
-            hvd.allreduce(torch.ones(2), name="child")
-            code = 2
-        except hora.NotInitializedError as e:  # also a ValueError, as Horovod's before init
-            if "fork() child" not in str(e):
-                code = 3
-        if (hvd.rank(), hvd.size(), hvd.local_rank()) != (r, n, hvd.local_rank()) or not \
-                hvd.is_initialized():
-            code = 4  # the layout is readable in the child, as in Horovod (a worker shards by it)
-        try:
-            hvd.barrier()
-            code = 5
-        except hora.NotInitializedError as e:
-            if "hora_barrier" not in str(e):
-                code = 5
-        if pending is not None:
-            try:
-                pending.wait()
-                code = 6
-            except hora.NotSupportedError as e:
-                if "fork() child" not in str(e):
-                    code = 7
-        sys.exit(code)  # runs Python's exit handlers, hora's included
+        checks = [
+            # the layout is readable in the child, as in Horovod (a DataLoader worker shards by it)
+            (hvd.rank(), hvd.size(), hvd.local_rank()) == layout and hvd.is_initialized(),
+            refused(lambda: hvd.allreduce(torch.ones(2), name="child"), hora.NotInitializedError,
+                    "fork() child"),  # also a ValueError, as Horovod's before init
+            refused(hvd.barrier, hora.NotInitializedError, "hora_barrier"),
+            pending is None or refused(pending.wait, hora.NotSupportedError, "fork() child"),
+        ]
+        failed = [i for i, ok in enumerate(checks) if not ok]
+        sys.exit(10 + failed[0] if failed else 0)  # runs Python's exit handlers, hora's included
     t0 = time.monotonic()
     code = wait_child(pid, 20)
     took = time.monotonic() - t0
-    assert code == 0, f"rank {r}: the fork() child failed its checks (exit status {code})"
+    assert code == 0, f"rank {r}: the fork() child failed its check {code - 10} (exit status {code})"
     assert took < 10, f"rank {r}: the fork() child took {took:.1f} s to end"
     if r != 0:
         pending = hvd.allreduce_async(torch.full((3,), float(r + 1)), name="in.flight", op=hvd.Sum)
