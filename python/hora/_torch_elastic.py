@@ -107,8 +107,8 @@ class State:
     give the tensors (_arrays) and the small picklable rest (_extra, _load_extra)."""
 
     def __init__(self, hora_dir=None, hora_checkpoint=None, hora_ckpt_every=0):
-        self._st = CommittedState(hora_dir, hora_checkpoint, hora_ckpt_every) if hora_dir else \
-            _DefaultDir.open(hora_checkpoint, hora_ckpt_every)
+        # hora_dir None (a Horovod program): libhora's default folder (HORA_ELASTIC_DIR).
+        self._st = CommittedState(hora_dir, hora_checkpoint, hora_ckpt_every)
         self._reset_callbacks = []
         self.commit_id = -1
         self.resized = False  # the last sync came from a world of another size
@@ -174,12 +174,6 @@ class State:
 
     def _after_load(self):
         pass
-
-
-class _DefaultDir:
-    @staticmethod
-    def open(ck, every):
-        return CommittedState(None, ck, every)
 
 
 class TorchState(State):

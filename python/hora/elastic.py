@@ -23,17 +23,21 @@ BLOB_MAX = lib.HORA_ELASTIC_BLOB_MAX
 
 class CommittedState:
     """Open libhora's elastic state (collective). dir: where a survivor writes its commit (node-
-    local disk is fine); checkpoint: a hora.Checkpoint that every ckpt_every-th commit also goes
-    to (0: never)."""
+    local disk is fine); None: libhora's default (HORA_ELASTIC_DIR, else $SLURM_TMPDIR/hora-elastic,
+    else /tmp/hora-elastic-$SLURM_JOB_ID, else /tmp/hora-elastic-<uid>: docs/env.md), which is
+    what a Horovod program's TorchState(model, optimizer) gets; checkpoint: a hora.Checkpoint that
+    every ckpt_every-th commit also goes to (0: never)."""
 
     def __init__(self, dir, checkpoint=None, ckpt_every=0):
-        if not dir:
-            raise invalid("CommittedState: dir must be a non-empty path")
+        if dir is not None and not os.fspath(dir):
+            raise invalid("CommittedState: dir is empty: give a path, or None for the default "
+                          "(HORA_ELASTIC_DIR)")
+        cdir = ffi.NULL if dir is None else os.fsencode(dir)
         ck = ffi.NULL
         if checkpoint is not None:
             ck = checkpoint._live()
         out = ffi.new("hora_elastic_t **")
-        check(lib.hora_elastic_open(_ctx(), str(dir).encode(), ck, int(ckpt_every), out),
+        check(lib.hora_elastic_open(_ctx(), cdir, ck, int(ckpt_every), out),
               "CommittedState")
         self._es = out[0]
         self._blob = ffi.new("char[]", BLOB_MAX)

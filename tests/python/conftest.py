@@ -26,6 +26,9 @@ def _private_tmp():
     d = tempfile.mkdtemp(prefix="hora-pytest-")
     tempfile.tempdir = d
     os.environ["TMPDIR"] = d
+    # libhora's default folder of an elastic state opened without one (a Horovod program's
+    # TorchState), read at hora.init(): here, not /tmp/hora-elastic-<uid>.
+    os.environ["HORA_ELASTIC_DIR"] = os.path.join(d, "elastic-default")
     atexit.register(shutil.rmtree, d, True)
     return d
 

@@ -149,6 +149,49 @@ def test_run_decorator_syncs_and_returns():
     state._st.close()
 
 
+def test_horovod_program_unchanged_without_hora_dir():
+    """Horovod's elastic programs build TorchState(model, optimizer, **kwargs) with no folder:
+    that used to raise "dir must be a non-empty path" at construction. It takes libhora's default
+    folder (HORA_ELASTIC_DIR, set by conftest.py), and the usual loop trains as one process would
+    on the whole batch."""
+    import os
+    r, n = rank_size()
+    model = _model(11 + r)  # different on each rank until the state's first sync
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, opt, batch=0, epoch=0)
+    assert os.path.isdir(os.environ["HORA_ELASTIC_DIR"])
+    g = torch.Generator().manual_seed(3)
+    xs, ys = torch.randn(4, 2 * n, 4, generator=g), torch.randint(0, 3, (4, 2 * n), generator=g)
+
+    @hvd.elastic.run
+    def train(st):
+        for st.batch in range(st.batch, 4):
+            x, y = xs[st.batch, 2 * r:2 * r + 2], ys[st.batch, 2 * r:2 * r + 2]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            st.commit()
+        return st.commit_id
+
+    last = train(state)
+    assert last == state.commit_id and last >= 4
+    ref = _model(11)  # rank 0's start, which the first sync gave every rank
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for b in range(4):
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(xs[b]), ys[b]).backward()
+        ref_opt.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), (p - q).abs().max()
+    state._st.close()
+
+
+def test_committed_state_empty_dir_is_an_error():
+    with pytest.raises(hora.InvalidArgumentError, match="dir is empty"):
+        hora.elastic.CommittedState("")
+
+
 def test_torch_state_from_checkpoint():
     """No commit file anywhere (the allocation was lost, the job requeued): sync restores the
     checkpoint that every hora_ckpt_every-th commit wrote, tensors, kwargs and optimizer alike."""
