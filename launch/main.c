@@ -292,10 +292,11 @@ int main(int argc, char **argv) {
                  "not inside srun, with --mpirun or -H");
     return LAUNCH_EXIT_SETUP;
   }
-  if (o.mpi_args && ((in_step && !o.use_mpirun) || (getenv("SLURM_JOB_ID") && !o.use_mpirun && !o.hosts)))
+  const launch_mode_t *mode = in_step && !o.use_mpirun                        ? &step_mode
+                              : getenv("SLURM_JOB_ID") && !o.use_mpirun && !o.hosts ? &alloc_mode
+                                                                                 : &local_mode;
+  if (o.mpi_args && mode != &local_mode)
     launch_warn("--mpi-args is ignored: launch starts the ranks with srun here (it passes them to mpirun in local "
                 "mode: without Slurm, with -H, or with --mpirun)");
-  if (in_step && !o.use_mpirun) return run_mode(&o, &step_mode);
-  if (getenv("SLURM_JOB_ID") && !o.use_mpirun && !o.hosts) return run_mode(&o, &alloc_mode);
-  return run_mode(&o, &local_mode);
+  return run_mode(&o, mode);
 }

@@ -152,11 +152,10 @@ hora_result_t hora__timeline_open(const char *what, const char *path, uint64_t m
 void hora__timeline_span(eng_timeline_t *t, const char *tensor, const char *phase, double t0, double t1);
 void hora__timeline_cycle(eng_timeline_t *t, double ts, uint64_t cycle);
 hora_result_t hora__timeline_close(eng_timeline_t *t);
-/* Flush the buffered events if some have waited TL_FLUSH_S (timeline.c); _poll takes eng->tl_mu
- * and costs one atomic load when no timeline records. Called by the engine thread every cycle and
+/* Flush the buffered events if some have waited TL_FLUSH_S (timeline.c): takes eng->tl_mu, and
+ * costs one atomic load when no timeline records. Called by the engine thread every cycle and
  * while it waits, so the file holds every completed request within about a second, hung job or
  * not. */
-void hora__timeline_tick(eng_timeline_t *t, double now);
 struct hora_engine;
 void hora__timeline_poll(struct hora_engine *eng);
 

@@ -26,7 +26,7 @@ hora_result_t hora__handle_new(hora_engine_t *eng, int members, hora_handle_t **
   h->remaining = members;
   h->eng = eng;
   h->last_rank = -1;
-  h->fork_gen = hora__fork_watch();
+  h->fork_gen = eng->ctx->fork_gen; /* the engine's context was made in this process */
   atomic_store(&h->linked, 1);
   pthread_mutex_lock(&eng->mu);
   h->next = eng->handles.next;

@@ -69,7 +69,6 @@ struct eng_timeline {
   char dir[4096], base[256], tmpname[320];
   uint64_t max_bytes, bytes, dropped;
   double t0;
-  int first;
   tl_name_t *b[1024];
   int next_id;
   int mark_cycles; /* CYCLE instant events (HORA_TIMELINE_MARK_CYCLES, or hora_timeline_start's flag) */
@@ -107,16 +106,15 @@ static void tl_flush(eng_timeline_t *t) {
   t->nbuf = 0;
 }
 
+/* Append text that fits (callers make room with tl_room). */
 static void tl_put(eng_timeline_t *t, const char *s, size_t n) {
-  const size_t cap = sizeof t->buf - 4;
-  while (n > 0) {
-    if (t->blen == cap) tl_flush(t);
-    size_t k = cap - t->blen < n ? cap - t->blen : n;
-    memcpy(t->buf + t->blen, s, k);
-    t->blen += k;
-    s += k;
-    n -= k;
-  }
+  memcpy(t->buf + t->blen, s, n);
+  t->blen += n;
+}
+
+/* Only whole events go to the file: flush first when `n` more bytes would not fit. */
+static void tl_room(eng_timeline_t *t, size_t n) {
+  if (t->blen + n > sizeof t->buf - 4) tl_flush(t);
 }
 
 static void emit(eng_timeline_t *t, const char *s, size_t n) {
@@ -126,13 +124,11 @@ static void emit(eng_timeline_t *t, const char *s, size_t n) {
     t->dropped++;
     return;
   }
-  /* Whole events only go to the file: one that does not fit flushes the buffer first. */
-  if (t->blen + n + 2 > sizeof t->buf - 4) tl_flush(t);
+  tl_room(t, n + 2);
   t->nbuf++;
-  if (!t->first) tl_put(t, ",\n", 2), t->bytes += 2;
-  t->first = 0;
+  tl_put(t, ",\n", 2); /* the process_name event is always first, written at open */
   tl_put(t, s, n);
-  t->bytes += n;
+  t->bytes += n + 2;
 }
 
 /* JSON text of a string (with quotes), or NULL. */
@@ -218,19 +214,15 @@ hora_result_t hora__timeline_open(const char *what, const char *path, uint64_t m
   t->mark_cycles = mark_cycles != 0;
   t->t0 = hora__now_s();
   t->last_flush = t->t0;
-  t->first = 0; /* the process_name event is in the file: every later event starts with ",\n" */
   *out = t;
   return HORA_SUCCESS;
-}
-
-void hora__timeline_tick(eng_timeline_t *t, double now) {
-  if (t && t->blen && now - t->last_flush >= TL_FLUSH_S) tl_flush(t);
 }
 
 void hora__timeline_poll(hora_engine_t *eng) {
   if (!__atomic_load_n(&eng->tl, __ATOMIC_ACQUIRE)) return;
   pthread_mutex_lock(&eng->tl_mu);
-  hora__timeline_tick(eng->tl, hora__now_s());
+  eng_timeline_t *t = eng->tl;
+  if (t && t->blen && hora__now_s() - t->last_flush >= TL_FLUSH_S) tl_flush(t);
   pthread_mutex_unlock(&eng->tl_mu);
 }
 
@@ -261,7 +253,7 @@ hora_result_t hora__timeline_close(eng_timeline_t *t) {
     char end[160];
     int en = snprintf(end, sizeof end, ",\n{\"name\":\"hora_timeline\",\"ph\":\"M\",\"pid\":0,\"args\":{\"dropped_events\":%llu}}",
                       (unsigned long long)t->dropped);
-    if (t->blen + (size_t)en > sizeof t->buf - 4) tl_flush(t);
+    tl_room(t, (size_t)en);
     tl_put(t, end, (size_t)en);
   }
   tl_flush(t);
