@@ -26,6 +26,8 @@
 #                  DistributedOptimizer against DDP over gloo (--alone, then training steps),
 #                  for HORA_DEVICE_DDP_NP ranks (default "2 4"): the 4-rank figures of
 #                  docs/benchmarks.md that a 2-core machine cannot give
+#   script [300]   only when HORA_DEVICE_STEPS names it: bash $HORA_DEVICE_SCRIPT, a measurement
+#                  of one's own in the prepared environment (ROOT, BUILD, DEPS, OUT exported)
 # Exit status: 0 when every step passed, 77 when there is no GPU (and deps and build passed),
 # 1 otherwise. Environment: OUT (default build-device/out), HORA_DEVICE_DEPS (.debs),
 # HORA_DEVICE_BUILD (build-device), HORA_DEVICE_USE_DEBS=1 (use the carried packages even where
@@ -186,6 +188,8 @@ if [ "${1:-}" = --step ]; then
   case $2 in
     deps) deps ;; build) build ;; bench) bench_allreduce ;; mnist) mnist_bench ;;
     python) python_tests ;; ddp) ddp_bench ;;
+    script) [ -n "${HORA_DEVICE_SCRIPT:-}" ] || { echo "device-check: HORA_DEVICE_SCRIPT is not set"; exit 2; }
+            export ROOT BUILD DEPS OUT; bash "$HORA_DEVICE_SCRIPT" ;;
     ctest) [ -d "$DEPS/mnist" ] && export HORA_MNIST_DIGITS=$ROOT/$DEPS/mnist
            cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 120 -j 4 ;;
     *) echo "device-check: unknown step $2"; exit 2 ;;
@@ -230,12 +234,15 @@ if [ "$n" != 0 ] && [ $build_rc = 0 ]; then
 fi
 # The CPU benchmark runs with or without a GPU, only when asked for.
 case " ${HORA_DEVICE_STEPS:-} " in *" ddp "*) [ $build_rc = 0 ] && step ddp 240 ddp-bench.log ;; esac
+# A measurement of one's own, in the same prepared environment (Open MPI, the build), only when
+# asked for: HORA_DEVICE_STEPS=script HORA_DEVICE_SCRIPT=FILE (ROOT, BUILD, DEPS, OUT exported).
+case " ${HORA_DEVICE_STEPS:-} " in *" script "*) [ $build_rc = 0 ] && step script 300 script.log ;; esac
 
 {
   echo "| step | result | seconds |"
   echo "|---|---|---|"
   printf '%s\n' "${rows[@]}"
-  for f in bench-allreduce.log mnist-bench.log ddp-bench.log; do
+  for f in bench-allreduce.log mnist-bench.log ddp-bench.log script.log; do
     [ -s "$OUT/$f" ] || continue
     echo
     echo "## $f"
