@@ -7,6 +7,8 @@ dataset-fashion-mnist installs them in /usr/share/datasets/fashion-mnist). Every
 import is the shape of Horovod's own examples/pytorch/pytorch_mnist.py: DistributedSampler
 shards, learning rate scaled by the world size, broadcast of parameters and optimizer state,
 DistributedOptimizer with optional fp16 compression, and metrics averaged with hvd.allreduce.
+Where torch sees a GPU it trains there, each rank on the GPU of its local rank, as Horovod's
+script does (--no-cuda: on the CPU).
 """
 import argparse
 import gzip
@@ -34,6 +36,8 @@ parser.add_argument("--use-adasum", action="store_true", default=False)
 parser.add_argument("--gradient-predivide-factor", type=float, default=1.0)
 parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
 parser.add_argument("--limit", type=int, default=0, help="use only the first N training images")
+parser.add_argument("--no-cuda", action="store_true", default=False,
+                    help="train on the CPU even where a GPU is visible")
 
 
 def read_idx(path):
@@ -78,6 +82,8 @@ def train(epoch):
     model.train()
     train_sampler.set_epoch(epoch)
     for batch_idx, (data, target) in enumerate(train_loader):
+        if args.cuda:
+            data, target = data.cuda(), target.cuda()
         optimizer.zero_grad()
         loss = F.nll_loss(model(data), target)
         loss.backward()
@@ -99,6 +105,8 @@ def test():
     test_loss, test_accuracy = 0., 0.
     with torch.no_grad():
         for data, target in test_loader:
+            if args.cuda:
+                data, target = data.cuda(), target.cuda()
             output = model(data)
             test_loss += F.nll_loss(output, target, reduction="sum").item()
             pred = output.data.max(1, keepdim=True)[1]
@@ -115,8 +123,13 @@ def test():
 
 if __name__ == "__main__":
     args = parser.parse_args()
+    args.cuda = not args.no_cuda and torch.cuda.is_available()
     hvd.init()
     torch.manual_seed(args.seed)
+    if args.cuda:
+        # Horovod: pin GPU to local rank.
+        torch.cuda.set_device(hvd.local_rank())
+        torch.cuda.manual_seed(args.seed)
     torch.set_num_threads(1)
 
     train_dataset = dataset(args.data_dir, "train", args.limit)
@@ -133,6 +146,11 @@ if __name__ == "__main__":
     model = Net()
     # By default, Adasum doesn't need scaling up learning rate.
     lr_scaler = hvd.size() if not args.use_adasum else 1
+    if args.cuda:
+        model.cuda()
+        # If using GPU Adasum allreduce, scale learning rate by local_size.
+        if args.use_adasum and hvd.nccl_built():
+            lr_scaler = hvd.local_size()
     optimizer = optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=args.momentum)
 
     # Horovod: broadcast parameters & optimizer state.
@@ -150,7 +168,7 @@ if __name__ == "__main__":
         train(epoch)
         loss, acc = test()
     # Every rank ends with the same weights.
-    w = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    w = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
     gathered = hvd.allgather(w.reshape(1, -1))
     assert (gathered == gathered[0]).all(), "ranks diverged"
     if hvd.rank() == 0:

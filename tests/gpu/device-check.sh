@@ -19,7 +19,8 @@
 #                  (2 and 4 ranks on the GPU), hora's NCCL call overhead vs ncclAllReduce (1 rank)
 #   mnist   [150]  examples/mnist/bench.sh DEVICE=cuda: the CNN on the GPU vs PyTorch, same GPU,
 #                  batch 64 and 256
-#   python  [60]   the DLPack / torch CUDA tests of tests/python
+#   python  [180]  the DLPack / torch tests of tests/python, hora.torch on CUDA tensors (1 and 2
+#                  ranks), Horovod's MNIST example and synthetic benchmark on the GPU
 #   ddp     [240]  only when HORA_DEVICE_STEPS names it (it needs no GPU, and the default run
 #                  has no time left for it): python/bench/bench_ddp.py on the machine's CPU
 #                  cores, ranks bound one per core, ResNet-50's gradients averaged by
@@ -151,12 +152,27 @@ mnist_bench() {
 }
 
 python_tests() {
-  local t
+  local t failed=0
+  export PYTHONPATH=$ROOT/$BUILD/python${PYTHONPATH:+:$PYTHONPATH} HORA_LOG=NONE
+  [ -d "$DEPS/mnist" ] && export HORA_MNIST_DIGITS=$ROOT/$DEPS/mnist
   for t in tests/python/test_dlpack_torch.py tests/python/test_torch_optimizer.py; do
     [ -e "$t" ] || continue
-    PYTHONPATH=$ROOT/$BUILD/python:${PYTHONPATH:-} HORA_LOG=NONE \
-      mpirun -np 1 python3 -m pytest -q -p no:cacheprovider "$t" || return 1
+    mpirun -np 1 python3 -m pytest -q -p no:cacheprovider "$t" || failed=1
   done
+  # hora.torch on CUDA tensors: 1 rank (NCCL), 2 ranks sharing the GPU (the MPI-staged path).
+  for np in 1 2; do
+    echo "--- test_torch_cuda.py, $np rank(s)"
+    mpirun -np $np --oversubscribe -x PYTHONPATH -x HORA_LOG python3 -m pytest -q -p no:cacheprovider \
+      -rs tests/python/test_torch_cuda.py || failed=1
+  done
+  # Horovod's examples unchanged on the GPU, 1 rank (they pin torch.cuda.set_device(local_rank),
+  # which needs a GPU per rank): MNIST to its accuracy, and the synthetic ResNet-50 benchmark.
+  echo "--- examples/pytorch/pytorch_mnist.py on the GPU"
+  HORA_MNIST_NP=1 bash tests/python/horovod_mnist_check.sh python3 mpirun || failed=1
+  echo "--- examples/pytorch/pytorch_synthetic_benchmark.py on the GPU"
+  mpirun -np 1 python3 examples/pytorch/pytorch_synthetic_benchmark.py --model resnet50 \
+    --batch-size 64 --num-warmup-batches 5 --num-batches-per-iter 10 --num-iters 3 || failed=1
+  return $failed
 }
 
 # The 4-rank averaging of docs/benchmarks.md ("ResNet-50 gradients"), on a machine with a core per
@@ -230,7 +246,7 @@ if [ "$n" != 0 ] && [ $build_rc = 0 ]; then
   want ctest && step ctest 150 ctest-gpu.log
   want bench && step bench 210 bench-allreduce.log
   want mnist && step mnist 150 mnist-bench.log
-  want python && step python 60 python.log
+  want python && step python 180 python.log
 fi
 # The CPU benchmark runs with or without a GPU, only when asked for.
 case " ${HORA_DEVICE_STEPS:-} " in *" ddp "*) [ $build_rc = 0 ] && step ddp 240 ddp-bench.log ;; esac
