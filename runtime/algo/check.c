@@ -51,9 +51,20 @@ static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes) 
   return pa < pb + bbytes && pb < pa + abytes;
 }
 
+/* Which of the two causes: a build without CUDA (common on a GPU node where the toolkit's nvcc was
+ * not on PATH when hora was configured, e.g. by `pip install ./python` before `module load cuda`)
+ * or a rank without a usable GPU. */
 hora_result_t hora__device_unsupported(const char *fn) {
+#if HORA_HAVE_CUDA
   return HORA_ERR(HORA_ERR_NOT_SUPPORTED,
-                  "%s: device buffers (HORA_DEVICE_CUDA) need a CUDA build of hora and a GPU", fn);
+                  "%s: device buffers (HORA_DEVICE_CUDA) need a GPU, and this rank has none it can use "
+                  "(CUDA_VISIBLE_DEVICES, HORA_DEVICE; docs/gpu.md, \"Device selection\")", fn);
+#else
+  return HORA_ERR(HORA_ERR_NOT_SUPPORTED,
+                  "%s: device buffers (HORA_DEVICE_CUDA): this libhora was built without CUDA (no nvcc "
+                  "when it was configured); rebuild it with the CUDA toolkit's nvcc on PATH (docs/gpu.md, "
+                  "\"Build\"), or pass host memory", fn);
+#endif
 }
 
 hora_result_t hora__check_allreduce(hora_ctx_t *ctx, const char *fn, const void *sendbuf,

@@ -4,6 +4,7 @@
  * has no GPU, and host collectives keep working afterwards. Exits 77 when a GPU is visible (the
  * GPU tests cover that case). */
 #include <stdint.h>
+#include <string.h>
 
 #include "hora_test.h"
 #if HORA_HAVE_CUDA
@@ -38,6 +39,11 @@ int main(int argc, char **argv) {
   for (int i = 0; i < size && i < 64; i++) counts[i] = 4;
   for (int rep = 0; rep < 2; rep++) {
     EXPECT_RC(hora_allreduce(ctx, fake, fake2, 4, HORA_FLOAT32, HORA_SUM, 1.0, 1.0, HORA_DEVICE_CUDA), HORA_ERR_NOT_SUPPORTED);
+    /* The message names the cause: a build without CUDA, or no usable GPU on this rank. */
+    const char *why = HORA_HAVE_CUDA ? "GPU" : "built without CUDA";
+    EXPECT(strstr(hora_last_error(), why) != NULL, "hora_allreduce on device buffers: \"%s\" does not say \"%s\"",
+           hora_last_error(), why);
+    if (rep == 0 && rank == 0) printf("device buffers refused: %s\n", hora_last_error());
     EXPECT_RC(hora_broadcast(ctx, fake, 4, HORA_FLOAT32, 0, HORA_DEVICE_CUDA), HORA_ERR_NOT_SUPPORTED);
     EXPECT_RC(hora_allgather(ctx, fake, fake2, 4, HORA_FLOAT32, HORA_DEVICE_CUDA), HORA_ERR_NOT_SUPPORTED);
     EXPECT_RC(hora_allgatherv(ctx, fake, 4, fake2, counts, HORA_FLOAT32, HORA_DEVICE_CUDA), HORA_ERR_NOT_SUPPORTED);
