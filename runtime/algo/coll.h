@@ -130,6 +130,9 @@ typedef struct {
   hora_result_t (*reducescatter)(hora_ctx_t *, const void *, void *, size_t, hora_dtype_t, hora_op_t);
   hora_result_t (*alltoall)(hora_ctx_t *, const void *, void *, size_t, hora_dtype_t);
   hora_result_t (*alltoallv)(hora_ctx_t *, const void *, const size_t *, void *, const size_t *, hora_dtype_t);
+  /* A rank that called hora_join, in the others' device allreduce of `count` elements: zeros in
+   * from a device buffer of its own, the result discarded (the async engine's run_device). */
+  hora_result_t (*allreduce_zeros)(hora_ctx_t *, size_t, hora_dtype_t, hora_op_t, double, double);
 } hora_gpu_hooks_t;
 extern hora_gpu_hooks_t hora__gpu_hooks;
 

@@ -162,6 +162,7 @@ static void state_free(hora_gpu_t *g) {
   if (g->h_whole) cudaFreeHost(g->h_whole);
   if (g->d_tmp) cudaFree(g->d_tmp);
   if (g->d_scratch) cudaFree(g->d_scratch);
+  if (g->d_join) cudaFree(g->d_join);
   if (g->stream) cudaStreamDestroy(g->stream);
   if (g->d2h) cudaStreamDestroy(g->d2h);
   if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
@@ -563,6 +564,25 @@ static hora_result_t hook_allreduce(hora_ctx_t *ctx, const void *sendbuf, void *
   LEAVE();
 }
 
+/* A joined rank (hora_join) in the other ranks' device allreduce: the same call as theirs, on a
+ * zeroed device buffer of its own with the result written beside it and never read, so that every
+ * transport (NCCL, the staged ring, naive) meets the same calls on every rank and the joined rank
+ * adds zeros, as Horovod's join does. The memset runs on the legacy default stream, which hora's
+ * blocking streams wait for. */
+static hora_result_t hook_allreduce_zeros(hora_ctx_t *ctx, size_t count, hora_dtype_t dtype, hora_op_t op,
+                                          double prescale, double postscale) {
+  ENTER("hora_join");
+  size_t bytes = count * hora__dtype_size(dtype);
+  rc_ = count ? hora__gpu_dev_buf(g, &g->d_join, &g->d_join_bytes, 2 * bytes) : HORA_SUCCESS;
+  if (rc_ == HORA_SUCCESS && count) {
+    cudaError_t e = cudaMemset(g->d_join, 0, bytes);
+    rc_ = e == cudaSuccess ? gpu_allreduce_body(ctx, g, g->d_join, (char *)g->d_join + bytes, count, dtype, op,
+                                                prescale, postscale)
+                           : hora__cuda_error(e, "cudaMemset (hora_join's zeros)", __FILE__, __LINE__);
+  }
+  LEAVE();
+}
+
 static hora_result_t hook_broadcast(hora_ctx_t *ctx, void *buf, size_t count, hora_dtype_t dtype, int root) {
   ENTER("hora_broadcast");
   CHECK_DEV("hora_broadcast", "buf", buf, count * hora__dtype_size(dtype));
@@ -697,6 +717,7 @@ hora_gpu_hooks_t hora__gpu_hooks = {
     .reducescatter = hook_reducescatter,
     .alltoall = hook_alltoall,
     .alltoallv = hook_alltoallv,
+    .allreduce_zeros = hook_allreduce_zeros,
 };
 
 hora_result_t hora__gpu_on_init(hora_ctx_t *ctx) {

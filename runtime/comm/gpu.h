@@ -59,6 +59,9 @@ typedef struct hora_gpu {
   /* Device scratch for compression and out-of-place helpers, grown on demand. */
   void *d_scratch;
   size_t d_scratch_bytes;
+  /* A joined rank's zeros and discarded result (hook allreduce_zeros), grown on demand. */
+  void *d_join;
+  size_t d_join_bytes;
 #if HORA_HAVE_NCCL
   ncclComm_t nccl; /* NULL until first use */
   int nccl_dead;   /* aborted after an error or timeout: every later NCCL call fails */

@@ -88,7 +88,11 @@ static hora_result_t run_device(hora_engine_t *eng, eng_resp_t *x) {
   const eng_params_t *p = &x->p;
   eng_req_t *r = x->req;
   hora_gpu_hooks_t *g = &hora__gpu_hooks;
-  if (!r) return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "engine: hora_join with device buffers");
+  if (!r) { /* this rank has joined (negotiate.c answers only SUM/AVERAGE allreduces then) */
+    if (p->kind == ENG_ALLREDUCE && g->allreduce_zeros)
+      return g->allreduce_zeros(s, p->count, p->dtype, p->op, p->prescale, p->postscale);
+    return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "tensor '%s': device buffers need a CUDA build of hora", x->name);
+  }
   switch (p->kind) {
     case ENG_ALLREDUCE:
       if (g->allreduce) return g->allreduce(s, r->send, r->recv, p->count, p->dtype, p->op, p->prescale, p->postscale);

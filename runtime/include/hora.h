@@ -578,7 +578,8 @@ hora_result_t hora_handle_free(hora_handle_t *handle);
 
 /* hora_join: Horovod's join, for ranks that ran out of data. Collective over the world, but
  * ranks call it at different times: after a rank has called it (and while it blocks), the other
- * ranks' SUM and AVERAGE allreduces proceed with zeros from the joined rank (AVERAGE still
+ * ranks' SUM and AVERAGE allreduces (host or device buffers; for device buffers the joined rank
+ * reduces a zeroed buffer on its own GPU) proceed with zeros from the joined rank (AVERAGE still
  * divides by the world size); any other collective submitted while a rank is joined fails with
  * HORA_ERR_INVALID_ARGUMENT. Returns on every rank once all ranks have joined, with *last_rank
  * the rank that joined last (ties: the highest rank). Blocking; call it from one thread per rank

@@ -298,6 +298,59 @@ static void test_engine(void) {
   EXPECT(bad == 0, "engine alltoall: %ld wrong", bad);
 }
 
+/* hora_join with device tensors (Horovod's join(device) for ranks that ran out of data): the last
+ * rank joins first; the others' SUM and AVERAGE allreduces of device buffers then complete with
+ * zeros from it (AVERAGE still divides by the world size), and every rank's join returns the same
+ * last rank. The joined rank takes part in each transport with a zero device buffer of its own. */
+static float jv(int r, size_t i) { return (float)((r + 1) * 3 + (int)(i % 11)); }
+
+static void test_engine_join(void) {
+  if (size < 2) return;
+  const int joined = size - 1;
+  int last = -1;
+  if (rank == joined) {
+    EXPECT_OK(hora_join(ctx, &last));
+  } else {
+    enum { K = 2 };
+    const size_t ns[K] = {1000, 70001};
+    const hora_op_t ops[K] = {HORA_SUM, HORA_AVERAGE};
+    float *d[K];
+    hora_handle_t *h[K] = {NULL, NULL};
+    for (int k = 0; k < K; k++) {
+      for (size_t i = 0; i < ns[k]; i++) ((float *)h_a)[i] = jv(rank, i);
+      CK(cudaMalloc((void **)&d[k], ns[k] * 4));
+      to_dev(d[k], h_a, ns[k] * 4);
+      char name[32];
+      snprintf(name, sizeof name, "joined.%d", k);
+      EXPECT_OK(hora_allreduce_async(ctx, name, d[k], d[k], ns[k], HORA_FLOAT32, ops[k], 1.0, 1.0, HORA_DEVICE_CUDA, &h[k]));
+    }
+    for (int k = 0; k < K; k++) {
+      if (!h[k]) continue;
+      EXPECT_OK(hora_wait(h[k]));
+      EXPECT_OK(hora_handle_free(h[k]));
+      to_host(h_b, d[k], ns[k] * 4);
+      long bad = 0;
+      for (size_t i = 0; i < ns[k]; i++) {
+        double want = 0;
+        for (int r = 0; r < size; r++) want += r == joined ? 0.0 : jv(r, i);
+        if (ops[k] == HORA_AVERAGE) want /= size;
+        double got = ((float *)h_b)[i];
+        if (fabs(got - want) > 1e-5 * fabs(want) + 1e-6) {
+          if (bad++ < 3) fprintf(stderr, "rank %d: join allreduce %d [%zu] = %g, want %g\n", rank, k, i, got, want);
+        }
+      }
+      EXPECT(bad == 0, "engine allreduce with rank %d joined (op %d): %ld wrong", joined, (int)ops[k], bad);
+      cudaFree(d[k]);
+    }
+    EXPECT_OK(hora_join(ctx, &last));
+  }
+  int lo = 0, hi = 0;
+  MPI_Allreduce(&last, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&last, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT(lo == hi && lo >= 0 && lo < joined, "hora_join: last ranks %d..%d, want one of 0..%d on every rank", lo, hi,
+         joined - 1);
+}
+
 int main(int argc, char **argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -346,6 +399,7 @@ int main(int argc, char **argv) {
   test_movers();
   test_async();
   test_engine();
+  test_engine_join();
   if (size == 1) {
     /* Host memory passed as device memory: a clear error, nothing written (1 rank: the check is
      * local, a second rank would wait for this one). */

@@ -207,3 +207,26 @@ def test_sync_batch_norm_on_device(dev):
     # Each rank's weight gradient is its own batch's share: summed over the ranks, the total.
     gw = hvd.allreduce(bn.weight.grad, op=hvd.Sum, name=f"cuda.bn.gw.{dev}")
     torch.testing.assert_close(gw, ref.weight.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_join_with_uneven_data(dev):
+    """Horovod's pattern for ranks with fewer batches: the last rank runs out first and calls
+    hvd.join(); the others' allreduces of this device's tensors complete with zeros from it
+    (Average still divides by the world size), then they join too."""
+    r, n = rank_size()
+    d = device_of(dev)
+    xs = [rank_data(i, (2, 300), torch.float32, seed=40) for i in range(n)]
+    if r == n - 1:
+        last = hvd.join(hvd.local_rank() if dev == "cuda" else -1)
+    else:
+        got = hvd.allreduce(xs[r].to(d), name=f"cuda.join.avg.{dev}")
+        total = hvd.allreduce(xs[r].to(d), op=hvd.Sum, name=f"cuda.join.sum.{dev}")
+        last = hvd.join()
+        want = torch.stack(xs[:n - 1]).to(torch.float64).sum(0)
+        assert got.device == d and total.device == d
+        torch.testing.assert_close(total.cpu().to(torch.float64), want, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got.cpu().to(torch.float64), want / n, rtol=1e-6, atol=1e-6)
+    lasts = hvd.allgather(torch.tensor([last]), name=f"cuda.join.last.{dev}")
+    assert (lasts == lasts[0]).all()
+    assert n == 1 or 0 <= int(lasts[0]) < n - 1
