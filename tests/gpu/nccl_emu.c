@@ -1,7 +1,7 @@
 /* An emulated NCCL for running runtime/comm's NCCL code path (comm/nccl.c and the NCCL branches of
  * comm/gpu.c) on machines without a GPU, together with cuda_emu.c. Linked into the test
- * executable, these definitions take the place of libnccl's. A communicator is a dup of
- * MPI_COMM_WORLD; collectives run at once over MPI on the (host) buffers, with hora's MPI datatypes
+ * executable, these definitions take the place of libnccl's. A communicator is an MPI
+ * communicator over its members' world ranks (the world's, or a process set's); collectives run at once over MPI on the (host) buffers, with hora's MPI datatypes
  * and ops (hora__mpi_dtype_op) so that f16/bf16 work; ncclSend/ncclRecv are queued until
  * ncclGroupEnd and then run as MPI_Isend/MPI_Irecv. Calls answer ncclInProgress at random, as a
  * non-blocking communicator may, and ncclCommGetAsyncError then says ncclSuccess.
@@ -61,15 +61,53 @@ ncclResult_t ncclGetVersion(int *version) {
   *version = NCCL_VERSION_CODE;
   return ncclSuccess;
 }
+/* The id names its maker (world rank, which is the new communicator's rank 0) and a number of its
+ * own, so that a communicator over a subset of the world (a process set's) can be made: the
+ * members tell the maker their world ranks point to point, it sends back the list in NCCL rank
+ * order, and the members alone make it with MPI_Comm_create_group. */
+typedef struct {
+  int32_t maker, seq;
+} emu_id_t;
+#define EMU_TAG 31000
+
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
-  memset(id, 7, sizeof *id);
+  static int32_t seq;
+  memset(id, 0, sizeof *id);
+  emu_id_t e = {0, ++seq % 1000};
+  MPI_Comm_rank(MPI_COMM_WORLD, &e.maker);
+  memcpy(id->internal, &e, sizeof e);
   return ncclSuccess;
 }
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t *config) {
-  (void)id;
   (void)config;
+  emu_id_t e;
+  memcpy(&e, id.internal, sizeof e);
+  int me, tag = EMU_TAG + e.seq;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  int *world = calloc((size_t)nranks, sizeof *world);
   struct ncclComm *c = calloc(1, sizeof *c);
-  if (!c || MPI_Comm_dup(MPI_COMM_WORLD, &c->comm) != MPI_SUCCESS) return ncclSystemError;
+  if (!c || !world) return ncclSystemError;
+  if (rank == 0) {
+    world[0] = me;
+    for (int k = 1; k < nranks; k++) {
+      int msg[2]; /* {NCCL rank, world rank} */
+      MPI_Recv(msg, 2, MPI_INT, MPI_ANY_SOURCE, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      if (msg[0] > 0 && msg[0] < nranks) world[msg[0]] = msg[1];
+    }
+    for (int k = 1; k < nranks; k++) MPI_Send(world, nranks, MPI_INT, world[k], tag, MPI_COMM_WORLD);
+  } else {
+    int msg[2] = {rank, me};
+    MPI_Send(msg, 2, MPI_INT, e.maker, tag, MPI_COMM_WORLD);
+    MPI_Recv(world, nranks, MPI_INT, e.maker, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  }
+  MPI_Group wg, g;
+  MPI_Comm_group(MPI_COMM_WORLD, &wg);
+  MPI_Group_incl(wg, nranks, world, &g);
+  int rc = MPI_Comm_create_group(MPI_COMM_WORLD, g, tag, &c->comm);
+  MPI_Group_free(&g);
+  MPI_Group_free(&wg);
+  free(world);
+  if (rc != MPI_SUCCESS) return ncclSystemError;
   MPI_Comm_rank(c->comm, &c->rank);
   MPI_Comm_size(c->comm, &c->size);
   if (c->rank != rank || c->size != nranks) {

@@ -351,6 +351,49 @@ static void test_engine_join(void) {
          joined - 1);
 }
 
+/* A process set with device buffers (hvd.add_process_set and process_set= on a GPU tensor): the
+ * set of ranks 0 and size-1 makes its own GPU state (its own NCCL communicator or staged comm) at
+ * its first device collective; a blocking SUM and an async AVERAGE over the set's members give the
+ * set's values; a rank outside the set gets HORA_ERR_INVALID_ARGUMENT. */
+static void test_process_set(void) {
+  if (size < 2) return;
+  const int members[2] = {0, size - 1};
+  hora_ctx_t *set = NULL;
+  EXPECT_OK(hora_process_set_create(ctx, members, 2, &set));
+  if (!set) return;
+  int in = rank == members[0] || rank == members[1];
+  const size_t n = 5003;
+  float *d = NULL;
+  CK(cudaMalloc((void **)&d, n * 4));
+  for (size_t i = 0; i < n; i++) ((float *)h_a)[i] = jv(rank, i);
+  to_dev(d, h_a, n * 4);
+  if (!in) {
+    EXPECT_RC(hora_allreduce(set, d, d, n, HORA_FLOAT32, HORA_SUM, 1.0, 1.0, HORA_DEVICE_CUDA), HORA_ERR_INVALID_ARGUMENT);
+  } else {
+    EXPECT_OK(hora_allreduce(set, d, d, n, HORA_FLOAT32, HORA_SUM, 1.0, 1.0, HORA_DEVICE_CUDA));
+    to_host(h_b, d, n * 4);
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) bad += ((float *)h_b)[i] != jv(members[0], i) + jv(members[1], i);
+    EXPECT(bad == 0, "device allreduce in the set {0,%d}: %ld wrong", members[1], bad);
+    to_dev(d, h_a, n * 4);
+    hora_handle_t *h = NULL;
+    EXPECT_OK(hora_allreduce_async(set, "set.avg", d, d, n, HORA_FLOAT32, HORA_AVERAGE, 1.0, 1.0, HORA_DEVICE_CUDA, &h));
+    if (h) {
+      EXPECT_OK(hora_wait(h));
+      hora_handle_free(h);
+    }
+    to_host(h_b, d, n * 4);
+    bad = 0;
+    for (size_t i = 0; i < n; i++) {
+      double want = (jv(members[0], i) + jv(members[1], i)) / 2.0;
+      bad += fabs(((float *)h_b)[i] - want) > 1e-5 * want;
+    }
+    EXPECT(bad == 0, "async device average in the set {0,%d}: %ld wrong", members[1], bad);
+  }
+  cudaFree(d);
+  EXPECT_OK(hora_process_set_destroy(set));
+}
+
 int main(int argc, char **argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -400,6 +443,7 @@ int main(int argc, char **argv) {
   test_async();
   test_engine();
   test_engine_join();
+  test_process_set();
   if (size == 1) {
     /* Host memory passed as device memory: a clear error, nothing written (1 rank: the check is
      * local, a second rank would wait for this one). */
