@@ -230,3 +230,47 @@ def test_join_with_uneven_data(dev):
     lasts = hvd.allgather(torch.tensor([last]), name=f"cuda.join.last.{dev}")
     assert (lasts == lasts[0]).all()
     assert n == 1 or 0 <= int(lasts[0]) < n - 1
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_elastic_torch_state_on_device(dev, tmp_path):
+    """hvd.elastic.TorchState of a model and optimizer on this device (Horovod's elastic GPU
+    program): sync gives every rank rank 0's parameters, commit then restore brings back the
+    committed parameters and momentum bit for bit, on the device."""
+    r, n = rank_size()
+    d = device_of(dev)
+    torch.manual_seed(900 + r)  # every rank starts different
+    model = Net().to(d)
+    torch.manual_seed(900)
+    ref = Net().to(d)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = hvd.elastic.TorchState(model, opt, hora_dir=str(tmp_path / f"el{r}"), epoch=0)
+    state.sync()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert p.device == d and torch.equal(p, q), name
+
+    def train(seed):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(4, 1, 8, 8, generator=g).to(d)
+        y = torch.randint(0, 5, (4,), generator=g).to(d)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    def snapshot():
+        t = [p.detach().clone() for p in model.parameters()]
+        t += [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()
+              if opt.state[p].get("momentum_buffer") is not None]
+        return t
+
+    train(1)
+    state.epoch = 1
+    state.commit()
+    committed = snapshot()
+    train(2)
+    assert not all(torch.equal(a, b) for a, b in zip(snapshot(), committed))
+    state.restore()
+    after = snapshot()
+    assert len(after) == len(committed) and state.epoch == 1
+    for a, b in zip(after, committed):
+        assert a.device == d and torch.equal(a, b)
