@@ -238,6 +238,31 @@ static void test_async(void) {
   EXPECT(bad == 0, "hora__gpu_batched_copy: %ld wrong", bad);
 }
 
+/* A device copy of the first n floats of h_a (cudaFree it). */
+static float *dev_floats(size_t n) {
+  float *d = NULL;
+  CK(cudaMalloc((void **)&d, n * 4));
+  to_dev(d, h_a, n * 4);
+  return d;
+}
+
+/* The async allreduce named PREFIX.k of n floats, in place on d. */
+static void start_allreduce(const char *prefix, int k, float *d, size_t n, hora_op_t op, hora_handle_t **h) {
+  char name[32];
+  snprintf(name, sizeof name, "%s.%d", prefix, k);
+  EXPECT_OK(hora_allreduce_async(ctx, name, d, d, n, HORA_FLOAT32, op, 1.0, 1.0, HORA_DEVICE_CUDA, h));
+}
+
+/* Wait for and free h, then copy the n result floats of d to h_b. 0 when the start had failed
+ * (no handle: nothing to check). */
+static int finish_allreduce(hora_handle_t *h, const float *d, size_t n) {
+  if (!h) return 0;
+  EXPECT_OK(hora_wait(h));
+  EXPECT_OK(hora_handle_free(h));
+  to_host(h_b, d, n * 4);
+  return 1;
+}
+
 /* The async engine with device tensors: it runs them through the same hooks on its own context.
  * Several allreduces (different names, counts, ops) in flight at once, submitted in a
  * rank-dependent order, then an allgather and an alltoall. */
@@ -249,21 +274,15 @@ static void test_engine(void) {
   hora_handle_t *h[K];
   for (int k = 0; k < K; k++) {
     for (size_t i = 0; i < ns[k]; i++) ((float *)h_a)[i] = (float)input(HORA_FLOAT32, ops[k], rank, i);
-    CK(cudaMalloc((void **)&d[k], ns[k] * 4));
-    to_dev(d[k], h_a, ns[k] * 4);
+    d[k] = dev_floats(ns[k]);
     h[k] = NULL;
   }
   for (int j = 0; j < K; j++) {
     int k = (j + rank) % K;
-    char name[32];
-    snprintf(name, sizeof name, "grad.%d", k);
-    EXPECT_OK(hora_allreduce_async(ctx, name, d[k], d[k], ns[k], HORA_FLOAT32, ops[k], 1.0, 1.0, HORA_DEVICE_CUDA, &h[k]));
+    start_allreduce("grad", k, d[k], ns[k], ops[k], &h[k]);
   }
   for (int k = 0; k < K; k++) {
-    if (!h[k]) continue;
-    EXPECT_OK(hora_wait(h[k]));
-    EXPECT_OK(hora_handle_free(h[k]));
-    to_host(h_b, d[k], ns[k] * 4);
+    if (!finish_allreduce(h[k], d[k], ns[k])) continue;
     char what[64];
     snprintf(what, sizeof what, "engine allreduce grad.%d", k);
     check_reduced(what, h_b, HORA_FLOAT32, ops[k], 0, ns[k], 1.0, 1.0);
@@ -318,17 +337,11 @@ static void test_engine_join(void) {
     hora_handle_t *h[K] = {NULL, NULL};
     for (int k = 0; k < K; k++) {
       for (size_t i = 0; i < ns[k]; i++) ((float *)h_a)[i] = jv(rank, i);
-      CK(cudaMalloc((void **)&d[k], ns[k] * 4));
-      to_dev(d[k], h_a, ns[k] * 4);
-      char name[32];
-      snprintf(name, sizeof name, "joined.%d", k);
-      EXPECT_OK(hora_allreduce_async(ctx, name, d[k], d[k], ns[k], HORA_FLOAT32, ops[k], 1.0, 1.0, HORA_DEVICE_CUDA, &h[k]));
+      d[k] = dev_floats(ns[k]);
+      start_allreduce("joined", k, d[k], ns[k], ops[k], &h[k]);
     }
     for (int k = 0; k < K; k++) {
-      if (!h[k]) continue;
-      EXPECT_OK(hora_wait(h[k]));
-      EXPECT_OK(hora_handle_free(h[k]));
-      to_host(h_b, d[k], ns[k] * 4);
+      if (!finish_allreduce(h[k], d[k], ns[k])) continue;
       long bad = 0;
       for (size_t i = 0; i < ns[k]; i++) {
         double want = 0;

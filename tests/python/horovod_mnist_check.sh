@@ -7,16 +7,7 @@
 # torch.cuda.set_device(local_rank), which needs a GPU per rank), else on the CPU. Exit 77 when
 # torch is not importable.
 #   horovod_mnist_check.sh PYTHON MPIEXEC [MPIEXEC_FLAGS...]
-set -u
-py=$1
-shift
-mpi=("$@")
-src=$(cd "$(dirname "$0")/../.." && pwd)
-"$py" -c "import torch" 2>/dev/null || { echo "SKIP: torch is not importable"; exit 77; }
-work=$(mktemp -d "${TMPDIR:-/tmp}/hora-hvd-mnist.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-found=$(HORA_SOURCE_DIR=${HORA_SOURCE_DIR:-$src} bash "$src/tests/common/real_data.sh" "$work") || exit $?
-data=${found% *} dataset=${found##* }
+. "$(dirname "$0")/mnist_data.sh"
 min_acc=0.90
 [ "$dataset" = fashion ] && min_acc=0.65
 np=${HORA_MNIST_NP:-2}

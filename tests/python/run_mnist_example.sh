@@ -6,16 +6,7 @@
 # 0.92), 0.70 on Fashion-MNIST (measured 0.7575; 0.7950 after epoch 2); then a second run with the same checkpoint folder resumes
 # after epoch 1 and trains epoch 2 only.
 #   run_mnist_example.sh PYTHON MPIEXEC [MPIEXEC_FLAGS...]
-set -u
-py=$1
-shift
-mpi=("$@")
-src=$(cd "$(dirname "$0")/../.." && pwd)
-"$py" -c "import torch" 2>/dev/null || { echo "SKIP: torch is not importable"; exit 77; }
-work=$(mktemp -d "${TMPDIR:-/tmp}/hora-mnist-py.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-found=$(HORA_SOURCE_DIR=${HORA_SOURCE_DIR:-$src} bash "$src/tests/common/real_data.sh" "$work") || exit $?
-data=${found% *} dataset=${found##* }
+. "$(dirname "$0")/mnist_data.sh"
 min_acc=0.88
 [ "$dataset" = fashion ] && min_acc=0.70
 echo "data: $dataset ($data), test accuracy wanted >= $min_acc"
