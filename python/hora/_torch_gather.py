@@ -452,8 +452,8 @@ def barrier(process_set=global_process_set):
 
 def join(device=-1):
     """A rank out of data calls join(); the other ranks' allreduces proceed with zeros from it.
-    Returns the rank that joined last, once all have. `device` is accepted as in Horovod (hora
-    makes the zeros itself)."""
+    Returns the rank that joined last, once all have. `device` is accepted as in Horovod; hora
+    makes the zeros itself, on this rank's GPU for the others' CUDA tensors."""
     if isinstance(device, bool) or not isinstance(device, int):
         raise invalid(f"join(device={device!r}): device must be an int")
     return _async.join()
