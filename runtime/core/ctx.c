@@ -33,6 +33,11 @@ static void live_fork_register(void) { pthread_atfork(live_lock_take, live_lock_
 /* The fork generation in which this process saw MPI initialized (hora_init), or -1. */
 static long long mpi_gen = -1;
 
+hora_result_t hora__ctx_init_refused_in_fork(void) {
+  if (mpi_gen < 0) return HORA_SUCCESS;
+  return hora__fork_check((unsigned)mpi_gen, "hora_init", "MPI (initialized for hora)", FORK_FIX);
+}
+
 static int live_add(hora_ctx_t *c) {
   pthread_once(&live_fork_once, live_fork_register);
   pthread_mutex_lock(&live_lock);
@@ -318,8 +323,7 @@ hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out) {
                     opts->size);
   HORA_CHECK(hora__log_configure());
   unsigned gen = hora__fork_watch();
-  if (mpi_gen >= 0)
-    HORA_CHECK(hora__fork_check((unsigned)mpi_gen, "hora_init", "MPI (initialized for hora)", FORK_FIX));
+  HORA_CHECK(hora__ctx_init_refused_in_fork());
   HORA_CHECK(hora__params_reload());
   const hora_params_t *p = hora__params();
 

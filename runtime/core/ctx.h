@@ -69,6 +69,10 @@ struct hora_ctx {
  * - hora__ctx_discard: no longer live; frees the communicators and the context, and finalizes MPI
  *   if hora initialized it. Run the finalizers first. */
 hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out);
+/* hora_init in a fork() child of a process that initialized MPI for hora: HORA_ERR_NOT_SUPPORTED
+ * naming the fork (fork.c); else HORA_SUCCESS. Checked before hora_init starts anything (its
+ * watchdog thread included), so a refused call makes no thread and allocates nothing. */
+hora_result_t hora__ctx_init_refused_in_fork(void);
 /* A process set's context (runtime/init/pset.c): takes ownership of `comm` (a sub-communicator of
  * parent->world; MPI_COMM_NULL on ranks outside the set, which get an `excluded` context with
  * rank -1 and no communicators) and of `ranks` (the set's parent ranks, ascending; freed with

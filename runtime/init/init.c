@@ -116,6 +116,7 @@ fail:
 HORA_EXPORT hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t **out) {
   hora__error_clear();
   if (!out) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_init: ctx (output pointer) is NULL");
+  HORA_CHECK(hora__ctx_init_refused_in_fork()); /* before the watchdog thread: a child makes none */
   init_watch_t w;
   pthread_t th;
   int watching = init_watch_start(&w, &th);

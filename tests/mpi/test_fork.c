@@ -2,7 +2,8 @@
  * refused, naming the fork (HORA_ERR_NOT_INITIALIZED for the context, which is not live in the
  * child; HORA_ERR_NOT_SUPPORTED for handles, readers, checkpointers and a second hora_init), instead of waiting forever
  * for a thread the child does not have (the engine's, the prefetch thread, the checkpoint writer)
- * or talking MPI on the parent's behalf. What the child makes itself (a records reader) works.
+ * or talking MPI on the parent's behalf. What the child makes itself (a records reader) works
+ * (not checked under ASan: CHILD_THREADS).
  * The parent goes on unharmed: its pending request completes with the right sum, its reader
  * still yields every record it had not yet given (none went to the child), its checkpointer
  * saves, and the timeline (rank 0, HORA_TIMELINE) holds its header once although the child ends
@@ -56,6 +57,19 @@ static int open_reader(char files[NFILES][512], hora_records_reader_t **r) {
   return hora_records_reader_open(&o, r) == HORA_SUCCESS;
 }
 
+/* Whether the child may allocate and start threads of its own (its own records reader). Not
+ * under ASan: the ASan runtime of Debian 12's GCC 12 does not keep its allocator and thread
+ * registry usable across fork() (newer sanitizer runtimes lock them around it), so a child of a
+ * process whose other threads were allocating at that moment can hang at its first allocation or
+ * thread; a CI-sized ASan pass saw it once (the child ended by its alarm after hora_init, whose
+ * refusal then still started a watchdog thread). hora's own refusals allocate nothing. The plain
+ * build runs that part. */
+#if defined(__SANITIZE_ADDRESS__)
+enum { CHILD_THREADS = 0 };
+#else
+enum { CHILD_THREADS = 1 };
+#endif
+
 /* The child's part. Returns its error count (its exit status). */
 static int child(int want_rank, int want_size, hora_ctx_t *ctx, hora_handle_t *h, hora_records_reader_t *r, hora_ckpt_t *ck,
                  hora_records_writer_t *w, hora_tb_t *tb, char files[NFILES][512]) {
@@ -103,13 +117,15 @@ static int child(int want_rank, int want_size, hora_ctx_t *ctx, hora_handle_t *h
   EXPECT_ERR(hora_init(&again), HORA_ERR_NOT_SUPPORTED, "hora_init");
   EXPECT(again == NULL, "hora_init in the child gave a context");
   EXPECT_ERR(hora_finalize(ctx), HORA_ERR_NOT_INITIALIZED, "hora_finalize");
-  /* A reader the child opens itself works, and sees every record. */
-  hora_records_reader_t *mine = NULL;
-  EXPECT(open_reader(files, &mine), "a reader opened in the child: %s", hora_last_error());
-  if (mine) {
-    long n = read_all(mine, 0);
-    EXPECT(n == NFILES * NREC, "the child's own reader gave %ld records, want %d", n, NFILES * NREC);
-    EXPECT_OK(hora_records_reader_close(mine));
+  /* A reader the child opens itself works, and sees every record (not under ASan: CHILD_THREADS). */
+  if (CHILD_THREADS) {
+    hora_records_reader_t *mine = NULL;
+    EXPECT(open_reader(files, &mine), "a reader opened in the child: %s", hora_last_error());
+    if (mine) {
+      long n = read_all(mine, 0);
+      EXPECT(n == NFILES * NREC, "the child's own reader gave %ld records, want %d", n, NFILES * NREC);
+      EXPECT_OK(hora_records_reader_close(mine));
+    }
   }
   return hora_test_errors ? 1 : 0;
 }
