@@ -91,7 +91,8 @@ static hora_result_t run_device(hora_engine_t *eng, eng_resp_t *x) {
   if (!r) { /* this rank has joined (negotiate.c answers only SUM/AVERAGE allreduces then) */
     if (p->kind == ENG_ALLREDUCE && g->allreduce_zeros)
       return g->allreduce_zeros(s, p->count, p->dtype, p->op, p->prescale, p->postscale);
-    return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "tensor '%s': device buffers need a CUDA build of hora", x->name);
+    return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "tensor '%s': this rank has joined and cannot add zeros to it (a "
+                    "device allreduce needs a CUDA build of hora)", x->name);
   }
   switch (p->kind) {
     case ENG_ALLREDUCE:
