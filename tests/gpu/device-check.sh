@@ -266,6 +266,14 @@ case " ${HORA_DEVICE_STEPS:-} " in *" script "*) [ $build_rc = 0 ] && step scrip
     grep -vE '^(== |   [a-z]+: )' "$OUT/$f" | tail -n 80
     echo '```'
   done
+  if [ -s "$OUT/python.log" ]; then
+    echo
+    echo "## python"
+    echo '```'
+    sed 's/\x1b\[[0-9;]*m//g' "$OUT/python.log" |
+      grep -E '^--- |[0-9]+ (passed|failed)|^(PASS|FAIL)|final accuracy|img/sec on' | tail -n 30
+    echo '```'
+  fi
   if [ -s "$OUT/ctest-gpu.log" ]; then
     echo
     echo "## ctest -L gpu"
