@@ -364,6 +364,55 @@ static void test_engine_join(void) {
          joined - 1);
 }
 
+/* Ranks that disagree about the device of one async allreduce (rank 0 passes host memory, the
+ * others device memory, as a Horovod program whose rank 0 forgot .cuda()): HORA_ERR_MISMATCH on
+ * every rank, naming the device, nothing written; the engine goes on (an allreduce after it is
+ * right). */
+static void test_engine_device_mismatch(void) {
+  if (size < 2) return;
+  const size_t n = 257;
+  for (size_t i = 0; i < n; i++) ((float *)h_a)[i] = jv(rank, i);
+  float *host = malloc(n * 4), *d = dev_floats(n);
+  memcpy(host, h_a, n * 4);
+  hora_handle_t *h = NULL;
+  int on_host = rank == 0;
+  EXPECT_OK(hora_allreduce_async(ctx, "mixed.device", on_host ? (void *)host : (void *)d, on_host ? (void *)host : (void *)d,
+                                 n, HORA_FLOAT32, HORA_SUM, 1.0, 1.0, on_host ? HORA_DEVICE_HOST : HORA_DEVICE_CUDA, &h));
+  if (h) {
+    hora_result_t rc = hora_wait(h);
+    EXPECT(rc == HORA_ERR_MISMATCH, "allreduce with rank 0 on the host, the others on the GPU: %s (%s), want "
+           "HORA_ERR_MISMATCH", hora_result_name(rc), hora_last_error());
+    EXPECT(strstr(hora_last_error(), "device") != NULL, "the mismatch message does not name the device: %s",
+           hora_last_error());
+    hora_handle_free(h);
+  }
+  if (on_host) {
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) bad += host[i] != jv(rank, i);
+    EXPECT(bad == 0, "the refused allreduce wrote %ld host values", bad);
+  } else {
+    to_host(h_b, d, n * 4);
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) bad += ((float *)h_b)[i] != jv(rank, i);
+    EXPECT(bad == 0, "the refused allreduce wrote %ld device values", bad);
+  }
+  /* The engine is still usable: the same tensor, now on the GPU everywhere. */
+  to_dev(d, h_a, n * 4);
+  h = NULL;
+  start_allreduce("mixed.after", 0, d, n, HORA_SUM, &h);
+  if (finish_allreduce(h, d, n)) {
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) {
+      float want = 0;
+      for (int r = 0; r < size; r++) want += jv(r, i);
+      bad += ((float *)h_b)[i] != want;
+    }
+    EXPECT(bad == 0, "allreduce after the device mismatch: %ld wrong", bad);
+  }
+  cudaFree(d);
+  free(host);
+}
+
 /* A process set with device buffers (hvd.add_process_set and process_set= on a GPU tensor): the
  * set of ranks 0 and size-1 makes its own GPU state (its own NCCL communicator or staged comm) at
  * its first device collective; a blocking SUM and an async AVERAGE over the set's members give the
@@ -457,6 +506,7 @@ int main(int argc, char **argv) {
   test_engine();
   test_engine_join();
   test_process_set();
+  test_engine_device_mismatch();
   if (size == 1) {
     /* Host memory passed as device memory: a clear error, nothing written (1 rank: the check is
      * local, a second rank would wait for this one). */
