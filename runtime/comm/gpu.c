@@ -567,8 +567,9 @@ static hora_result_t hook_allreduce(hora_ctx_t *ctx, const void *sendbuf, void *
 /* A joined rank (hora_join) in the other ranks' device allreduce: the same call as theirs, on a
  * zeroed device buffer of its own with the result written beside it and never read, so that every
  * transport (NCCL, the staged ring, naive) meets the same calls on every rank and the joined rank
- * adds zeros, as Horovod's join does. The memset runs on the legacy default stream, which hora's
- * blocking streams wait for. */
+ * adds zeros, as Horovod's join does. The zeros are written at every call: an earlier, longer
+ * call's result half covers part of this call's zero half. The memset runs on the legacy default
+ * stream, which hora's blocking streams wait for. */
 static hora_result_t hook_allreduce_zeros(hora_ctx_t *ctx, size_t count, hora_dtype_t dtype, hora_op_t op,
                                           double prescale, double postscale) {
   ENTER("hora_join");

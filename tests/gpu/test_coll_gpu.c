@@ -386,22 +386,20 @@ static void test_engine_device_mismatch(void) {
            hora_last_error());
     hora_handle_free(h);
   }
-  if (on_host) {
-    long bad = 0;
-    for (size_t i = 0; i < n; i++) bad += host[i] != jv(rank, i);
-    EXPECT(bad == 0, "the refused allreduce wrote %ld host values", bad);
-  } else {
+  const float *mine = host;
+  if (!on_host) {
     to_host(h_b, d, n * 4);
-    long bad = 0;
-    for (size_t i = 0; i < n; i++) bad += ((float *)h_b)[i] != jv(rank, i);
-    EXPECT(bad == 0, "the refused allreduce wrote %ld device values", bad);
+    mine = (const float *)h_b;
   }
+  long bad = 0;
+  for (size_t i = 0; i < n; i++) bad += mine[i] != jv(rank, i);
+  EXPECT(bad == 0, "the refused allreduce wrote %ld values into rank %d's buffer", bad, rank);
   /* The engine is still usable: the same tensor, now on the GPU everywhere. */
   to_dev(d, h_a, n * 4);
   h = NULL;
   start_allreduce("mixed.after", 0, d, n, HORA_SUM, &h);
   if (finish_allreduce(h, d, n)) {
-    long bad = 0;
+    bad = 0;
     for (size_t i = 0; i < n; i++) {
       float want = 0;
       for (int r = 0; r < size; r++) want += jv(r, i);
