@@ -118,6 +118,25 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     return out
 
 
+def _step_on_zero_grads(optimizer, step):
+    """Create an optimizer's per-parameter state (momentum buffers, Adam moments) as Horovod
+    does: every parameter that requires grad gets a zero .grad, and step() runs once. Unlike
+    Horovod 0.28, the parameters are then put back bit for bit: with weight decay that step moves
+    them (SGD by lr * wd * p, AdamW by a factor 1 - lr * wd), and when rank 0 resumes from a
+    checkpoint (it has state, so it does not step) the other ranks would train on other weights
+    from then on, silently (docs/horovod.md, "What differs")."""
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    saved = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+        if isinstance(optimizer, torch.optim.SparseAdam):
+            p.grad = p.grad.to_sparse()
+    step()
+    with torch.no_grad():
+        for p, s in zip(params, saved):
+            p.copy_(s)
+
+
 def broadcast_optimizer_state(optimizer, root_rank=0, model=None):
     """Make every rank's optimizer state (step counts, momentum buffers, learning rates, ...)
     root_rank's, in place. An optimizer without state yet (never stepped) first gets it as
@@ -127,17 +146,11 @@ def broadcast_optimizer_state(optimizer, root_rank=0, model=None):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
     if len(state_dict["state"]) == 0:
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    p.grad = torch.zeros_like(p)
-                    if isinstance(optimizer, torch.optim.SparseAdam):
-                        p.grad = p.grad.to_sparse()
         if hasattr(optimizer, "_hora_names"):  # a DistributedOptimizer
             # The wrapped class's step: a distributed step would wait for every rank's grads.
-            super(optimizer.__class__, optimizer).step()
+            _step_on_zero_grads(optimizer, super(optimizer.__class__, optimizer).step)
         else:
-            optimizer.step()
+            _step_on_zero_grads(optimizer, optimizer.step)
         state_dict = optimizer.state_dict()
     # Root's structure decides: a rank whose state differs in shape gets root's state whole.
     tensors, scalars = [], {}

@@ -272,6 +272,53 @@ def test_broadcast_optimizer_state_of_fresh_optimizer_gives_zero_grads():
     assert (rows == rows[0]).all()
 
 
+def _flat(params):
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_broadcast_optimizer_state_on_resume_keeps_replicas_equal(kind):
+    """The resume pattern of Horovod's ImageNet and CIFAR-10 examples: rank 0 alone loads a
+    checkpoint (model and optimizer state), then broadcast_parameters and
+    broadcast_optimizer_state. The other ranks' state is created by a zero-gradient step, and
+    weight decay makes such a step move the parameters (SGD: by lr * wd * p, AdamW: by a factor
+    1 - lr * wd). Unless they are put back, those ranks train on other weights from then on."""
+    r, n = rank_size()
+
+    def make(params):
+        if kind == "sgd":
+            return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01)
+        return torch.optim.AdamW(params, lr=0.1, weight_decay=0.1)
+
+    model = make_model(seed=40 + r)
+    opt = ht.DistributedOptimizer(make(model.parameters()),
+                                  named_parameters=model.named_parameters())
+    x, y = global_batch(7, n)
+    if r == 0:  # rank 0 loads a checkpoint: a model and optimizer after one step of their own
+        ck_model = make_model(seed=99)
+        ck_opt = make(ck_model.parameters())
+        torch.nn.functional.cross_entropy(ck_model(x), y).backward()
+        ck_opt.step()
+        model.load_state_dict(ck_model.state_dict())
+        opt.load_state_dict(ck_opt.state_dict())
+    ht.broadcast_parameters(model.state_dict(), root_rank=0)
+    before = _flat(model.parameters()).clone()
+    ht.broadcast_optimizer_state(opt, root_rank=0)
+    kept = torch.equal(_flat(model.parameters()), before)
+    key = "momentum_buffer" if kind == "sgd" else "exp_avg"
+    state = torch.cat([opt.state[p][key].reshape(-1) for p in model.parameters()
+                       if p in opt.state])
+    states = hora.allgather(state.reshape(1, -1))
+    # One training step on this rank's part of the global batch.
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x[r * 4:(r + 1) * 4]), y[r * 4:(r + 1) * 4]).backward()
+    opt.step()
+    weights = hora.allgather(_flat(model.parameters()).reshape(1, -1))
+    assert kept, "broadcast_optimizer_state moved this rank's parameters"
+    assert states.abs().sum() > 0 and (states == states[0]).all()  # rank 0's state everywhere
+    assert (weights == weights[0]).all()  # the replicas stay bit-identical
+
+
 @pytest.mark.parametrize("sparse_as_dense", [False, True])
 def test_sparse_gradients(sparse_as_dense):
     r, n = rank_size()
