@@ -38,9 +38,6 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
             raise invalid(f"DistributedOptimizer(op=Adasum): Adasum needs a power-of-two number "
                           f"of ranks, the process set has {n}")
         all_params = [p for g in self.param_groups for p in g["params"]]
-        # Sorted by name: every rank submits the deltas in the same order.
-        self._hora_adasum_params = sorted((p for p in all_params if p.requires_grad),
-                                          key=lambda p: names[id(p)])
         self._hora_names = {p: "adasum.delta." + names[id(p)] for p in all_params}
         self._parameter_names = {p: names[id(p)] for p in all_params}  # Horovod's attribute
         self._hora_compression = compression
@@ -48,7 +45,21 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self._hora_set = process_set
         self._hora_delay = {p: backward_passes_per_step for p in all_params}
         self._hora_hooks = [p.register_post_accumulate_grad_hook(self._hora_hook)
-                            for p in self._hora_adasum_params]
+                            for p in all_params if p.requires_grad]
+
+    def add_param_group(self, param_group):
+        """torch.optim.Optimizer.add_param_group; the deltas of a group added after construction
+        are combined like the others (names "param_group.<g>.<i>"; see _DistributedOptimizer's)."""
+        super(self.__class__, self).add_param_group(param_group)
+        if "_hora_names" not in self.__dict__:  # the groups torch's __init__ adds
+            return
+        gi = len(self.param_groups) - 1
+        for i, p in enumerate(self.param_groups[gi]["params"]):
+            self._hora_names[p] = f"adasum.delta.param_group.{gi}.{i}"
+            self._parameter_names[p] = f"param_group.{gi}.{i}"
+            self._hora_delay[p] = self._hora_passes
+            if p.requires_grad:
+                self._hora_hooks.append(p.register_post_accumulate_grad_hook(self._hora_hook))
 
     def _hora_hook(self, p):
         _count_backward_pass(self._hora_delay, p)
@@ -67,7 +78,10 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         its value before the step plus the Adasum over the ranks of the step's deltas.
         Collective over the optimizer's process set."""
         loss = closure() if closure is not None else None
-        params = self._hora_adasum_params
+        # The trainable parameters now (a layer unfrozen since construction included), sorted by
+        # name: every rank submits the deltas in the same order.
+        params = sorted((p for p in self._hora_names if p.requires_grad),
+                        key=lambda p: self._hora_names[p])
         with torch.no_grad():
             starts = [p.detach().clone() for p in params]
             super(self.__class__, self).step()

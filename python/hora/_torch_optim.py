@@ -211,6 +211,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hora_pre = 1.0 / gradient_predivide_factor
         self._hora_post = float(gradient_predivide_factor)
         self._hora_sparse_as_dense = bool(sparse_as_dense)
+        self._hora_bucketed = groups is None
         if groups is None:
             self._hora_group_of, self._hora_groups = _buckets(all_params, _BUCKET_BYTES)
         else:
@@ -222,6 +223,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hora_skip = False
         self._hora_hooks = [p.register_post_accumulate_grad_hook(self._hora_hook)
                             for p in all_params if p.requires_grad and not self._hora_outside]
+
+    def add_param_group(self, param_group):
+        """torch.optim.Optimizer.add_param_group. The parameters of a group added after
+        construction (a layer unfrozen, a head grown during training) are averaged like the
+        others: hooks, buckets of their own, names by position ("param_group.<g>.<i>", the same
+        on every rank as long as every rank adds the same groups). Horovod 0.28 leaves them out,
+        and each rank would step on its own gradients (docs/horovod.md, "What differs")."""
+        super(self.__class__, self).add_param_group(param_group)
+        if "_hora_names" not in self.__dict__:  # the groups torch's __init__ adds
+            return
+        gi = len(self.param_groups) - 1
+        params = self.param_groups[gi]["params"]
+        for i, p in enumerate(params):
+            self._hora_names[p] = f"grad.param_group.{gi}.{i}"
+            self._parameter_names[p] = f"param_group.{gi}.{i}"
+            self._hora_delay[p] = self._hora_passes
+        if self._hora_bucketed:
+            group_of, buckets = _buckets(params, _BUCKET_BYTES)
+            base = len(self._hora_groups)
+            self._hora_groups.extend(buckets)
+            self._hora_group_of.update({p: base + i for p, i in group_of.items()})
+        if not self._hora_outside:
+            self._hora_hooks += [p.register_post_accumulate_grad_hook(self._hora_hook)
+                                 for p in params if p.requires_grad]
 
     def _hora_hook(self, p):
         # Runs inside backward, right after p.grad has been accumulated.
@@ -433,8 +458,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     (synchronize()) and applies the wrapped optimizer's update. The results are Horovod's (each
     gradient averaged over the ranks); only the requests are fewer than Horovod's one per
     gradient. The
-    returned object is an instance of a subclass of the optimizer's class; the wrapped
-    optimizer's state is not carried over, as in Horovod.
+    returned object is an instance of a subclass of the optimizer's class. It takes over the
+    wrapped optimizer's defaults and per-parameter state (Horovod 0.28 drops both; see
+    _carry_over).
 
     compression: Compression.none/fp16/bf16. gradient_predivide_factor f: gradients are scaled
     by 1/f before the sum and by f/size after it (op Average only). num_groups (deprecated) /
@@ -466,9 +492,24 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         names = _param_names(all_params, named_parameters)
         cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                    dict(_DistributedAdasumOptimizer.__dict__))
-        return cls(optimizer.param_groups, names, compression, backward_passes_per_step,
-                   process_set, view)
+        return _carry_over(optimizer, cls(optimizer.param_groups, names, compression,
+                                          backward_passes_per_step, process_set, view))
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    return _carry_over(optimizer, cls(optimizer.param_groups, named_parameters, compression,
+                                      backward_passes_per_step, op, gradient_predivide_factor,
+                                      groups, sparse_as_dense, process_set))
+
+
+def _carry_over(wrapped, opt):
+    """The new optimizer is built from the wrapped one's param_groups alone, so torch gives it the
+    optimizer class's constructor defaults (SGD: lr=0.001, momentum=0) and empty state. It takes
+    over the wrapped optimizer's defaults, which add_param_group fills a new group from (else a
+    group added with only its "lr" would train without the momentum every other group has), and
+    its per-parameter state (a checkpoint loaded before wrapping would otherwise be dropped:
+    momentum buffers and Adam moments back to nothing). Horovod 0.28 drops both
+    (docs/horovod.md, "What differs"). Returns opt."""
+    opt.defaults = dict(wrapped.defaults)
+    for p, st in wrapped.state.items():
+        opt.state[p] = st
+    return opt

@@ -319,6 +319,98 @@ def test_broadcast_optimizer_state_on_resume_keeps_replicas_equal(kind):
     assert (weights == weights[0]).all()  # the replicas stay bit-identical
 
 
+def _freeze_fc2(m, frozen):
+    for p in m.fc2.parameters():
+        p.requires_grad_(not frozen)
+
+
+@pytest.mark.parametrize("groups", [None, 0])
+def test_param_group_added_during_training_is_averaged(groups):
+    """Progressive unfreezing: fc2 starts frozen and outside the optimizer, then is unfrozen and
+    added with add_param_group (its own learning rate). From then on its gradients are averaged
+    too (in a bucket of their own by default; one request each with groups=0): the weights are
+    the single-process reference's on the whole batch, bit-identical on every rank. Horovod 0.28
+    leaves such a group out, and every rank would step on its own gradients."""
+    r, n = rank_size()
+    model, ref = make_model(seed=6), make_model(seed=6)
+    for m in (model, ref):
+        _freeze_fc2(m, True)
+    opt = ht.DistributedOptimizer(torch.optim.SGD(model.fc1.parameters(), lr=0.1, momentum=0.9),
+                                  named_parameters=model.fc1.named_parameters(), groups=groups)
+    ref_opt = torch.optim.SGD(ref.fc1.parameters(), lr=0.1, momentum=0.9)
+    train_steps(model, opt, ref, ref_opt, 2)
+    fc2_before = model.fc2.weight.detach().clone()
+    for m, o in ((model, opt), (ref, ref_opt)):
+        _freeze_fc2(m, False)
+        o.add_param_group({"params": list(m.fc2.parameters()), "lr": 0.05})
+    train_steps(model, opt, ref, ref_opt, 3)
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hora.allgather(weights.reshape(1, -1))
+    assert opt._parameter_names[model.fc2.weight] == "param_group.1.0"
+    assert not torch.equal(model.fc2.weight.detach(), fc2_before)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-9, atol=1e-10, msg=name)
+    assert (gathered == gathered[0]).all()
+
+
+def test_wrapping_keeps_the_optimizers_defaults_and_state():
+    """An optimizer that already has state (here one step of its own on the whole batch; in a
+    program, a checkpoint loaded before wrapping) keeps it when wrapped, and its defaults too:
+    training goes on as the single-process reference does. Horovod 0.28 starts the wrapper from
+    empty state and the class's constructor defaults (SGD: lr 0.001, momentum 0)."""
+    r, n = rank_size()
+    model, ref = make_model(seed=8), make_model(seed=8)
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    x, y = global_batch(50, n)
+    for m, o in ((model, base), (ref, ref_opt)):
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+        o.step()
+        o.zero_grad()
+    opt = ht.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    carried = [torch.equal(opt.state[p]["momentum_buffer"], ref_opt.state[q]["momentum_buffer"])
+               for p, q in zip(model.fc1.parameters(), ref.fc1.parameters())]
+    train_steps(model, opt, ref, ref_opt, 3)
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hora.allgather(weights.reshape(1, -1))
+    assert opt.defaults["lr"] == 0.1 and opt.defaults["momentum"] == 0.9
+    assert carried == [True, True]
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-9, atol=1e-10, msg=name)
+    assert (gathered == gathered[0]).all()
+
+
+def test_adasum_param_group_added_during_training_is_combined():
+    """The same with op=Adasum (power-of-two worlds): the deltas of the added group are
+    combined like the others', against the NumPy Adasum reference."""
+    r, n = rank_size()
+    if n & (n - 1):
+        pytest.skip("Adasum needs a power-of-two number of ranks")
+    model = make_model(seed=22)
+    refs = [make_model(seed=22) for _ in range(n)]
+    for m in [model] + refs:
+        _freeze_fc2(m, True)
+    opt = ht.DistributedOptimizer(torch.optim.SGD(model.fc1.parameters(), lr=0.1), op=ht.Adasum,
+                                  named_parameters=model.fc1.named_parameters())
+    ref_opts = [torch.optim.SGD(m.fc1.parameters(), lr=0.1) for m in refs]
+    for step in range(4):
+        if step == 2:
+            for m, o in zip([model] + refs, [opt] + ref_opts):
+                _freeze_fc2(m, False)
+                o.add_param_group({"params": list(m.fc2.parameters()), "lr": 0.05})
+        x, y = global_batch(step, n)
+        batches = [(x[q * 4:(q + 1) * 4], y[q * 4:(q + 1) * 4]) for q in range(n)]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(batches[r][0]), batches[r][1]).backward()
+        opt.step()
+        _adasum_reference_step(refs, ref_opts, batches)
+    flat = torch.cat([p.detach().ravel() for p in model.parameters()])
+    gathered = hora.allgather(flat.reshape(1, -1))
+    for (name, p), q in zip(model.named_parameters(), refs[0].parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-10, atol=1e-12, msg=name)
+    assert (gathered == gathered[0]).all()
+
+
 @pytest.mark.parametrize("sparse_as_dense", [False, True])
 def test_sparse_gradients(sparse_as_dense):
     r, n = rank_size()
