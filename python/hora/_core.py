@@ -48,7 +48,9 @@ def _ctx():
     if c is None:  # not initialized, or shut down
         if _state.was_shut_down:
             raise NotInitializedError("hora was shut down (hora.shutdown()); call hora.init() "
-                                      "again before using it", lib.HORA_ERR_NOT_INITIALIZED)
+                                      "again before using it (possible where MPI was started "
+                                      "before hora, for example by mpi4py: where hora started "
+                                      "it, shutdown() finalized it)", lib.HORA_ERR_NOT_INITIALIZED)
         raise NotInitializedError("hora is not initialized: call hora.init() first",
                                   lib.HORA_ERR_NOT_INITIALIZED)
     return c

@@ -292,7 +292,10 @@ static hora_result_t mpi_start(int *owned) {
   MPI_Initialized(&inited);
   MPI_Finalized(&finalized);
   if (finalized)
-    return HORA_ERR(HORA_ERR_MPI, "hora_init: MPI is already finalized in this process");
+    return HORA_ERR(HORA_ERR_MPI,
+                    "hora_init: MPI is already finalized in this process, and MPI cannot start "
+                    "twice (hora_finalize finalizes MPI when hora_init started it: to start hora "
+                    "again, initialize MPI before the first hora_init, for example with mpi4py)");
   int provided = 0;
   if (!inited) {
     int mrc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
