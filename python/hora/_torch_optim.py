@@ -1,6 +1,7 @@
 """hora.torch's DistributedOptimizer, broadcast_parameters, broadcast_optimizer_state,
 broadcast_object and allgather_object, with horovod.torch's (0.28) signatures and behaviour."""
 import contextlib
+import hashlib
 import io
 import pickle
 import warnings
@@ -217,6 +218,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             self._hora_group_of, self._hora_groups = _param_groups(all_params, groups)
         self._hora_delay = {p: backward_passes_per_step for p in all_params}
+        self._hora_group_names = {}  # group index -> request name (_hora_group_name)
         self._hora_ready = {}  # group index -> parameters whose gradient is ready
         self._hora_handles = {}  # parameter -> (handle, finish) or group index -> ...
         self._hora_synced = False
@@ -261,7 +263,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ready = self._hora_ready.setdefault(gi, set())
         ready.add(p)
         if len(ready) == len(self._hora_groups[gi]):
-            self._hora_handles[gi] = self._hora_start(self._hora_groups[gi], f"grad.group.{gi}")
+            self._hora_handles[gi] = self._hora_start(self._hora_groups[gi],
+                                                      self._hora_group_name(gi))
+
+    def _hora_group_name(self, gi):
+        """The request name of bucket or group gi: from the names of the parameters it holds,
+        so that two DistributedOptimizers of one program (an encoder's and a decoder's, a GAN's
+        two) never submit the same name, and two buckets collide only where Horovod's
+        per-parameter names would (the same parameter names in both)."""
+        if gi not in self._hora_group_names:
+            names = "\0".join(self._hora_names[p] for p in self._hora_groups[gi])
+            digest = hashlib.sha1(names.encode()).hexdigest()[:16]
+            self._hora_group_names[gi] = f"grad.group.{digest}"
+        return self._hora_group_names[gi]
 
     def _hora_start(self, params, name):
         """Submit the allreduce of the gradients of params; returns a function that waits and

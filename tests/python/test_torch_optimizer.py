@@ -353,6 +353,34 @@ def test_param_group_added_during_training_is_averaged(groups):
     assert (gathered == gathered[0]).all()
 
 
+def test_two_optimizers_after_one_backward():
+    """An encoder's and a decoder's DistributedOptimizer, both stepped after one backward (their
+    buckets are in flight together): each bucket has a name of its own (from its parameters'
+    names), and the weights are the single-process reference's. With one bucket name per index
+    the second optimizer's bucket was refused as already in flight."""
+    r, n = rank_size()
+    model, ref = make_model(seed=9), make_model(seed=9)
+    opts = [ht.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                    named_parameters=m.named_parameters(prefix=pre))
+            for m, pre in ((model.fc1, "enc"), (model.fc2, "dec"))]
+    ref_opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ref.fc1, ref.fc2)]
+    mine = slice(r * 4, (r + 1) * 4)
+    for step in range(3):
+        x, y = global_batch(step, n)
+        for o in opts + ref_opts:
+            o.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[mine]), y[mine]).backward()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        for o in opts + ref_opts:
+            o.step()
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hora.allgather(weights.reshape(1, -1))
+    assert opts[0]._hora_group_name(0) != opts[1]._hora_group_name(0)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-9, atol=1e-10, msg=name)
+    assert (gathered == gathered[0]).all()
+
+
 def test_wrapping_keeps_the_optimizers_defaults_and_state():
     """An optimizer that already has state (here one step of its own on the whole batch; in a
     program, a checkpoint loaded before wrapping) keeps it when wrapped, and its defaults too:
