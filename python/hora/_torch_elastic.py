@@ -179,7 +179,7 @@ class State:
 class TorchState(State):
     """Horovod's TorchState(model, optimizer, **kwargs): the model's state_dict tensors, the
     optimizer's state tensors (materialized at construction by a zero-gradient step with the
-    parameters restored after it, as hora.torch's broadcast_optimizer_state does), ElasticSampler
+    parameters restored after it), ElasticSampler
     kwargs (processed samples as a bitmap tensor) and every other kwarg (pickled; attributes of
     the state). hora extensions (keyword-only): hora_dir, hora_checkpoint (a hora.Checkpoint),
     hora_ckpt_every."""

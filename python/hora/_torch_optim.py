@@ -121,37 +121,42 @@ def allgather_object(obj, name=None, process_set=global_process_set):
 
 def _step_on_zero_grads(optimizer, step):
     """Create an optimizer's per-parameter state (momentum buffers, Adam moments) as Horovod
-    does: every parameter that requires grad gets a zero .grad, and step() runs once. Unlike
-    Horovod 0.28, the parameters are then put back bit for bit: with weight decay that step moves
-    them (SGD by lr * wd * p, AdamW by a factor 1 - lr * wd), and when rank 0 resumes from a
-    checkpoint (it has state, so it does not step) the other ranks would train on other weights
-    from then on, silently (docs/horovod.md, "What differs")."""
+    does: every parameter that requires grad gets a zero .grad, and step() runs once. With
+    weight decay that step also moves the parameters (SGD by lr * wd * p, AdamW by a factor
+    1 - lr * wd). Returns [(parameter, its value before the step)], for the caller to put back."""
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-    saved = [p.detach().clone() for p in params]
+    saved = [(p, p.detach().clone()) for p in params]
     for p in params:
         p.grad = torch.zeros_like(p)
         if isinstance(optimizer, torch.optim.SparseAdam):
             p.grad = p.grad.to_sparse()
     step()
-    with torch.no_grad():
-        for p, s in zip(params, saved):
-            p.copy_(s)
+    return saved
 
 
 def broadcast_optimizer_state(optimizer, root_rank=0, model=None):
     """Make every rank's optimizer state (step counts, momentum buffers, learning rates, ...)
     root_rank's, in place. An optimizer without state yet (never stepped) first gets it as
     Horovod does: every parameter that requires grad gets a zero .grad and the wrapped
-    optimizer steps once. Collective."""
+    optimizer steps once.
+
+    Where some ranks took that step and others did not, the ones that did put their parameters
+    back: with weight decay the step moves them, and in the resume pattern of Horovod's own
+    examples (rank 0 alone loads a checkpoint, so it has state and does not step; then
+    broadcast_parameters, then this) the other ranks would train on other weights than rank 0's
+    from then on, silently, as they do with Horovod 0.28. Where every rank took it (a fresh
+    start), the parameters stay as the step left them, the same on every rank and the same
+    numbers as Horovod's (docs/horovod.md, "What differs"). Collective."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
+    saved = None
     if len(state_dict["state"]) == 0:
         if hasattr(optimizer, "_hora_names"):  # a DistributedOptimizer
             # The wrapped class's step: a distributed step would wait for every rank's grads.
-            _step_on_zero_grads(optimizer, super(optimizer.__class__, optimizer).step)
+            saved = _step_on_zero_grads(optimizer, super(optimizer.__class__, optimizer).step)
         else:
-            _step_on_zero_grads(optimizer, optimizer.step)
+            saved = _step_on_zero_grads(optimizer, optimizer.step)
         state_dict = optimizer.state_dict()
     # Root's structure decides: a rank whose state differs in shape gets root's state whole.
     tensors, scalars = [], {}
@@ -164,10 +169,17 @@ def broadcast_optimizer_state(optimizer, root_rank=0, model=None):
                 scalars[(pid, key)] = v
     layout = [(n, tuple(v.shape), str(v.dtype)) for n, v in tensors]
     same = broadcast_object(layout, root_rank, name="broadcast_optimizer_state.layout")
-    ok = torch.tensor([1 if same == layout else 0], dtype=torch.int32)
+    # [this rank's layout is root's, this rank took the zero-gradient step]; Min over the ranks.
+    flags = torch.tensor([1 if same == layout else 0, 0 if saved is None else 1],
+                         dtype=torch.int32)
     from ._torch_ops import allreduce
     from ._core import Min
-    if int(allreduce(ok, op=Min, name="broadcast_optimizer_state.agree")[0]) == 0:
+    agree, all_stepped = allreduce(flags, op=Min, name="broadcast_optimizer_state.agree").tolist()
+    if saved is not None and not all_stepped:
+        with torch.no_grad():
+            for p, value in saved:
+                p.copy_(value)
+    if agree == 0:
         state = broadcast_object(optimizer.state_dict() if rank() == root_rank else None,
                                  root_rank, name="broadcast_optimizer_state.whole")
         if rank() != root_rank:

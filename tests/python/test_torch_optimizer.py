@@ -276,25 +276,29 @@ def _flat(params):
     return torch.cat([p.detach().reshape(-1) for p in params])
 
 
+@pytest.mark.parametrize("resume", [True, False], ids=["resume", "fresh"])
 @pytest.mark.parametrize("kind", ["sgd", "adamw"])
-def test_broadcast_optimizer_state_on_resume_keeps_replicas_equal(kind):
+def test_broadcast_optimizer_state_keeps_replicas_equal(kind, resume):
     """The resume pattern of Horovod's ImageNet and CIFAR-10 examples: rank 0 alone loads a
     checkpoint (model and optimizer state), then broadcast_parameters and
     broadcast_optimizer_state. The other ranks' state is created by a zero-gradient step, and
     weight decay makes such a step move the parameters (SGD: by lr * wd * p, AdamW: by a factor
-    1 - lr * wd). Unless they are put back, those ranks train on other weights from then on."""
+    1 - lr * wd). Unless they are put back, those ranks train on other weights from then on.
+    On a fresh start every rank takes that step, and the parameters are Horovod's: decayed once,
+    the same on every rank."""
     r, n = rank_size()
+    lr, wd = (0.1, 0.01) if kind == "sgd" else (0.1, 0.1)
 
     def make(params):
         if kind == "sgd":
-            return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01)
-        return torch.optim.AdamW(params, lr=0.1, weight_decay=0.1)
+            return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=wd)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
 
     model = make_model(seed=40 + r)
     opt = ht.DistributedOptimizer(make(model.parameters()),
                                   named_parameters=model.named_parameters())
     x, y = global_batch(7, n)
-    if r == 0:  # rank 0 loads a checkpoint: a model and optimizer after one step of their own
+    if resume and r == 0:  # rank 0 loads a checkpoint: a model and optimizer after a step
         ck_model = make_model(seed=99)
         ck_opt = make(ck_model.parameters())
         torch.nn.functional.cross_entropy(ck_model(x), y).backward()
@@ -304,7 +308,7 @@ def test_broadcast_optimizer_state_on_resume_keeps_replicas_equal(kind):
     ht.broadcast_parameters(model.state_dict(), root_rank=0)
     before = _flat(model.parameters()).clone()
     ht.broadcast_optimizer_state(opt, root_rank=0)
-    kept = torch.equal(_flat(model.parameters()), before)
+    after = _flat(model.parameters()).clone()
     key = "momentum_buffer" if kind == "sgd" else "exp_avg"
     state = torch.cat([opt.state[p][key].reshape(-1) for p in model.parameters()
                        if p in opt.state])
@@ -314,8 +318,13 @@ def test_broadcast_optimizer_state_on_resume_keeps_replicas_equal(kind):
     torch.nn.functional.cross_entropy(model(x[r * 4:(r + 1) * 4]), y[r * 4:(r + 1) * 4]).backward()
     opt.step()
     weights = hora.allgather(_flat(model.parameters()).reshape(1, -1))
-    assert kept, "broadcast_optimizer_state moved this rank's parameters"
-    assert states.abs().sum() > 0 and (states == states[0]).all()  # rank 0's state everywhere
+    if resume:
+        assert torch.equal(after, before), "broadcast_optimizer_state moved the parameters"
+    else:  # Horovod's numbers: the zero-gradient step's weight decay, once
+        torch.testing.assert_close(after, before * (1 - lr * wd), rtol=1e-14, atol=0)
+    assert (states == states[0]).all()  # rank 0's state everywhere
+    # (A fresh AdamW's first moments after zero gradients are zeros; SGD's buffers hold wd * p.)
+    assert states.abs().sum() > 0 or (kind == "adamw" and not resume)
     assert (weights == weights[0]).all()  # the replicas stay bit-identical
 
 
