@@ -258,7 +258,9 @@ class TorchState(State):
 def _materialize(optimizer):
     """Create the optimizer's per-parameter state (momentum, Adam moments) now, so that the state
     has the same tensors before and after the first step: one step with zero gradients, the
-    parameters put back bit for bit afterwards."""
+    parameters put back bit for bit afterwards. The state stays as that step leaves it, as
+    Horovod's broadcast_optimizer_state leaves it: set to zero, some of it would be wrong for
+    the first real step (NAdam's mu_product starts at 1, Rprop's step sizes at lr)."""
     torch = _torch()
     if len(optimizer.state) > 0:
         return
@@ -272,10 +274,6 @@ def _materialize(optimizer):
         for p, s, g in zip(params, saved, grads):
             p.copy_(s)
             p.grad = g
-    for st in optimizer.state.values():  # a fresh optimizer's statistics, not one step's
-        for k, v in st.items():
-            if isinstance(v, torch.Tensor):
-                v.zero_()
 
 
 def run(func):

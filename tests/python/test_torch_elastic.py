@@ -130,6 +130,27 @@ def test_torch_state_commit_restore_sync(optim):
     state2._st.close()
 
 
+def test_torch_state_optimizer_state_is_a_zero_gradient_steps():
+    """TorchState creates the optimizer's state at construction with one zero-gradient step (as
+    Horovod's broadcast_optimizer_state does) and keeps it as that step leaves it: NAdam's
+    mu_product is not 0 and Rprop's step sizes are lr (set to zero, NAdam's bias correction and
+    Rprop's steps would be wrong from the first real step on). The parameters are unchanged."""
+    model = _model(11)
+    ref = _model(11)
+    opts = [torch.optim.NAdam(model[0].parameters(), lr=0.01),
+            torch.optim.Rprop(model[2].parameters(), lr=0.05)]
+    states = [hvd.elastic.TorchState(model, o, hora_dir=shared_dir(f"zs{i}"))
+              for i, o in enumerate(opts)]
+    nadam = [opts[0].state[p]["mu_product"].item() for p in model[0].parameters()]
+    rprop = [opts[1].state[p]["step_size"] for p in model[2].parameters()]
+    assert all(0.44 < mu < 0.46 for mu in nadam), nadam  # 0.9 * (1 - 0.5 * 0.96 ** 0.004)
+    assert all(torch.equal(s, torch.full_like(s, 0.05)) for s in rprop)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(p, q) and p.grad is None
+    for st in states:
+        st._st.close()
+
+
 def test_run_decorator_syncs_and_returns():
     r, _ = rank_size()
     model = _model(7 + r)
