@@ -8,6 +8,8 @@
 Run with `launch` (inside an sbatch script: `srun launch python train.py`) or `mpirun -np N
 python train.py`. See docs/python.md.
 """
+import sys as _sys
+
 from ._preload import preload as _preload
 
 _preload()  # before libhora is loaded: see _preload.py
@@ -43,3 +45,8 @@ if hasattr(_lib, "hora_ckpt_open"):
     from .checkpoint import EXIT_REQUEUE, Checkpoint, should_stop, stop_on_signal  # noqa: F401
 if hasattr(_lib, "hora_elastic_open"):
     from . import elastic  # noqa: F401
+
+# `from hora.common.exceptions import HorovodInternalError` and the like (_horovod_common.py).
+from . import _horovod_common  # noqa: E402
+
+_horovod_common.install(_sys.modules[__name__])

@@ -23,7 +23,9 @@ import sys
 
 import hora
 from . import _core
-from ._compression import Compression  # noqa: F401
+from ._compression import (  # noqa: F401  (horovod.torch.compression's names too)
+    BF16Compressor, Compression, Compressor, FP16Compressor, NoneCompressor,
+)
 from ._errors import (  # noqa: F401
     HorovodInternalError, HoraError, InvalidArgumentError, MismatchError, NotInitializedError,
     NotSupportedError, RemoteError, ShutdownError, check,

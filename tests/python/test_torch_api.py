@@ -108,6 +108,50 @@ def test_names_and_signatures_are_horovods():
     import hora.torch.functions as functions
     assert synchronize is hvd.synchronize and Compression is hvd.Compression
     assert functions.broadcast_parameters is hvd.broadcast_parameters
+    from hora.torch.compression import Compressor, FP16Compressor, NoneCompressor
+    assert Compression.none is NoneCompressor and Compression.fp16 is FP16Compressor
+    assert issubclass(FP16Compressor, Compressor)
+    # Horovod's framework-independent modules, as elastic programs import them.
+    from hora.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+    from hora.common.process_sets import ProcessSet, add_process_set, global_process_set
+    import hora.common.process_sets
+    assert HorovodInternalError is hvd.HorovodInternalError
+    assert HostsUpdatedInterrupt is hvd.elastic.HostsUpdatedInterrupt
+    assert (ProcessSet, add_process_set, global_process_set) == \
+        (hvd.ProcessSet, hvd.add_process_set, hvd.global_process_set)
+    assert hora.common.process_sets.remove_process_set is hvd.remove_process_set
+
+
+def test_custom_compressor_subclass():
+    """A program's own compressor, subclassing horovod.torch.compression.Compressor (here: the
+    values travel doubled and come back halved), in allreduce and DistributedOptimizer."""
+    from hora.torch.compression import Compressor
+    r, n = rank_size()
+    calls = []
+
+    class Doubling(Compressor):
+        @staticmethod
+        def compress(tensor):
+            calls.append("c")
+            return tensor * 2, "ctx"
+
+        @staticmethod
+        def decompress(tensor, ctx):
+            calls.append(ctx)
+            return tensor / 2
+
+    x = torch.arange(6, dtype=torch.float64) * (r + 1)
+    out = hvd.allreduce(x, op=hvd.Sum, compression=Doubling, name="custom.compressor")
+    lin = torch.nn.Linear(3, 1, bias=False).double()
+    torch.nn.init.ones_(lin.weight)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=1.0), compression=Doubling,
+                                   named_parameters=lin.named_parameters(prefix="custom"))
+    lin(torch.full((1, 3), float(r + 1), dtype=torch.float64)).sum().backward()
+    opt.step()
+    mean = sum(q + 1 for q in range(n)) / n
+    assert out.tolist() == (torch.arange(6, dtype=torch.float64) * n * (n + 1) / 2).tolist()
+    assert lin.weight.detach().tolist() == [[1.0 - mean] * 3]
+    assert calls.count("c") == 2 and calls.count("ctx") == 2
 
 
 def test_layout_and_info_calls():
