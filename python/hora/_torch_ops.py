@@ -85,6 +85,10 @@ _inflight = {}
 _inflight_lock = threading.Lock()
 _sweep = {"at": 256}  # drop completed claims when the table grows past this
 _counter = itertools.count()
+# Unnamed requests from two threads at once: the thread ident -> the claim of its last unnamed
+# request, and whether the warning (once per process) was given.
+_unnamed_last = {}
+_unnamed_warned = [False]
 
 
 def _claim(name, kind, parts):
@@ -108,13 +112,51 @@ def _claim(name, kind, parts):
                 del _inflight[n]
             _sweep["at"] = max(256, 2 * len(_inflight))
         claim = _inflight[name] = _Claim(parts)
+        warn = user is None and _note_unnamed(claim)
+    if warn:
+        warnings.warn(f"{kind}: collectives without a name= are in flight from two threads at "
+                      "once; unnamed requests are numbered in the order they arrive, which can "
+                      "differ between ranks, and then one thread's tensor is reduced with "
+                      "another thread's, without an error. Give them names.", RuntimeWarning,
+                      stacklevel=_caller_level())
     return name, claim
+
+
+def _caller_level():
+    """warnings.warn's stacklevel of the first frame outside hora and torch (the program's call),
+    counted from the function that calls this one."""
+    import os
+    import sys
+    skip = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
+    f, level = sys._getframe(2), 2
+    while f is not None and f.f_code.co_filename.startswith(skip):
+        f, level = f.f_back, level + 1
+    return level
+
+
+def _note_unnamed(claim):
+    """Record an unnamed request of this thread (under _inflight_lock); True, the first time in
+    the process, when another thread's unnamed request is still in flight."""
+    me = threading.get_ident()
+    # A claim without parts yet is being submitted by its thread: in flight too.
+    busy = any(not c.parts or not c.done() for t, c in _unnamed_last.items() if t != me)
+    _unnamed_last[me] = claim
+    if len(_unnamed_last) > 64:  # threads come and go: keep the ones still in flight
+        for t in [t for t, c in _unnamed_last.items() if t != me and c.done()]:
+            del _unnamed_last[t]
+    if busy and not _unnamed_warned[0]:
+        _unnamed_warned[0] = True
+        return True
+    return False
 
 
 def _release(name, claim):
     with _inflight_lock:
         if _inflight.get(name) is claim:
             del _inflight[name]
+        me = threading.get_ident()
+        if _unnamed_last.get(me) is claim:
+            del _unnamed_last[me]
 
 
 # ---- handles ----------------------------------------------------------------------------------

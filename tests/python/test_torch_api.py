@@ -636,6 +636,45 @@ def test_dropped_handle_never_blocks():
     assert torch.equal(hvd.allreduce(torch.ones(3), op=hvd.Sum), torch.full((3,), float(n)))
 
 
+def test_unnamed_collectives_from_two_threads_warn(monkeypatch):
+    """Unnamed requests are numbered in arrival order; from two threads at once that order can
+    differ between ranks and pair one thread's tensor with another's. hora warns (once per
+    process) where it sees two threads' unnamed requests in flight. Here rank 0's first request
+    stays in flight (the other ranks submit theirs only after a named broadcast that rank 0
+    makes once its second thread has submitted): rank 0 warns; the results are right because
+    each rank's order is the same here."""
+    import threading
+    from hora import _torch_ops
+    monkeypatch.setattr(_torch_ops, "_unnamed_warned", [False])
+    r, n = rank_size()
+    out = {}
+
+    def second():
+        out["b"] = hvd.allreduce(torch.full((2,), 10.0 * (r + 1)), op=hvd.Sum)
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        go = torch.zeros(1)
+        if r != 0:
+            hvd.broadcast_(go, 0, name="unnamed.threads.go")
+        h = hvd.allreduce_async(torch.full((4,), float(r + 1)), op=hvd.Sum)
+        t = threading.Thread(target=second)
+        t.start()
+        if r == 0:
+            deadline = time.monotonic() + 30
+            while not _torch_ops._unnamed_warned[0] and time.monotonic() < deadline:
+                time.sleep(0.01)
+            hvd.broadcast_(go, 0, name="unnamed.threads.go")
+        t.join()
+        a = hvd.synchronize(h)
+    ours = [w for w in seen if issubclass(w.category, RuntimeWarning) and "two threads" in
+            str(w.message)]
+    total = n * (n + 1) / 2
+    assert a.tolist() == [total] * 4 and out["b"].tolist() == [10 * total] * 2
+    if r == 0:
+        assert len(ours) == 1 and "Give them names" in str(ours[0].message)
+
+
 def test_join_returns_the_last_rank():
     r, n = rank_size()
     if r == n - 1:
