@@ -241,17 +241,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group):
         """torch.optim.Optimizer.add_param_group. The parameters of a group added after
         construction (a layer unfrozen, a head grown during training) are averaged like the
-        others: hooks, buckets of their own, names by position ("param_group.<g>.<i>", the same
-        on every rank as long as every rank adds the same groups). Horovod 0.28 leaves them out,
-        and each rank would step on its own gradients (docs/horovod.md, "What differs")."""
+        others: hooks, buckets of their own, names by position ("param_group.<tag>.<g>.<i>",
+        the same on every rank as long as every rank adds the same groups; <tag>, from the names
+        of the optimizer's first parameters, keeps two optimizers' added groups apart). Horovod
+        0.28 leaves them out, and each rank would step on its own gradients (docs/horovod.md,
+        "What differs")."""
         super(self.__class__, self).add_param_group(param_group)
         if "_hora_names" not in self.__dict__:  # the groups torch's __init__ adds
             return
+        if "_hora_tag" not in self.__dict__:
+            first = "\0".join(sorted(self._parameter_names.values()))
+            self._hora_tag = hashlib.sha1(first.encode()).hexdigest()[:8]
         gi = len(self.param_groups) - 1
         params = self.param_groups[gi]["params"]
         for i, p in enumerate(params):
-            self._hora_names[p] = f"grad.param_group.{gi}.{i}"
-            self._parameter_names[p] = f"param_group.{gi}.{i}"
+            self._parameter_names[p] = f"param_group.{self._hora_tag}.{gi}.{i}"
+            self._hora_names[p] = "grad." + self._parameter_names[p]
             self._hora_delay[p] = self._hora_passes
         if self._hora_bucketed:
             group_of, buckets = _buckets(params, _BUCKET_BYTES)

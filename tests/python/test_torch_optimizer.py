@@ -355,7 +355,17 @@ def test_param_group_added_during_training_is_averaged(groups):
     train_steps(model, opt, ref, ref_opt, 3)
     weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     gathered = hora.allgather(weights.reshape(1, -1))
-    assert opt._parameter_names[model.fc2.weight] == "param_group.1.0"
+    assert opt._parameter_names[model.fc2.weight].startswith("param_group.")
+    assert opt._parameter_names[model.fc2.weight].endswith(".1.0")
+    # Two optimizers that each add a group name their requests apart.
+    a, b, extra = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    oa = ht.DistributedOptimizer(torch.optim.SGD(a.parameters(), lr=0.1),
+                                 named_parameters=a.named_parameters(prefix="a"))
+    ob = ht.DistributedOptimizer(torch.optim.SGD(b.parameters(), lr=0.1),
+                                 named_parameters=b.named_parameters(prefix="b"))
+    oa.add_param_group({"params": [extra.weight]})
+    ob.add_param_group({"params": [extra.bias]})
+    assert oa._parameter_names[extra.weight] != ob._parameter_names[extra.bias]
     assert not torch.equal(model.fc2.weight.detach(), fc2_before)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-9, atol=1e-10, msg=name)
