@@ -284,14 +284,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                       self._hora_group_name(gi))
 
     def _hora_group_name(self, gi):
-        """The request name of bucket or group gi: from the names of the parameters it holds,
-        so that two DistributedOptimizers of one program (an encoder's and a decoder's, a GAN's
-        two) never submit the same name, and two buckets collide only where Horovod's
-        per-parameter names would (the same parameter names in both)."""
+        """The request name of bucket or group gi, from the parameters it holds:
+        "grad.group.<first parameter's name>+<how many more>" (a stall warning or the timeline
+        then says which parameters), or 16 hex digits of the SHA-1 of all their names where that
+        would be long. One optimizer's buckets are disjoint, so their first parameters differ;
+        two DistributedOptimizers of one program (an encoder's and a decoder's, a GAN's two)
+        collide only where Horovod's per-parameter names would (the same parameter names)."""
         if gi not in self._hora_group_names:
-            names = "\0".join(self._hora_names[p] for p in self._hora_groups[gi])
-            digest = hashlib.sha1(names.encode()).hexdigest()[:16]
-            self._hora_group_names[gi] = f"grad.group.{digest}"
+            group = self._hora_groups[gi]
+            name = f"grad.group.{self._parameter_names[group[0]]}+{len(group) - 1}"
+            if len(name.encode()) > 200:
+                names = "\0".join(self._hora_names[p] for p in group)
+                name = f"grad.group.{hashlib.sha1(names.encode()).hexdigest()[:16]}"
+            self._hora_group_names[gi] = name
         return self._hora_group_names[gi]
 
     def _hora_start(self, params, name):
