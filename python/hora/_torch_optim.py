@@ -1,8 +1,8 @@
 """hora.torch's DistributedOptimizer, broadcast_parameters, broadcast_optimizer_state,
 broadcast_object and allgather_object, with horovod.torch's (0.28) signatures and behaviour."""
 import contextlib
-import hashlib
 import io
+import itertools
 import pickle
 import warnings
 
@@ -11,7 +11,8 @@ import torch
 
 from ._compression import Compression
 from ._core import Average, rank, size
-from ._errors import invalid
+from ._errors import MismatchError, invalid
+from ._hora_cffi import lib
 from ._torch_gather import allgather, allgather_async, broadcast_, broadcast_async_
 from ._torch_ops import (Adasum, _check_op, allreduce_async_, grouped_allreduce_async_,
                          synchronize)
@@ -230,7 +231,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             self._hora_group_of, self._hora_groups = _param_groups(all_params, groups)
         self._hora_delay = {p: backward_passes_per_step for p in all_params}
-        self._hora_group_names = {}  # group index -> request name (_hora_group_name)
+        self._hora_opt_id = next(_optimizer_count)  # the k-th DistributedOptimizer (names)
+        self._hora_checked = False  # _hora_check_layout done (again after add_param_group)
         self._hora_ready = {}  # group index -> parameters whose gradient is ready
         self._hora_handles = {}  # parameter -> (handle, finish) or group index -> ...
         self._hora_synced = False
@@ -241,21 +243,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group):
         """torch.optim.Optimizer.add_param_group. The parameters of a group added after
         construction (a layer unfrozen, a head grown during training) are averaged like the
-        others: hooks, buckets of their own, names by position ("param_group.<tag>.<g>.<i>",
-        the same on every rank as long as every rank adds the same groups; <tag>, from the names
-        of the optimizer's first parameters, keeps two optimizers' added groups apart). Horovod
-        0.28 leaves them out, and each rank would step on its own gradients (docs/horovod.md,
-        "What differs")."""
+        others: hooks, buckets of their own, names by position ("param_group.<k>.<g>.<i>" for
+        the process's k-th DistributedOptimizer, the same on every rank as long as every rank
+        adds the same groups). Horovod 0.28 leaves them out, and each rank would step on its own
+        gradients (docs/horovod.md, "What differs")."""
         super(self.__class__, self).add_param_group(param_group)
         if "_hora_names" not in self.__dict__:  # the groups torch's __init__ adds
             return
-        if "_hora_tag" not in self.__dict__:
-            first = "\0".join(sorted(self._parameter_names.values()))
-            self._hora_tag = hashlib.sha1(first.encode()).hexdigest()[:8]
         gi = len(self.param_groups) - 1
         params = self.param_groups[gi]["params"]
+        self._hora_checked = False
         for i, p in enumerate(params):
-            self._parameter_names[p] = f"param_group.{self._hora_tag}.{gi}.{i}"
+            self._parameter_names[p] = f"param_group.{self._hora_opt_id}.{gi}.{i}"
             self._hora_names[p] = "grad." + self._parameter_names[p]
             self._hora_delay[p] = self._hora_passes
         if self._hora_bucketed:
@@ -272,7 +271,45 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if _count_backward_pass(self._hora_delay, p) == 0:
             self._hora_mark_ready(p)
 
+    def _hora_check_layout(self):
+        """Before this optimizer's first request (and the first after add_param_group): every
+        rank's list of trainable parameters (name, shape, dtype, bucket) must be rank 0's, or
+        every rank raises MismatchError naming the first difference. Buckets are named by index,
+        so ranks whose models differ would otherwise reduce one rank's parameter with another's
+        of the same size (silently), or wait for a bucket member the other rank never submits.
+        One allgather_object per check (a few kB), inside the first backward. Collective over
+        the optimizer's process set."""
+        mine = [(self._parameter_names[p], tuple(p.shape), str(p.dtype),
+                 self._hora_group_of.get(p, -1)) for p in self._hora_names if p.requires_grad]
+        prefix = "grad" if self._hora_opt_id == 0 else f"grad.opt{self._hora_opt_id}"
+        every = allgather_object(mine, name=f"{prefix}.layout", process_set=self._hora_set)
+        ranks = self._hora_set.ranks if self._hora_set.process_set_id else range(len(every))
+        for r, theirs in zip(ranks, every):
+            if theirs == every[0]:
+                continue
+            first = next((i for i, (a, b) in enumerate(zip(every[0], theirs)) if a != b),
+                         min(len(every[0]), len(theirs)))
+
+            def at(layout, i):
+                if i >= len(layout):
+                    return "nothing"
+                name, shape, dtype, gi = layout[i]
+                return f"{name!r} {list(shape)} {dtype}" + (f" (bucket {gi})" if gi >= 0 else "")
+            # Nothing was submitted: the next backward starts afresh (and raises this again).
+            self._hora_ready = {}
+            for q in self._hora_delay:
+                self._hora_delay[q] = self._hora_passes
+            raise MismatchError(
+                f"DistributedOptimizer: ranks disagree on the parameters to average: rank "
+                f"{ranks[0]} has {len(every[0])} trainable parameters, rank {r} has "
+                f"{len(theirs)}; the first difference is at position {first}: rank {ranks[0]} "
+                f"{at(every[0], first)}, rank {r} {at(theirs, first)} (every rank must build the "
+                f"same model and optimizer)", lib.HORA_ERR_MISMATCH)
+        self._hora_checked = True  # (on a mismatch every later step raises again)
+
     def _hora_mark_ready(self, p):
+        if not self._hora_checked:
+            self._hora_check_layout()
         gi = self._hora_group_of.get(p)
         if gi is None:
             self._hora_handles[p] = self._hora_start([p], self._hora_names[p])
@@ -284,20 +321,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                       self._hora_group_name(gi))
 
     def _hora_group_name(self, gi):
-        """The request name of bucket or group gi, from the parameters it holds:
-        "grad.group.<first parameter's name>+<how many more>" (a stall warning or the timeline
-        then says which parameters), or 16 hex digits of the SHA-1 of all their names where that
-        would be long. One optimizer's buckets are disjoint, so their first parameters differ;
-        two DistributedOptimizers of one program (an encoder's and a decoder's, a GAN's two)
-        collide only where Horovod's per-parameter names would (the same parameter names)."""
-        if gi not in self._hora_group_names:
-            group = self._hora_groups[gi]
-            name = f"grad.group.{self._parameter_names[group[0]]}+{len(group) - 1}"
-            if len(name.encode()) > 200:
-                names = "\0".join(self._hora_names[p] for p in group)
-                name = f"grad.group.{hashlib.sha1(names.encode()).hexdigest()[:16]}"
-            self._hora_group_names[gi] = name
-        return self._hora_group_names[gi]
+        """The request name of bucket or group gi: "grad.group.<gi>" for the process's first
+        DistributedOptimizer, "grad.opt<k>.group.<gi>" for its k-th (k from 1), so that two
+        optimizers of one program (an encoder's and a decoder's, a GAN's two) never submit the
+        same name while their buckets are in flight together; every rank makes its optimizers
+        in the same order. The name does not depend on the bucket's contents on purpose: ranks
+        whose models differ (a parameter more on one rank) then submit the same names with
+        other shapes and get a MismatchError, where names from the contents would never meet and
+        the ranks would wait for each other."""
+        prefix = "grad" if self._hora_opt_id == 0 else f"grad.opt{self._hora_opt_id}"
+        return f"{prefix}.group.{gi}"
 
     def _hora_start(self, params, name):
         """Submit the allreduce of the gradients of params; returns a function that waits and
@@ -428,6 +461,8 @@ def _param_names(all_params, named_parameters):
 # gradients in as many groups as backward spreads them over cycles (ResNet-50: 161 tensors);
 # docs/benchmarks.md ("ResNet-50 gradients") measures the two.
 _BUCKET_BYTES = 25 * 1024 * 1024
+# DistributedOptimizers made so far in this process (their request names: _hora_group_name).
+_optimizer_count = itertools.count()
 
 
 def _buckets(all_params, cap_bytes):

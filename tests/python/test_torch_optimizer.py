@@ -400,6 +400,56 @@ def test_two_optimizers_after_one_backward():
     assert (gathered == gathered[0]).all()
 
 
+class _Extra(torch.nn.Module):
+    """Net with one more layer on rank 0 (a model built differently on one rank), or with fc1
+    and fc2 swapped in registration order (the same sizes under other names)."""
+
+    def __init__(self, extra, swapped=False):
+        super().__init__()
+        if swapped:
+            self.fc2 = torch.nn.Linear(16, 3)
+            self.fc1 = torch.nn.Linear(8, 16)
+        else:
+            self.fc1 = torch.nn.Linear(8, 16)
+            self.fc2 = torch.nn.Linear(16, 3)
+        if extra:
+            self.mid = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc1(x))
+        return self.fc2(self.mid(h) if hasattr(self, "mid") else h)
+
+
+@pytest.mark.parametrize("case", ["extra_layer", "swapped"])
+def test_models_that_differ_across_ranks_raise_on_every_rank(case):
+    """Ranks whose models differ (a layer more on rank 0; or the same sizes registered in another
+    order, which would reduce one rank's fc1 with another's fc2) get a MismatchError naming the
+    first difference on every rank, at the first step and again at the next, instead of a wait
+    for bucket members that never come or a silent sum of different parameters; hora stays
+    usable."""
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    model = _Extra(extra=(case == "extra_layer" and r == 0), swapped=(case == "swapped" and r == 0))
+    opt = ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters())
+    x, y = global_batch(0, 1)
+    msgs = []
+    for _ in range(2):
+        opt.zero_grad()
+        try:
+            torch.nn.functional.cross_entropy(model(x.float()), y).backward()
+            opt.step()
+        except hora.MismatchError as e:
+            msgs.append(str(e))
+    after = ht.allreduce(torch.ones(2), op=ht.Sum, name=f"after.mismatch.{case}")
+    assert len(msgs) == 2 and "ranks disagree on the parameters to average" in msgs[0]
+    want = "rank 0 has 6 trainable parameters, rank 1 has 4" if case == "extra_layer" else \
+        "first difference is at position 0: rank 0 'fc2.weight' [3, 16]"
+    assert want in msgs[0], msgs[0]
+    assert after.tolist() == [float(n)] * 2
+
+
 def test_wrapping_keeps_the_optimizers_defaults_and_state():
     """An optimizer that already has state (here one step of its own on the whole batch; in a
     program, a checkpoint loaded before wrapping) keeps it when wrapped, and its defaults too:
