@@ -7,7 +7,9 @@ alltoall) first exchange their shapes through the engine under `<name>.meta`; a 
 submits the data phase once the shapes are known, so ranks may submit and wait in any order.
 """
 import itertools
+import os
 import queue
+import sys
 import threading
 import warnings
 
@@ -125,8 +127,6 @@ def _claim(name, kind, parts):
 def _caller_level():
     """warnings.warn's stacklevel of the first frame outside hora and torch (the program's call),
     counted from the function that calls this one."""
-    import os
-    import sys
     skip = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
     f, level = sys._getframe(2), 2
     while f is not None and f.f_code.co_filename.startswith(skip):

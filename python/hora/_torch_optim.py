@@ -284,17 +284,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         prefix = "grad" if self._hora_opt_id == 0 else f"grad.opt{self._hora_opt_id}"
         every = allgather_object(mine, name=f"{prefix}.layout", process_set=self._hora_set)
         ranks = self._hora_set.ranks if self._hora_set.process_set_id else range(len(every))
+
+        def at(layout, i):
+            if i >= len(layout):
+                return "nothing"
+            name, shape, dtype, gi = layout[i]
+            return f"{name!r} {list(shape)} {dtype}" + (f" (bucket {gi})" if gi >= 0 else "")
         for r, theirs in zip(ranks, every):
             if theirs == every[0]:
                 continue
             first = next((i for i, (a, b) in enumerate(zip(every[0], theirs)) if a != b),
                          min(len(every[0]), len(theirs)))
-
-            def at(layout, i):
-                if i >= len(layout):
-                    return "nothing"
-                name, shape, dtype, gi = layout[i]
-                return f"{name!r} {list(shape)} {dtype}" + (f" (bucket {gi})" if gi >= 0 else "")
             # Nothing was submitted: the next backward starts afresh (and raises this again).
             self._hora_ready = {}
             for q in self._hora_delay:
