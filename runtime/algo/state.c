@@ -98,16 +98,9 @@ static hora_result_t stall_look(hora_ctx_t *ctx, stall_t *st, double waited, con
   snprintf(msg, sizeof msg, "%s did not call %s within HORA_STALL_SHUTDOWN_S=%g s (alive, but skipped this "
            "call or stuck elsewhere); the context is failed: every later call returns this error",
            who[0] ? who : "another rank", what, p->stall_shutdown_s);
-  hora__ctx_fail(ctx, HORA_ERR_TIMEOUT, msg);
   /* On a process set, the job's context fails too: its heartbeats carry the silence that tells
    * the rank that never came, as for the context itself. */
-  if (ctx->parent) {
-    hora_ctx_t *root = ctx->parent;
-    while (root->parent) root = root->parent;
-    char rmsg[256];
-    snprintf(rmsg, sizeof rmsg, "on a %s: %.180s", ctx->calls ? ctx->calls->what : "process set", msg);
-    hora__ctx_fail(root, HORA_ERR_TIMEOUT, rmsg);
-  }
+  hora__ctx_fail_job(ctx, HORA_ERR_TIMEOUT, msg);
   return hora__ctx_verdict(ctx, what);
 }
 

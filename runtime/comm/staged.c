@@ -39,6 +39,7 @@
  * pipelined. */
 #include <limits.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -322,6 +323,17 @@ fail:
   cancel_all(P.sl, P.retired, P.started);
   cudaStreamSynchronize(g->d2h);
   cudaStreamSynchronize(g->stream);
+  if (!hora__ctx_failed(ctx)) {
+    /* The ring stopped half way (no progress within HORA_PEER_TIMEOUT_S, an MPI or a CUDA
+     * error): a peer's messages of this call may still arrive, and the next call on this
+     * communicator would take them for its own (MPI_ERR_TRUNCATE, or a wrong sum without an
+     * error). So the context fails, as a stall shutdown fails it (algo/state.c): every later call
+     * returns this error, and the other ranks learn of it through the stopped heartbeats. */
+    char msg[256];
+    snprintf(msg, sizeof msg, "a staged device allreduce stopped half way (%.120s); the context is failed: "
+             "every later call returns this error", hora_last_error());
+    hora__ctx_fail_job(ctx, rc, msg);
+  }
   return rc;
 }
 

@@ -460,6 +460,16 @@ void hora__ctx_fail(hora_ctx_t *ctx, hora_result_t rc, const char *msg) {
   __atomic_store_n(&ctx->failed, 1, __ATOMIC_RELEASE);
 }
 
+void hora__ctx_fail_job(hora_ctx_t *ctx, hora_result_t rc, const char *msg) {
+  hora__ctx_fail(ctx, rc, msg);
+  if (!ctx->parent) return;
+  hora_ctx_t *root = ctx->parent;
+  while (root->parent) root = root->parent;
+  char rmsg[256];
+  snprintf(rmsg, sizeof rmsg, "on a %s: %.180s", ctx->calls ? ctx->calls->what : "process set", msg);
+  hora__ctx_fail(root, rc, rmsg);
+}
+
 hora_result_t hora__ctx_verdict(const hora_ctx_t *ctx, const char *what) {
   if (!hora__ctx_failed(ctx)) return HORA_SUCCESS;
   const struct hora_verdict *v = hora__ctx_verdict_set(ctx->verdict) ? ctx->verdict : ctx->parent->verdict;

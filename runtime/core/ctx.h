@@ -107,6 +107,11 @@ struct hora_verdict {
   char msg[256];
 };
 void hora__ctx_fail(hora_ctx_t *ctx, hora_result_t rc, const char *msg);
+/* hora__ctx_fail, and on a process set the job's context too (its message "on a <set>: msg"):
+ * the job's heartbeats then stop, so that the other ranks learn of the failure within
+ * HORA_PEER_TIMEOUT_S. For a call that stopped half way and left messages in flight, which the
+ * next call on the communicator would take for its own. Any thread. */
+void hora__ctx_fail_job(hora_ctx_t *ctx, hora_result_t rc, const char *msg);
 static inline int hora__ctx_verdict_set(const struct hora_verdict *v) {
   return v && __atomic_load_n(&v->set, __ATOMIC_ACQUIRE);
 }

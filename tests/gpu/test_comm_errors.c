@@ -5,9 +5,12 @@
  *   - HORA_GPU_PATH=nccl while the ranks share a GPU: every device collective returns
  *     HORA_ERR_NOT_SUPPORTED on every rank, and host collectives still work;
  *   - a peer that never joins a staged allreduce: the waiting rank gets HORA_ERR_TIMEOUT after
- *     HORA_PEER_TIMEOUT_S instead of hanging. */
+ *     HORA_PEER_TIMEOUT_S instead of hanging;
+ *   - a staged ring that stops half way fails the context: the next call returns that error
+ *     instead of taking the peer's late messages of the abandoned call for its own. */
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include "hora_test.h"
 
@@ -69,6 +72,35 @@ int main(int argc, char **argv) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   EXPECT_OK(hora_finalize(ctx));
+
+  /* 4. A staged ring that stops half way. The call check is off (HORA_CHECK=0), so both ranks go
+   * straight into the ring, and rank 1 comes 2.5 s late: rank 0 sends its first chunks, hears
+   * nothing for HORA_PEER_TIMEOUT_S = 1 s and returns HORA_ERR_TIMEOUT. Its next call must return
+   * that failure at once: run on, it would pair with rank 1's messages of the abandoned call
+   * (MPI_ERR_TRUNCATE, or a wrong sum without an error). Rank 1's late call ends with an error
+   * too (rank 0 stopped its part, and its heartbeats), and so does its next one. */
+  setenv("HORA_CHECK", "0", 1);
+  setenv("HORA_STAGED_CHUNK_BYTES", "4096", 1);
+  unsetenv("HORA_STALL_SHUTDOWN_S");
+  EXPECT_OK(hora_init(&ctx));
+  EXPECT_OK(hora_allreduce(ctx, d, d, 16, HORA_FLOAT32, HORA_SUM, 1.0, 1.0, HORA_DEVICE_CUDA));
+  float host[4096];
+  for (int i = 0; i < 4096; i++) host[i] = (float)(rank + 1);
+  cudaMemcpy(d, host, sizeof host, cudaMemcpyHostToDevice);
+  if (rank == 1) usleep(2500 * 1000);
+  rc = hora_allreduce(ctx, d, d, 4096, HORA_FLOAT32, HORA_SUM, 1.0, 1.0, HORA_DEVICE_CUDA);
+  if (rank == 0)
+    EXPECT(rc == HORA_ERR_TIMEOUT, "staged ring whose peer comes late: %s (%s)", hora_result_name(rc), hora_last_error());
+  else
+    EXPECT(rc != HORA_SUCCESS, "rank 1's late call into an abandoned ring succeeded");
+  hora_result_t rc2 = hora_allreduce(ctx, d, d, 16, HORA_FLOAT32, HORA_SUM, 1.0, 1.0, HORA_DEVICE_CUDA);
+  EXPECT(rc2 != HORA_SUCCESS, "the call after a ring that stopped half way succeeded (it can pair with stale messages)");
+  if (rank == 0) {
+    EXPECT(rc2 == HORA_ERR_TIMEOUT && strstr(hora_last_error(), "stopped half way"),
+           "the next call does not return the failure: %s (%s)", hora_result_name(rc2), hora_last_error());
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  hora_finalize(ctx); /* returns the failure; it must return */
   cudaFree(d);
   int code = hora_test_finish_mpi("test_comm_errors");
   MPI_Finalize();
