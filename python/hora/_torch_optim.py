@@ -232,6 +232,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._hora_group_of, self._hora_groups = _param_groups(all_params, groups)
         self._hora_delay = {p: backward_passes_per_step for p in all_params}
         self._hora_opt_id = next(_optimizer_count)  # the k-th DistributedOptimizer (names)
+        # Its requests' prefix: "grad" for the process's first, "grad.opt<k>" for its k-th.
+        self._hora_prefix = "grad" if self._hora_opt_id == 0 else f"grad.opt{self._hora_opt_id}"
         self._hora_checked = False  # _hora_check_layout done (again after add_param_group)
         self._hora_ready = {}  # group index -> parameters whose gradient is ready
         self._hora_handles = {}  # parameter -> (handle, finish) or group index -> ...
@@ -281,8 +283,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         the optimizer's process set."""
         mine = [(self._parameter_names[p], tuple(p.shape), str(p.dtype),
                  self._hora_group_of.get(p, -1)) for p in self._hora_names if p.requires_grad]
-        prefix = "grad" if self._hora_opt_id == 0 else f"grad.opt{self._hora_opt_id}"
-        every = allgather_object(mine, name=f"{prefix}.layout", process_set=self._hora_set)
+        every = allgather_object(mine, name=f"{self._hora_prefix}.layout",
+                                 process_set=self._hora_set)
         ranks = self._hora_set.ranks if self._hora_set.process_set_id else range(len(every))
 
         def at(layout, i):
@@ -329,8 +331,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         whose models differ (a parameter more on one rank) then submit the same names with
         other shapes and get a MismatchError, where names from the contents would never meet and
         the ranks would wait for each other."""
-        prefix = "grad" if self._hora_opt_id == 0 else f"grad.opt{self._hora_opt_id}"
-        return f"{prefix}.group.{gi}"
+        return f"{self._hora_prefix}.group.{gi}"
 
     def _hora_start(self, params, name):
         """Submit the allreduce of the gradients of params; returns a function that waits and
