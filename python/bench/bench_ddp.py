@@ -132,7 +132,7 @@ class Mode:
                 # Without its gradient hooks, synchronize() submits every gradient itself (the
                 # same path: names, compression, groups, engine fusion) and waits: the
                 # optimizer's averaging alone, not overlapped with backward.
-                for h in opt._hora_hooks:
+                for h in opt._hora_hooks.values():
                     h.remove()
         elif name.startswith("ddp"):
             model = DDP(model)
@@ -193,7 +193,7 @@ def alone(a, x, y, iters):
                                                   named_parameters=model.named_parameters())
         finally:
             _torch_optim._BUCKET_BYTES = saved
-        for h in opts[name]._hora_hooks:
+        for h in opts[name]._hora_hooks.values():
             h.remove()
     # gloo: DDP's buckets (25 MB, reverse order) as flat buffers, one all_reduce each.
     buckets, cur, used = [], [], 0

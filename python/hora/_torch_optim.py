@@ -226,6 +226,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hora_post = float(gradient_predivide_factor)
         self._hora_sparse_as_dense = bool(sparse_as_dense)
         self._hora_bucketed = groups is None
+        self._hora_groups_arg = groups
         if groups is None:
             self._hora_group_of, self._hora_groups = _buckets(all_params, _BUCKET_BYTES)
         else:
@@ -239,8 +240,44 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hora_handles = {}  # parameter -> (handle, finish) or group index -> ...
         self._hora_synced = False
         self._hora_skip = False
-        self._hora_hooks = [p.register_post_accumulate_grad_hook(self._hora_hook)
-                            for p in all_params if p.requires_grad and not self._hora_outside]
+        self._hora_hooks = {}  # parameter -> its hook's handle
+        self._hora_add_hooks(all_params)
+        # Which parameters required grad when the buckets were made (_hora_follow_freezing).
+        self._hora_trainable = self._hora_trainable_now()
+
+    def _hora_add_hooks(self, params):
+        """A post-accumulate-grad hook on each of params that requires grad and has none yet
+        (torch refuses a hook on a tensor that does not require grad: a parameter frozen now
+        gets its hook when it is unfrozen, see _hora_follow_freezing)."""
+        if self._hora_outside:
+            return
+        for p in params:
+            if p.requires_grad and p not in self._hora_hooks:
+                self._hora_hooks[p] = p.register_post_accumulate_grad_hook(self._hora_hook)
+
+    def _hora_trainable_now(self):
+        return tuple(p.requires_grad for p in self._hora_names)
+
+    def _hora_follow_freezing(self):
+        """After a step in which parameters were frozen or unfrozen (p.requires_grad_()) since
+        the buckets were made (fine-tuning that freezes a backbone, or unfreezes it, after the
+        optimizer was built): the buckets (or `groups=n`) are made again from the parameters that
+        require grad now, the unfrozen ones get their hooks, and the next step checks the
+        layout across ranks again. Rank-local; every rank that freezes the same parameters
+        makes the same buckets, and one that froze others gets the layout check's
+        MismatchError."""
+        now = self._hora_trainable_now()
+        if now == self._hora_trainable:
+            return
+        self._hora_trainable = now
+        params = list(self._hora_names)
+        self._hora_add_hooks(params)
+        if self._hora_bucketed:
+            self._hora_group_of, self._hora_groups = _buckets(params, _BUCKET_BYTES)
+        elif isinstance(self._hora_groups_arg, int):
+            self._hora_group_of, self._hora_groups = _param_groups(params,
+                                                                   self._hora_groups_arg)
+        self._hora_checked = False
 
     def add_param_group(self, param_group):
         """torch.optim.Optimizer.add_param_group. The parameters of a group added after
@@ -264,9 +301,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             base = len(self._hora_groups)
             self._hora_groups.extend(buckets)
             self._hora_group_of.update({p: base + i for p, i in group_of.items()})
-        if not self._hora_outside:
-            self._hora_hooks += [p.register_post_accumulate_grad_hook(self._hora_hook)
-                                 for p in params if p.requires_grad]
+        self._hora_add_hooks(params)
+        self._hora_trainable = self._hora_trainable_now()
 
     def _hora_hook(self, p):
         # Runs inside backward, right after p.grad has been accumulated.
@@ -295,8 +331,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for r, theirs in zip(ranks, every):
             if theirs == every[0]:
                 continue
-            first = next((i for i, (a, b) in enumerate(zip(every[0], theirs)) if a != b),
+            # The parameters first (a parameter frozen on one rank shifts the buckets of the
+            # rest; name the parameter, not a bucket), then the buckets.
+            first = next((i for i, (a, b) in enumerate(zip(every[0], theirs)) if a[:3] != b[:3]),
                          min(len(every[0]), len(theirs)))
+            if first == len(every[0]) == len(theirs):
+                first = next(i for i, (a, b) in enumerate(zip(every[0], theirs)) if a != b)
             # Nothing was submitted: the next backward starts afresh (and raises this again).
             self._hora_ready = {}
             for q in self._hora_delay:
@@ -306,7 +346,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"{ranks[0]} has {len(every[0])} trainable parameters, rank {r} has "
                 f"{len(theirs)}; the first difference is at position {first}: rank {ranks[0]} "
                 f"{at(every[0], first)}, rank {r} {at(theirs, first)} (every rank must build the "
-                f"same model and optimizer)", lib.HORA_ERR_MISMATCH)
+                f"same model and optimizer, and freeze the same parameters)", lib.HORA_ERR_MISMATCH)
         self._hora_checked = True  # (on a mismatch every later step raises again)
 
     def _hora_mark_ready(self, p):
@@ -314,13 +354,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._hora_check_layout()
         gi = self._hora_group_of.get(p)
         if gi is None:
-            self._hora_handles[p] = self._hora_start([p], self._hora_names[p])
+            self._hora_handles[p] = self._hora_start([p], self._hora_names[p], False)
             return
         ready = self._hora_ready.setdefault(gi, set())
         ready.add(p)
         if len(ready) == len(self._hora_groups[gi]):
             self._hora_handles[gi] = self._hora_start(self._hora_groups[gi],
-                                                      self._hora_group_name(gi))
+                                                      self._hora_group_name(gi), True)
 
     def _hora_group_name(self, gi):
         """The request name of bucket or group gi: "grad.group.<gi>" for the process's first
@@ -333,9 +373,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         the ranks would wait for each other."""
         return f"{self._hora_prefix}.group.{gi}"
 
-    def _hora_start(self, params, name):
-        """Submit the allreduce of the gradients of params; returns a function that waits and
-        writes the result into p.grad."""
+    def _hora_start(self, params, name, grouped):
+        """Submit the allreduce of the gradients of params (a bucket or group: grouped, else
+        one parameter); returns the functions that wait and write the results into p.grad."""
         dense, sparse, densified = [], [], set()
         for p in params:
             if p.grad is None:
@@ -356,11 +396,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             bufs = [c[0].contiguous() for c in comp]
             kw = dict(op=self._hora_op, prescale_factor=self._hora_pre,
                       postscale_factor=self._hora_post, process_set=self._hora_set)
-            if len(dense) == 1:
-                h = allreduce_async_(bufs[0], name=name if len(params) == 1 else f"{name}.d",
-                                     **kw)
-            else:
+            if grouped:
+                # A bucket or group is one grouped request even with one member left (its
+                # others frozen, or sparse): ranks that disagree on its members then get a
+                # MismatchError for every member (the group is part of what the ranks agree
+                # on), where a lone member's own name would never meet the others' group.
                 h = grouped_allreduce_async_(bufs, name=name, **kw)
+            else:
+                h = allreduce_async_(bufs[0], name=name, **kw)
 
             def finish():
                 synchronize(h)
@@ -393,15 +436,35 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     not (self._hora_group_of.get(p) in self._hora_handles):
                 self._hora_delay[p] = 0
                 self._hora_mark_ready(p)
+        # A bucket or group still not started holds parameters frozen since it was made
+        # (requires_grad False now: no gradient, no hook): its other members are averaged
+        # without them, and the frozen ones keep no gradient, as in one process (Horovod 0.28
+        # would give them a zero gradient, which momentum and weight decay then step on). Without
+        # this the bucket's ready members were never averaged, and each rank stepped on its own
+        # gradients.
+        for gi, ready in self._hora_ready.items():
+            if ready and gi not in self._hora_handles:
+                self._hora_handles[gi] = self._hora_start(
+                    [q for q in self._hora_groups[gi] if q in ready], self._hora_group_name(gi),
+                    True)
         handles, self._hora_handles = self._hora_handles, {}
         self._hora_ready = {}
         try:
             for waits in handles.values():
                 for w in waits:
                     w()
+        except BaseException:
+            # Every rank gets the error of a mismatch; every rank checks the layout again at
+            # its next step, and one whose parameters differ then gets the check's
+            # MismatchError naming them (rather than some ranks checking and the others not).
+            self._hora_checked = False
+            raise
         finally:
             for p in self._hora_delay:
                 self._hora_delay[p] = self._hora_passes
+            # Also after a failure (ranks that froze different parameters: MismatchError), so
+            # that the next step's layout check names the parameters the ranks disagree on.
+            self._hora_follow_freezing()
         self._hora_synced = True
 
     @contextlib.contextmanager

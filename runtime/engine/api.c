@@ -139,12 +139,26 @@ HORA_EXPORT hora_result_t hora_grouped_allreduce_async(hora_ctx_t *ctx, const ch
     }
   free(sorted);
 
+  /* Every member carries the group's key (the set of its names, in any order, and their
+   * number), which the ranks must agree on like any other field: ranks that group other tensors
+   * under the same names get HORA_ERR_MISMATCH for every member, the ones only some ranks
+   * submitted included (coord.c), instead of waiting for members that never come. A sum of the
+   * names' mixed hashes, so that the order of the members does not matter. */
+  uint64_t key = (uint64_t)ntensors * 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i < ntensors; i++) {
+    uint64_t x = hora__eng_hash(names[i], strlen(names[i]));
+    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finalizer */
+    key += x ^ (x >> 29);
+  }
+  if (key == 0) key = 1;
+
   hora_handle_t *h;
   HORA_CHECK(hora__handle_new(eng, (int)ntensors, &h));
   eng_req_t *first = NULL, *last = NULL;
   for (size_t i = 0; i < ntensors; i++) {
     eng_params_t p = {.kind = ENG_ALLREDUCE, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
-                      .root = -1, .count = counts[i], .prescale = prescale, .postscale = postscale};
+                      .root = -1, .count = counts[i], .prescale = prescale, .postscale = postscale,
+                      .group = key, .gsize = (uint32_t)ntensors};
     eng_req_t *r = req_new(fn, names[i], &p, sendbufs[i], recvbufs[i]);
     if (!r) {
       while (first) {

@@ -120,10 +120,13 @@ void hora__coord_remove(hora_engine_t *eng, eng_coord_t **pp) {
 }
 
 /* The value of one field as text, for comparing and for the mismatch message. */
-enum { FLD_KIND, FLD_DTYPE, FLD_COUNT, FLD_OP, FLD_ROOT, FLD_DEVICE, FLD_PRESCALE, FLD_POSTSCALE,
+/* The group comes right after the operation: where the ranks group other tensors, the members'
+ * counts differ too, and the group is the cause to name. */
+enum { FLD_KIND, FLD_GROUP, FLD_DTYPE, FLD_COUNT, FLD_OP, FLD_ROOT, FLD_DEVICE, FLD_PRESCALE, FLD_POSTSCALE,
        FLD_RECVCOUNTS, FLD_SHAPE, FLD_COUNT_ };
 static const char *const field_names[FLD_COUNT_] = {
-    "operation", "dtype", "count", "reduce op", "root", "device", "prescale", "postscale", "recvcounts", "shape"};
+    "operation", "the grouped call it belongs to", "dtype", "count", "reduce op", "root", "device", "prescale",
+    "postscale", "recvcounts", "shape"};
 
 static void field_str(const eng_params_t *p, int f, char *out, size_t n) {
   switch (f) {
@@ -137,6 +140,11 @@ static void field_str(const eng_params_t *p, int f, char *out, size_t n) {
     case FLD_PRESCALE: snprintf(out, n, "%.17g", p->prescale); break;
     case FLD_POSTSCALE: snprintf(out, n, "%.17g", p->postscale); break;
     case FLD_SHAPE: snprintf(out, n, p->shape ? "%#llx" : "unchecked", (unsigned long long)p->shape); break;
+    case FLD_GROUP:
+      if (p->gsize) snprintf(out, n, "a group of %u (names #%04llx)", (unsigned)p->gsize,
+                             (unsigned long long)(p->group >> 48));
+      else snprintf(out, n, "none (a call of its own)");
+      break;
     default: snprintf(out, n, "#%016llx", (unsigned long long)p->vhash); break;
   }
 }
@@ -231,10 +239,72 @@ hora_result_t hora__coord_add(hora_engine_t *eng, int rank, char *name, const en
   return HORA_SUCCESS;
 }
 
+/* ---- groups whose ranks disagree on the members ----
+ * A grouped allreduce submits one request per member, each carrying the group's key and size
+ * (api.c). When ranks group different tensors under shared names (rank 0 four gradients, rank 1
+ * three of them), the shared names are answered with the mismatch of the group field, but the
+ * members only some ranks submitted would never become ready, and their handles would wait
+ * forever. No member carrying a key of such a group can ever succeed (a name that every rank
+ * holds differs in the group field), so rank 0 answers each such key once, with an
+ * ENG_GROUP_FAIL response: every rank fails all its pending members of that group, wherever they
+ * are (sent here, or waiting on the cache fast path: negotiate.c), in the same cycle, so that no
+ * straggler is left to meet a later request of the same name. The table's entries of the group
+ * go with it. */
+typedef struct {
+  uint64_t key;
+  char msg[512]; /* the mismatch that failed the group */
+} failed_group_t;
+typedef struct {
+  failed_group_t *g;
+  int n, cap;
+} failed_groups_t;
+
+static int failed_find(const failed_groups_t *fg, uint64_t key) {
+  for (int i = 0; i < fg->n; i++)
+    if (fg->g[i].key == key) return i;
+  return -1;
+}
+
+/* Remember the groups of a mismatched entry whose ranks disagree on the group (msg: the
+ * mismatch). */
+static hora_result_t failed_add(failed_groups_t *fg, int size, const eng_coord_t *c, const char *msg) {
+  int first = -1, differ = 0;
+  for (int r = 0; r < size; r++) {
+    if (!c->have[r]) continue;
+    if (first < 0) first = r;
+    else if (c->p[r].group != c->p[first].group || c->p[r].gsize != c->p[first].gsize) differ = 1;
+  }
+  if (!differ) return HORA_SUCCESS;
+  for (int r = 0; r < size; r++) {
+    if (!c->have[r] || !c->p[r].gsize || failed_find(fg, c->p[r].group) >= 0) continue;
+    if (fg->n == fg->cap) {
+      int cap = fg->cap ? 2 * fg->cap : 8;
+      failed_group_t *g = realloc(fg->g, (size_t)cap * sizeof *g);
+      if (!g) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory in the coordinator");
+      fg->g = g;
+      fg->cap = cap;
+    }
+    fg->g[fg->n].key = c->p[r].group;
+    snprintf(fg->g[fg->n].msg, sizeof fg->g[fg->n].msg, "%.500s", msg);
+    fg->n++;
+  }
+  return HORA_SUCCESS;
+}
+
+/* Whether any rank's request of entry c belongs to a failed group. */
+static int failed_of(const failed_groups_t *fg, int size, const eng_coord_t *c) {
+  for (int r = 0; r < size; r++)
+    if (c->have[r] && c->p[r].gsize && failed_find(fg, c->p[r].group) >= 0) return 1;
+  return 0;
+}
+
 /* Move every ready name (all ranks that have not joined submitted it) to the outbox, in table
- * order (the order names were first seen), then the join completion. */
+ * order (the order names were first seen), then the join completion. Then answer the members of
+ * groups whose ranks disagree (above) that some ranks will never submit. */
 hora_result_t hora__coord_ready(hora_engine_t *eng) {
   int n = eng->size, njoined = 0;
+  failed_groups_t fg = {0};
+  hora_result_t frc = HORA_SUCCESS;
   for (int r = 0; r < n; r++) njoined += eng->coord_joined[r];
   for (eng_coord_t **pp = &eng->coord; *pp;) {
     eng_coord_t *c = *pp;
@@ -250,6 +320,7 @@ hora_result_t hora__coord_ready(hora_engine_t *eng) {
     while (!c->have[first]) first++;
     if (find_mismatch(eng, c, msg, sizeof msg)) {
       rc = HORA_ERR_MISMATCH;
+      if (frc == HORA_SUCCESS) frc = failed_add(&fg, n, c, msg);
     } else if (njoined) {
       const eng_params_t *p = &c->p[first];
       if (p->kind != ENG_ALLREDUCE || (p->op != HORA_SUM && p->op != HORA_AVERAGE)) {
@@ -262,9 +333,20 @@ hora_result_t hora__coord_ready(hora_engine_t *eng) {
         rc = HORA_ERR_INVALID_ARGUMENT;
       }
     }
-    HORA_CHECK(hora__coord_respond(eng, c->name, &c->p[first], rc, rc ? msg : NULL));
+    HORA_CHECK_GOTO(hora__coord_respond(eng, c->name, &c->p[first], rc, rc ? msg : NULL), frc, out);
     hora__coord_remove(eng, pp);
   }
+  for (int i = 0; i < fg.n && frc == HORA_SUCCESS; i++) {
+    eng_params_t gp = {.kind = ENG_GROUP_FAIL, .root = -1, .group = fg.g[i].key};
+    frc = hora__coord_respond(eng, "", &gp, HORA_ERR_MISMATCH, fg.g[i].msg);
+  }
+  for (eng_coord_t **pp = &eng->coord; frc == HORA_SUCCESS && fg.n && *pp;) {
+    if (failed_of(&fg, n, *pp)) hora__coord_remove(eng, pp);
+    else pp = &(*pp)->next;
+  }
+out:
+  free(fg.g);
+  HORA_CHECK(frc);
   if (njoined == n) {
     int last = 0;
     for (int r = 1; r < n; r++)

@@ -33,6 +33,7 @@ typedef enum {
   ENG_REDUCESCATTER = 4,
   ENG_ALLTOALL = 5,
   ENG_JOIN = 6, /* hora_join: a pseudo-request that only the coordinator sees */
+  ENG_GROUP_FAIL = 7, /* a response only: every member of group p.group fails (coord.c) */
   ENG_KIND_COUNT
 } eng_kind_t;
 
@@ -47,6 +48,9 @@ typedef struct {
   double prescale, postscale;
   uint64_t vhash;    /* allgatherv: hash of recvcounts; 0 otherwise */
   uint64_t shape;    /* hora_set_call_shape's fingerprint (0: not given; compared as a value) */
+  uint64_t group;    /* grouped allreduce: a hash of the group's member names and their number
+                      * (the same for every member); 0 for a request of its own */
+  uint32_t gsize;    /* grouped allreduce: the number of members; 0 otherwise */
 } eng_params_t;
 
 int hora__eng_params_equal(const eng_params_t *a, const eng_params_t *b);

@@ -395,6 +395,31 @@ static void join_done(hora_engine_t *eng, const eng_params_t *p) {
   eng->joined = 0;
 }
 
+/* Rank 0 failed group `key` (its ranks disagree on the members: coord.c): every pending member
+ * of it on this rank fails now, in whatever state (sent to rank 0, or on the cache fast path,
+ * where a member only some ranks submitted would otherwise wait forever). None of them is on
+ * this cycle's run list (a cached name runs only when every rank holds it with the same
+ * parameters, and the ranks' keys differ); checked anyway. */
+static void group_fail(cycle_t *c, uint64_t key, const char *why) {
+  hora_engine_t *eng = c->eng;
+  if (eng->rank == 0) HORA_WARN(ENGINE, "%s: every member of the group fails", why);
+  for (;;) { /* one at a time: finishing a request changes the table */
+    eng_req_t *hit = NULL;
+    for (size_t b = 0; b < eng->pending.nb && !hit; b++)
+      for (eng_req_t *r = eng->pending.b[b]; r && !hit; r = r->hnext) {
+        if (!r->p.gsize || r->p.group != key) continue;
+        int running = 0;
+        for (size_t k = 0; k < c->nlist && !running; k++) running = c->list[k].req == r;
+        if (!running) hit = r;
+      }
+    if (!hit) return;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "tensor '%.200s': a member of a grouped call whose ranks disagree on its tensors (%.700s)",
+             hit->name, why);
+    hora__req_finish(eng, hit, HORA_ERR_MISMATCH, msg);
+  }
+}
+
 /* Step 2, every rank: apply the responses in order: failures complete requests, successes are
  * cached and appended to the run list. */
 static hora_result_t coord_apply(cycle_t *c, const char *resp, uint64_t rsize) {
@@ -412,6 +437,12 @@ static hora_result_t coord_apply(cycle_t *c, const char *resp, uint64_t rsize) {
     }
     if (p.kind == ENG_JOIN) {
       join_done(eng, &p);
+      free(name);
+      free(msg);
+      continue;
+    }
+    if (p.kind == ENG_GROUP_FAIL) {
+      group_fail(c, p.group, msg);
       free(name);
       free(msg);
       continue;

@@ -62,14 +62,15 @@ void hora__eng_table_del(eng_table_t *t, eng_req_t *r) {
 int hora__eng_params_equal(const eng_params_t *a, const eng_params_t *b) {
   return a->kind == b->kind && a->dtype == b->dtype && a->op == b->op && a->device == b->device &&
          a->root == b->root && a->count == b->count && a->prescale == b->prescale &&
-         a->postscale == b->postscale && a->vhash == b->vhash && a->shape == b->shape;
+         a->postscale == b->postscale && a->vhash == b->vhash && a->shape == b->shape &&
+         a->group == b->group && a->gsize == b->gsize;
 }
 
 /* ---- names for messages ---- */
 
 const char *hora__eng_kind_name(int kind) {
   static const char *const n[ENG_KIND_COUNT] = {"ALLREDUCE", "ALLGATHER", "ALLGATHERV", "BROADCAST",
-                                                "REDUCESCATTER", "ALLTOALL", "JOIN"};
+                                                "REDUCESCATTER", "ALLTOALL", "JOIN", "GROUP_FAIL"};
   return kind >= 0 && kind < ENG_KIND_COUNT ? n[kind] : "UNKNOWN";
 }
 

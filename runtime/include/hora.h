@@ -498,7 +498,11 @@ hora_result_t hora_allreduce_async(hora_ctx_t *ctx, const char *name, const void
  * counts[i] elements) with one dtype, op, scale factors and device, submitted at once and
  * completed through ONE handle that is done when all of them are (Horovod's
  * grouped_allreduce). The group is negotiated and fused together, so its tensors normally travel
- * in one collective. Every rank must submit the same names (the grouping itself may differ).
+ * in one collective. Every rank must submit the same group: the same set of names (in any
+ * order), each with matching arguments. Ranks that group other names (a member more or fewer,
+ * another name, a member submitted on its own) get HORA_ERR_MISMATCH for every member on every
+ * rank, field "the grouped call it belongs to", the members that only some ranks submit included:
+ * no handle waits for a member that never comes.
  * The handle's result is the first error of any member, else HORA_SUCCESS.
  * Errors: the common ones above, and HORA_ERR_INVALID_ARGUMENT for ntensors == 0, a NULL array,
  * or the same name twice in the group (the message gives the index). */

@@ -2,7 +2,8 @@
  * handle must complete with HORA_ERR_MISMATCH within seconds, with a message naming the tensor,
  * the field and the ranks. Each field once on the coordinator path (new name) and once after the
  * name is in the response cache (the cache slot is invalidated and rank 0 reports it). Then a
- * matching request must still work (the engine is not broken by a mismatch). */
+ * matching request must still work (the engine is not broken by a mismatch). The same for grouped
+ * allreduces whose ranks group other tensors (members that only some ranks submit included). */
 #include <stdint.h>
 
 #include "hora_test.h"
@@ -49,6 +50,59 @@ static void expect_mismatch(hora_ctx_t *ctx, const char *name, int f) {
   hora_handle_free(h);
 }
 
+/* Grouped allreduce whose ranks disagree on the members (hora_grouped_allreduce_async): the
+ * last rank groups `theirs` names where the others group `ours` (prefix + member letters; an
+ * empty `theirs` member list means the last rank submits member 'a' as an allreduce of its own).
+ * Every rank's handle must fail with HORA_ERR_MISMATCH naming the group, within seconds, also on
+ * the ranks holding members the last rank never submits. */
+static hora_result_t submit_group(hora_ctx_t *ctx, const char *prefix, const char *members, hora_handle_t **h) {
+  const char *names[8];
+  char store[8][64];
+  const void *sb[8];
+  void *rb[8];
+  size_t counts[8];
+  size_t n = strlen(members);
+  if (n == 0) {
+    snprintf(store[0], sizeof store[0], "%s/a", prefix);
+    return hora_allreduce_async(ctx, store[0], sbuf, rbuf, 10, HORA_FLOAT64, HORA_SUM, 1, 1, HORA_DEVICE_HOST, h);
+  }
+  for (size_t i = 0; i < n; i++) {
+    snprintf(store[i], sizeof store[i], "%s/%c", prefix, members[i]);
+    names[i] = store[i];
+    sb[i] = sbuf;
+    rb[i] = rbuf + 10 * i;
+    counts[i] = 10;
+  }
+  return hora_grouped_allreduce_async(ctx, names, sb, rb, counts, n, HORA_FLOAT64, HORA_SUM, 1, 1,
+                                      HORA_DEVICE_HOST, h);
+}
+
+static void expect_group_mismatch(hora_ctx_t *ctx, const char *prefix, const char *ours, const char *theirs) {
+  hora_handle_t *h;
+  double t0 = MPI_Wtime();
+  EXPECT_OK(submit_group(ctx, prefix, rank == size - 1 ? theirs : ours, &h));
+  hora_result_t rc = hora_wait(h);
+  double dt = MPI_Wtime() - t0;
+  EXPECT(rc == HORA_ERR_MISMATCH, "group %s (%s / %s): got %s, want HORA_ERR_MISMATCH", prefix, ours, theirs,
+         hora_result_name(rc));
+  const char *msg = hora_last_error();
+  EXPECT(strstr(msg, prefix) && strstr(msg, "grouped call"), "group %s: message does not name the group: %s",
+         prefix, msg);
+  EXPECT(dt < 5.0, "group %s: mismatch took %.1f s", prefix, dt);
+  hora_handle_free(h);
+}
+
+/* The same group on every rank: completes with the sums. */
+static void expect_group_ok(hora_ctx_t *ctx, const char *prefix, const char *members) {
+  hora_handle_t *h;
+  memset(rbuf, 0, sizeof rbuf);
+  EXPECT_OK(submit_group(ctx, prefix, members, &h));
+  EXPECT_OK(hora_wait(h));
+  hora_handle_free(h);
+  for (size_t i = 0; i < 10 * strlen(members); i++)
+    EXPECT(rbuf[i] == size * (size + 1) / 2.0, "group %s (%s): element %zu is %g", prefix, members, i, rbuf[i]);
+}
+
 int main(int argc, char **argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -77,6 +131,30 @@ int main(int argc, char **argv) {
     EXPECT_OK(submit(ctx, name, f, 0, &h));
     EXPECT_OK(hora_wait(h));
     hora_handle_free(h);
+  }
+  /* Groups: a member fewer on the last rank, a member more, a lone allreduce against a group,
+   * the same number of members under other names; each new and after the group was cached;
+   * and then the group the ranks agree on again. */
+  static const char *const cases[][2] = {{"abc", "ab"}, {"ab", "abc"}, {"ab", ""}, {"abc", "abd"}};
+  /* The order of the members does not matter: the same set of names is the same group. */
+  {
+    hora_handle_t *h;
+    memset(rbuf, 0, sizeof rbuf);
+    EXPECT_OK(submit_group(ctx, "grp/order", rank == size - 1 ? "cab" : "abc", &h));
+    EXPECT_OK(hora_wait(h));
+    hora_handle_free(h);
+    EXPECT(rbuf[0] == size * (size + 1) / 2.0 && rbuf[29] == size * (size + 1) / 2.0,
+           "group in another order: %g %g", rbuf[0], rbuf[29]);
+  }
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "grp/new/%zu", k);
+    expect_group_mismatch(ctx, prefix, cases[k][0], cases[k][1]);
+    expect_group_ok(ctx, prefix, cases[k][0]);
+    snprintf(prefix, sizeof prefix, "grp/cached/%zu", k);
+    expect_group_ok(ctx, prefix, cases[k][0]);
+    expect_group_mismatch(ctx, prefix, cases[k][0], cases[k][1]);
+    expect_group_ok(ctx, prefix, cases[k][0]);
   }
   double x = rank + 1, y = 0;
   hora_handle_t *h;
