@@ -218,7 +218,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hora_view = None if self._hora_outside else _check_set(process_set,
                                                                      "DistributedOptimizer")
         self._hora_set = process_set
-        self._hora_names = {p: "grad." + names[id(p)] for p in all_params}
+        self._hora_opt_id = next(_optimizer_count)  # the k-th DistributedOptimizer (names)
+        # Its requests' prefix: "grad" for the process's first, "grad.opt<k>" for its k-th (two
+        # optimizers stepped after one backward, whose parameters may share names: an encoder's
+        # and a decoder's "weight").
+        self._hora_prefix = "grad" if self._hora_opt_id == 0 else f"grad.opt{self._hora_opt_id}"
+        self._hora_names = {p: f"{self._hora_prefix}.{names[id(p)]}" for p in all_params}
         self._parameter_names = {p: names[id(p)] for p in all_params}  # Horovod's attribute
         self._hora_compression = compression
         self._hora_passes = backward_passes_per_step
@@ -232,9 +237,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             self._hora_group_of, self._hora_groups = _param_groups(all_params, groups)
         self._hora_delay = {p: backward_passes_per_step for p in all_params}
-        self._hora_opt_id = next(_optimizer_count)  # the k-th DistributedOptimizer (names)
-        # Its requests' prefix: "grad" for the process's first, "grad.opt<k>" for its k-th.
-        self._hora_prefix = "grad" if self._hora_opt_id == 0 else f"grad.opt{self._hora_opt_id}"
         self._hora_checked = False  # _hora_check_layout done (again after add_param_group)
         self._hora_ready = {}  # group index -> parameters whose gradient is ready
         self._hora_handles = {}  # parameter -> (handle, finish) or group index -> ...
@@ -294,7 +296,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hora_checked = False
         for i, p in enumerate(params):
             self._parameter_names[p] = f"param_group.{self._hora_opt_id}.{gi}.{i}"
-            self._hora_names[p] = "grad." + self._parameter_names[p]
+            self._hora_names[p] = f"{self._hora_prefix}.{self._parameter_names[p]}"
             self._hora_delay[p] = self._hora_passes
         if self._hora_bucketed:
             group_of, buckets = _buckets(params, _BUCKET_BYTES)

@@ -445,16 +445,21 @@ def test_ranks_that_freeze_different_parameters_raise_on_every_rank(groups):
     assert after.tolist() == [float(n)] * 2
 
 
-def test_two_optimizers_after_one_backward():
+@pytest.mark.parametrize("groups,prefixes", [(None, ("enc", "dec")), (0, ("", ""))],
+                         ids=["buckets", "pertensor_same_names"])
+def test_two_optimizers_after_one_backward(groups, prefixes):
     """An encoder's and a decoder's DistributedOptimizer, both stepped after one backward (their
-    buckets are in flight together): each bucket has a name of its own (from its parameters'
-    names), and the weights are the single-process reference's. With one bucket name per index
-    the second optimizer's bucket was refused as already in flight."""
+    requests are in flight together): each bucket has a name of its own, and so has each
+    per-parameter request when both modules name their parameters "weight" and "bias"; the
+    weights are the single-process reference's. With one bucket name per index (and with
+    per-parameter names without the optimizer's tag) the second optimizer's request was refused
+    as already in flight."""
     r, n = rank_size()
     model, ref = make_model(seed=9), make_model(seed=9)
     opts = [ht.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
-                                    named_parameters=m.named_parameters(prefix=pre))
-            for m, pre in ((model.fc1, "enc"), (model.fc2, "dec"))]
+                                    named_parameters=m.named_parameters(prefix=pre),
+                                    groups=groups)
+            for m, pre in zip((model.fc1, model.fc2), prefixes)]
     ref_opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ref.fc1, ref.fc2)]
     mine = slice(r * 4, (r + 1) * 4)
     for step in range(3):
@@ -468,6 +473,7 @@ def test_two_optimizers_after_one_backward():
     weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     gathered = hora.allgather(weights.reshape(1, -1))
     assert opts[0]._hora_group_name(0) != opts[1]._hora_group_name(0)
+    assert opts[0]._hora_names[model.fc1.weight] != opts[1]._hora_names[model.fc2.weight]
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-9, atol=1e-10, msg=name)
     assert (gathered == gathered[0]).all()
