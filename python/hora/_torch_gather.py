@@ -1,5 +1,7 @@
 """hora.torch's allgather, broadcast, alltoall, reducescatter, barrier and join, with
 horovod.torch's (0.28) signatures (see _torch_ops.py for the handle and naming rules)."""
+import hashlib
+
 import numpy as np
 import torch
 
@@ -15,21 +17,49 @@ from ._torch_ops import (TorchHandle, _Chain, _apply_post, _check_op, _check_ten
 from ._torch_psets import _check_set, _view_rank, _view_size, global_process_set
 
 
-def _engine_allgather(view, name, send, out):
-    """hora_allgather_async of a NumPy or torch buffer into `out` (size * count elements)."""
+def _group_tag(names):
+    """(key, size) of a grouped call whose members are `names`, for hora_set_call_group: a digest
+    of the set of names, the same on every rank that groups the same names."""
+    digest = hashlib.blake2b("\0".join(sorted(names)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") or 1, len(names)
+
+
+def _check_members(tensors, kind, what):
+    """The checks each member's submission makes, for all members before any is submitted: a
+    grouped call's members are negotiated only once all are submitted (hora_set_call_group), so a
+    member refused half way through would leave the earlier ones waiting."""
+    for i, t in enumerate(tensors):
+        _check_tensor(t, f"{kind}(tensors[{i}])")
+        if t.dim() == 0:
+            raise invalid(f"{kind}(tensors[{i}]): a 0-d tensor {what}")
+        B.as_buf(t.detach(), f"{kind}(tensors[{i}])")
+
+
+def _set_group(view, group, kind):
+    if group is not None:
+        check(lib.hora_set_call_group(view.ctx, group[0], group[1]), f"hora.torch.{kind}")
+
+
+def _engine_allgather(view, name, send, out, group=None):
+    """hora_allgather_async of a NumPy or torch buffer into `out` (size * count elements);
+    `group`: the (key, size) of the grouped call it is a member of (_group_tag), or None."""
     b = B.as_buf(send, "allgather")
     o = B.as_buf(out, "allgather output", writable=True)
     hp = ffi.new("hora_handle_t **")
+    _set_group(view, group, "allgather")  # last, right before the call that takes it
     check(lib.hora_allgather_async(view.ctx, name.encode(), b.ptr, o.ptr, b.count, b.dtype,
                                    b.device, hp), "hora.torch.allgather")
     return _async.Handle(hp[0], (b, o), out)
 
 
-def _meta(view, name, values):
-    """Start the allgather of a few int64 per rank under `<name>.meta`: result [size, k]."""
+def _meta(view, name, values, group=None):
+    """Start the allgather of a few int64 per rank under `<name>.meta`: result [size, k]. The
+    members of a grouped allgather tag their meta with the group: ranks that group other tensors
+    then get a MismatchError for every member instead of waiting for a member's meta that the
+    other ranks never submit."""
     send = np.asarray(values, dtype=np.int64)
     return _engine_allgather(view, f"{name}.meta", send,
-                             np.empty((_view_size(view), send.size), np.int64))
+                             np.empty((_view_size(view), send.size), np.int64), group)
 
 
 def _describe(t):
@@ -56,7 +86,7 @@ def _row(t):
 
 
 # ---- allgather ------------------------------------------------------------------------------
-def _allgather_part(view, h, tensor, name, kind):
+def _allgather_part(view, h, tensor, name, kind, group=None):
     _check_tensor(tensor, f"{kind}(tensor)")
     if tensor.dim() == 0:
         raise invalid(f"{kind}(tensor): a 0-d tensor has no first dimension to concatenate; "
@@ -80,7 +110,7 @@ def _allgather_part(view, h, tensor, name, kind):
                                         counts, b.dtype, b.device, hp), "hora.torch.allgather")
         return _async.Handle(hp[0], (b, o, counts), out)
 
-    return _Chain(_meta(view, nm, _describe(tensor) + [tensor.shape[0]]), then)
+    return _Chain(_meta(view, nm, _describe(tensor) + [tensor.shape[0]], group), then)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -122,10 +152,13 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     tensors = list(tensors)
     if not tensors:
         raise invalid("grouped_allgather_async: the list of tensors is empty")
+    _check_members(tensors, "grouped_allgather_async", "has no first dimension to concatenate")
     h = TorchHandle(lambda outs: list(outs))
     base = h._claim(name, "grouped_allgather")
+    group = _group_tag([f"{base}.{i}.meta" for i in range(len(tensors))])
     for i, t in enumerate(tensors):
-        h._parts.append(_allgather_part(view, h, t, f"{base}.{i}", "grouped_allgather_async"))
+        h._parts.append(_allgather_part(view, h, t, f"{base}.{i}", "grouped_allgather_async",
+                                        group))
     return h
 
 
@@ -318,7 +351,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 
 # ---- reducescatter --------------------------------------------------------------------------
-def _reducescatter_part(view, h, tensor, name, op, pre, post, kind):
+def _reducescatter_part(view, h, tensor, name, op, pre, post, kind, group=None):
     _check_tensor(tensor, f"{kind}(tensor)")
     if tensor.dim() == 0:
         raise invalid(f"{kind}(tensor): a 0-d tensor cannot be split across ranks")
@@ -353,6 +386,7 @@ def _reducescatter_part(view, h, tensor, name, op, pre, post, kind):
     b = B.as_buf(send, kind)
     o = B.as_buf(out, f"{kind} output", writable=True)
     hp = ffi.new("hora_handle_t **")
+    _set_group(view, group, kind)  # a grouped member (see _meta): last, right before the call
     check(lib.hora_reducescatter_async(view.ctx, nm.encode(), b.ptr, o.ptr, m * _row(tensor),
                                        b.dtype, op, b.device, hp), f"hora.torch.{kind}")
     is_int = tensor.dtype in _INT_DTYPES
@@ -421,12 +455,15 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     tensors = list(tensors)
     if not tensors:
         raise invalid("grouped_reducescatter_async: the list of tensors is empty")
+    _check_members(tensors, "grouped_reducescatter_async", "cannot be split across ranks")
+    _check_op(op, "grouped_reducescatter_async", adasum=False)
     h = TorchHandle()
     base = h._claim(name, "grouped_reducescatter")
+    group = _group_tag([f"{base}.{i}" for i in range(len(tensors))])
     fins = []
     for i, t in enumerate(tensors):
         part, fin = _reducescatter_part(view, h, t, f"{base}.{i}", op, prescale_factor,
-                                        postscale_factor, "grouped_reducescatter_async")
+                                        postscale_factor, "grouped_reducescatter_async", group)
         h._parts.append(part)
         fins.append(fin)
     h._finish = lambda outs: [f(o) for f, o in zip(fins, outs)]

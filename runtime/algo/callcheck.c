@@ -32,6 +32,9 @@
 static _Thread_local struct {
   const hora_ctx_t *ctx;
   uint64_t shape;
+  const hora_ctx_t *gctx; /* hora_set_call_group's tag, taken by the async calls (engine/api.c) */
+  uint64_t gkey;
+  uint32_t gsize;
 } next_shape;
 
 HORA_EXPORT hora_result_t hora_set_call_shape(hora_ctx_t *ctx, uint64_t fingerprint) {
@@ -41,10 +44,35 @@ HORA_EXPORT hora_result_t hora_set_call_shape(hora_ctx_t *ctx, uint64_t fingerpr
   return HORA_SUCCESS;
 }
 
+HORA_EXPORT hora_result_t hora_set_call_group(hora_ctx_t *ctx, uint64_t key, uint32_t size) {
+  HORA_CHECK(hora__ctx_check(ctx, "hora_set_call_group"));
+  if (key != 0 && size == 0)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "hora_set_call_group: size is 0 for group key %#llx",
+                    (unsigned long long)key);
+  next_shape.gctx = ctx;
+  next_shape.gkey = key;
+  next_shape.gsize = key ? size : 0;
+  return HORA_SUCCESS;
+}
+
+void hora__call_group_take(const hora_ctx_t *ctx, uint64_t *key, uint32_t *size) {
+  int mine = next_shape.gctx == ctx;
+  *key = mine ? next_shape.gkey : 0;
+  *size = mine ? next_shape.gsize : 0;
+  next_shape.gctx = NULL;
+  next_shape.gkey = 0;
+  next_shape.gsize = 0;
+}
+
+/* Every collective takes this (blocking and async), so a group tag is cleared by the next
+ * collective too (the async calls take it first: hora__call_group_take). */
 uint64_t hora__call_shape_take(const hora_ctx_t *ctx) {
   uint64_t s = next_shape.ctx == ctx ? next_shape.shape : 0;
   next_shape.ctx = NULL;
   next_shape.shape = 0;
+  next_shape.gctx = NULL;
+  next_shape.gkey = 0;
+  next_shape.gsize = 0;
   return s;
 }
 

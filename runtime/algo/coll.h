@@ -74,8 +74,11 @@ void hora__call_pack(const hora_call_desc_t *d, uint64_t w[3]);
  * every rank's descriptor agrees (or HORA_CHECK=0), else HORA_ERR_MISMATCH on every rank with a
  * message naming the collective, the fields, their values and the ranks holding each. */
 hora_result_t hora__call_agree(hora_ctx_t *ctx, const char *fn, const hora_call_desc_t *d);
-/* The fingerprint hora_set_call_shape left for this thread's next call on ctx (0: none); clears it. */
+/* The fingerprint hora_set_call_shape left for this thread's next call on ctx (0: none); clears it,
+ * and hora_set_call_group's tag too. */
 uint64_t hora__call_shape_take(const hora_ctx_t *ctx);
+/* hora_set_call_group's tag for this thread's next call on ctx (0, 0: none), cleared. */
+void hora__call_group_take(const hora_ctx_t *ctx, uint64_t *key, uint32_t *size);
 /* HORA_CHECK != 0. */
 int hora__call_check_on(void);
 const char *hora__call_kind_name(int kind);

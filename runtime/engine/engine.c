@@ -190,11 +190,15 @@ static void fail_all_pending(hora_engine_t *eng, hora_result_t rc, const char *m
   eng_req_t *q = eng->qhead;
   eng->qhead = eng->qtail = NULL;
   pthread_mutex_unlock(&eng->mu);
-  while (q) {
-    eng_req_t *nx = q->qnext;
-    hora__handle_member_done(q->h, rc, msg);
-    hora__req_free(q);
-    q = nx;
+  for (int pass = 0; pass < 2; pass++) { /* the queue, then the held group members */
+    while (q) {
+      eng_req_t *nx = q->qnext;
+      hora__handle_member_done(q->h, rc, msg);
+      hora__req_free(q);
+      q = nx;
+    }
+    q = eng->held;
+    eng->held = NULL;
   }
 }
 

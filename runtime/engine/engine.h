@@ -214,6 +214,8 @@ typedef struct hora_engine {
 
   /* Engine-thread-only state. */
   eng_table_t pending;  /* this rank's requests by name */
+  eng_req_t *held;      /* members of a group (eng_params_t.group) whose other members this rank
+                         * has not submitted yet: released together (negotiate.c, drain) */
   size_t npending;
   eng_cache_t cache;
   int joined;           /* this rank called hora_join and waits */

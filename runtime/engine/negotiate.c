@@ -132,11 +132,62 @@ static hora_result_t collect(hora_engine_t *eng, eng_req_t ***out, size_t *n) {
 
 /* Drain the submission queue into the pending table. A name already pending on this rank fails
  * the new request (checked here, on the engine thread, which owns the table). */
+/* Hold back the members of groups not yet complete on this rank. A group's members must reach
+ * rank 0 in one round: a group that the ranks disagree on is failed there in that round (coord.c,
+ * GROUP_FAIL), and a member submitted a cycle later would be left waiting for the others
+ * forever. hora_grouped_allreduce_async enqueues its members at once; the members tagged one by
+ * one with hora_set_call_group (Python's grouped allgather and reducescatter) may be split by a
+ * cycle. Returns the list to drain now; the incomplete ones stay in eng->held (in order), with a
+ * warning per group member every HORA_STALL_WARNING_S. */
+static eng_req_t *hold_incomplete_groups(hora_engine_t *eng, eng_req_t *q, double now) {
+  eng_req_t *all = eng->held, **tail = &all;
+  while (*tail) tail = &(*tail)->qnext;
+  *tail = q;
+  eng->held = NULL;
+  eng_req_t *out = NULL, **otail = &out, **htail = &eng->held;
+  while (all) {
+    eng_req_t *r = all;
+    all = all->qnext;
+    r->qnext = NULL;
+    uint32_t have = 0; /* the members of r's group in the whole list (out, held, all and r) */
+    if (r->p.gsize > 1) {
+      /* The usual case first: the whole group enqueued together (hora_grouped_allreduce_async). */
+      uint32_t run = 1;
+      for (eng_req_t *x = all; x && run < r->p.gsize && x->p.gsize && x->p.group == r->p.group; x = x->qnext) run++;
+      if (run == r->p.gsize) {
+        *otail = r;
+        otail = &r->qnext;
+        continue;
+      }
+      for (eng_req_t *x = out; x; x = x->qnext) have += x->p.gsize && x->p.group == r->p.group;
+      for (eng_req_t *x = eng->held; x; x = x->qnext) have += x->p.gsize && x->p.group == r->p.group;
+      for (eng_req_t *x = all; x; x = x->qnext) have += x->p.gsize && x->p.group == r->p.group;
+      have++; /* r */
+    }
+    if (r->p.gsize <= 1 || have >= r->p.gsize) {
+      *otail = r;
+      otail = &r->qnext;
+      continue;
+    }
+    double warn = eng->prm.stall_warning_s;
+    if (warn > 0 && now - r->t_enqueue > warn && now - r->t_cached > warn) {
+      HORA_WARN(ENGINE, "tensor '%.300s': held for %.0f s: a member of a group of %u of which this rank has "
+                "submitted %u (hora_set_call_group); none is negotiated until all are",
+                r->name, now - r->t_enqueue, (unsigned)r->p.gsize, (unsigned)have);
+      r->t_cached = now;
+    }
+    *htail = r;
+    htail = &r->qnext;
+  }
+  return out;
+}
+
 static void drain(hora_engine_t *eng, double now) {
   pthread_mutex_lock(&eng->mu);
   eng_req_t *q = eng->qhead;
   eng->qhead = eng->qtail = NULL;
   pthread_mutex_unlock(&eng->mu);
+  if (q || eng->held) q = hold_incomplete_groups(eng, q, now);
   while (q) {
     eng_req_t *r = q;
     q = q->qnext;

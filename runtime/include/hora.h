@@ -368,6 +368,20 @@ hora_result_t hora_process_set_included(hora_ctx_t *set, int *included);
  * Errors: HORA_ERR_NOT_INITIALIZED (ctx NULL or finalized). */
 hora_result_t hora_set_call_shape(hora_ctx_t *ctx, uint64_t fingerprint);
 
+/* hora_set_call_group: tag this thread's NEXT collective on ctx as one member of a group of
+ * `size` async requests that the caller submits one by one (a grouped allgather or
+ * reducescatter; hora_grouped_allreduce_async tags its members itself). `key` is any 64-bit
+ * digest of the set of the group's names (0: not a group); every member gets the same key and
+ * size. The ranks must agree on it like on any other field of a name: ranks that group other
+ * names (a member more or fewer) get HORA_ERR_MISMATCH for every member, field "the grouped call
+ * it belongs to", on every rank, the members only some ranks submit included, instead of waiting
+ * for members that never come. The next collective called by this thread on ctx takes the tag
+ * and clears it, whatever its result; blocking collectives ignore it. The Python bindings tag
+ * hora.torch's grouped_allgather and grouped_reducescatter. Local; costs nothing but the call.
+ * Errors: HORA_ERR_NOT_INITIALIZED (ctx NULL or finalized), HORA_ERR_INVALID_ARGUMENT (size 0
+ * with a non-zero key). */
+hora_result_t hora_set_call_group(hora_ctx_t *ctx, uint64_t key, uint32_t size);
+
 /* allreduce: recvbuf[i] = postscale * OP_r(prescale * sendbuf_r[i]) for i in [0, count).
  * HORA_AVERAGE divides the reduced value by the world size (after prescale, before postscale).
  * HORA_ADASUM combines the ranks' whole vectors pairwise in a binary tree of log2(size) levels

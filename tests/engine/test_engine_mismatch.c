@@ -5,6 +5,7 @@
  * matching request must still work (the engine is not broken by a mismatch). The same for grouped
  * allreduces whose ranks group other tensors (members that only some ranks submit included). */
 #include <stdint.h>
+#include <unistd.h>
 
 #include "hora_test.h"
 
@@ -92,6 +93,38 @@ static void expect_group_mismatch(hora_ctx_t *ctx, const char *prefix, const cha
   hora_handle_free(h);
 }
 
+/* A group tagged member by member (hora_set_call_group: allgathers submitted one by one, as the
+ * Python bindings' grouped allgather does); the last rank's members are `theirs`. With `pause`,
+ * each rank sleeps 30 ms between its members, so that they reach the engine in different cycles
+ * (held until the group is complete). Returns the handles' first result. */
+static hora_result_t tagged_group(hora_ctx_t *ctx, const char *prefix, const char *ours, const char *theirs,
+                                  int pause) {
+  const char *members = rank == size - 1 ? theirs : ours;
+  size_t n = strlen(members);
+  char names[8][64];
+  uint64_t key = 0;
+  for (size_t i = 0; i < n; i++) snprintf(names[i], sizeof names[i], "%s/%c", prefix, members[i]);
+  for (size_t i = 0; i < n; i++) { /* any digest of the set of names: a sum of the names' FNV-1a */
+    uint64_t d = 1469598103934665603ull;
+    for (const char *c = names[i]; *c; c++) d = (d ^ (unsigned char)*c) * 1099511628211ull;
+    key += d;
+  }
+  hora_handle_t *h[8];
+  memset(rbuf, 0, sizeof rbuf);
+  for (size_t i = 0; i < n; i++) {
+    if (pause && i) usleep(30000);
+    EXPECT_OK(hora_set_call_group(ctx, key, (uint32_t)n));
+    EXPECT_OK(hora_allgather_async(ctx, names[i], sbuf, rbuf + 10 * size * i, 10, HORA_FLOAT64, HORA_DEVICE_HOST, &h[i]));
+  }
+  hora_result_t first = HORA_SUCCESS;
+  for (size_t i = 0; i < n; i++) {
+    hora_result_t rc = hora_wait(h[i]);
+    if (first == HORA_SUCCESS && rc != HORA_SUCCESS) first = rc;
+    hora_handle_free(h[i]);
+  }
+  return first;
+}
+
 /* The same group on every rank: completes with the sums. */
 static void expect_group_ok(hora_ctx_t *ctx, const char *prefix, const char *members) {
   hora_handle_t *h;
@@ -156,6 +189,25 @@ int main(int argc, char **argv) {
     expect_group_mismatch(ctx, prefix, cases[k][0], cases[k][1]);
     expect_group_ok(ctx, prefix, cases[k][0]);
   }
+  /* Groups tagged member by member: agreed (members in different cycles: held, then released
+   * together), then a member more on the last rank, then agreed again (no straggler left). */
+  for (int pause = 0; pause < 2; pause++) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "tag/%d", pause);
+    EXPECT_OK(tagged_group(ctx, prefix, "abc", "abc", pause));
+    for (int r = 0; r < size; r++)
+      EXPECT(rbuf[10 * r] == r + 1 && rbuf[10 * size * 2 + 10 * r + 9] == r + 1,
+             "tagged group %s: rank %d's block holds %g, %g", prefix, r, rbuf[10 * r], rbuf[10 * size * 2 + 10 * r + 9]);
+    double t0 = MPI_Wtime();
+    hora_result_t rc = tagged_group(ctx, prefix, "abc", "abcd", pause);
+    EXPECT(rc == HORA_ERR_MISMATCH && strstr(hora_last_error(), "grouped call"),
+           "tagged group %s, a member more on the last rank: got %s (%s)", prefix, hora_result_name(rc),
+           hora_last_error());
+    EXPECT(MPI_Wtime() - t0 < 5.0, "tagged group %s: mismatch took %.1f s", prefix, MPI_Wtime() - t0);
+    EXPECT_OK(tagged_group(ctx, prefix, "abc", "abc", pause));
+  }
+  EXPECT(hora_set_call_group(ctx, 42, 0) == HORA_ERR_INVALID_ARGUMENT, "hora_set_call_group(size 0) accepted");
+  EXPECT_OK(hora_set_call_group(ctx, 0, 0));
   double x = rank + 1, y = 0;
   hora_handle_t *h;
   EXPECT_OK(hora_allreduce_async(ctx, "mm/after", &x, &y, 1, HORA_FLOAT64, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &h));

@@ -353,6 +353,40 @@ def test_allgather_uneven_async_grouped(dtype):
     close(outs[0], torch.cat(ys), dtype, "grouped async")
 
 
+@pytest.mark.parametrize("kind", ["allgather", "reducescatter", "allreduce"])
+def test_grouped_calls_whose_ranks_group_other_tensors_raise_on_every_rank(kind):
+    """The last rank's grouped call has a tensor more than the others': every rank gets a
+    MismatchError naming the group within seconds (the members only the last rank submitted
+    included; they used to wait forever, a hang with stall warnings), and the same names then
+    work again with the values of one process. A member refused before submission (a 0-d
+    tensor) leaves nothing behind on any rank."""
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    fn = {"allgather": hvd.grouped_allgather, "reducescatter": hvd.grouped_reducescatter,
+          "allreduce": hvd.grouped_allreduce}[kind]
+    kw = {} if kind == "allgather" else {"op": hvd.Sum}
+    xs = [torch.full((2 * n, 3), float(r + 1)) for _ in range(3 if r == n - 1 else 2)]
+    t0 = time.monotonic()
+    with pytest.raises(hvd.MismatchError, match="the grouped call it belongs to"):
+        fn(xs, name=f"gmis.{kind}", **kw)
+    took = time.monotonic() - t0
+    if kind != "allreduce":
+        with pytest.raises(ValueError, match=r"tensors\[1\]"):
+            fn([xs[0], torch.tensor(1.0)], name=f"gmis.{kind}", **kw)
+    outs = fn(xs[:2], name=f"gmis.{kind}", **kw)
+    total = n * (n + 1) / 2
+    for o in outs:
+        if kind == "allgather":
+            want = torch.cat([torch.full((2 * n, 3), float(p + 1)) for p in range(n)])
+        elif kind == "reducescatter":
+            want = torch.full((2, 3), total)
+        else:
+            want = torch.full((2 * n, 3), total)
+        torch.testing.assert_close(o, want)
+    assert took < 5.0, took
+
+
 def test_allgather_and_broadcast_objects():
     r, n = rank_size()
     objs = hvd.allgather_object({"rank": r, "t": torch.full((r + 1,), r)})
