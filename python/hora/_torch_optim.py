@@ -9,11 +9,14 @@ import warnings
 import numpy as np
 import torch
 
+from . import _buffers as B
 from ._compression import Compression
 from ._core import Average, rank, size
 from ._errors import MismatchError, invalid
 from ._hora_cffi import lib
-from ._torch_gather import allgather, allgather_async, broadcast_, broadcast_async_
+from ._core import _root
+from ._torch_gather import (_group_tag, _set_group, allgather, allgather_async, broadcast_,
+                            broadcast_async_)
 from ._torch_ops import (Adasum, _check_op, allreduce_async_, grouped_allreduce_async_,
                          synchronize)
 from ._torch_adasum import _DistributedAdasumOptimizer, _count_backward_pass
@@ -58,23 +61,49 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 def broadcast_parameters(params, root_rank=0):
     """Copy root_rank's tensors into every rank's, in place: model.state_dict() (matched by
     sorted name), model.named_parameters(), or a list of tensors (matched by position).
-    Collective."""
-    items = _named_items(params, "broadcast_parameters")
+    Collective. The broadcasts are one group (hora_set_call_group): ranks whose lists differ (a
+    key more on one rank) get a MismatchError on every rank instead of waiting for a tensor the
+    others never send; every item is checked before any is sent."""
+    items, bufs = [], []
+    for name, t in _named_items(params, "broadcast_parameters"):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.layout is not torch.strided:
+            raise invalid(f"broadcast_parameters: {name!r} is a "
+                          f"{type(t).__name__ if not isinstance(t, torch.Tensor) else t.layout}, "
+                          "not a dense tensor")
+        buf = t.detach() if t.is_contiguous() else t.detach().contiguous()
+        B.as_buf(buf, f"broadcast_parameters: {name!r}")  # its dtype and device, before any send
+        items.append((name, t))
+        bufs.append(buf)
+    if not items:
+        return
+    view = _check_set(global_process_set, "broadcast_parameters")
+    view.root(_root(root_rank), "broadcast_parameters")
+    names = [f"broadcast_parameters.{name}" for name, _ in items]
+    group = _group_tag(names)
     handles = []
     with torch.no_grad():
-        for name, t in items:
-            if t is None:
+        for (name, t), buf, nm in zip(items, bufs, names):
+            _set_group(view, group, "broadcast_parameters")
+            try:
+                handles.append((t, buf, broadcast_async_(buf, root_rank, name=nm)))
+            except BaseException:
+                _set_group(view, (0, 0), "broadcast_parameters")  # not left for the next call
+                raise
+        first = None
+        for t, buf, h in handles:  # every one, so that none is left in flight
+            try:
+                synchronize(h)
+            except MismatchError as e:
+                first = first or e
                 continue
-            if not isinstance(t, torch.Tensor):
-                raise invalid(f"broadcast_parameters: {name!r} is a {type(t).__name__}, not a "
-                              "tensor")
-            buf = t.detach() if t.is_contiguous() else t.detach().contiguous()
-            handles.append((t, buf, broadcast_async_(buf, root_rank,
-                                                     name=f"broadcast_parameters.{name}")))
-        for t, buf, h in handles:
-            synchronize(h)
             if buf.data_ptr() != t.data_ptr():
                 t.copy_(buf)
+    if first is not None:
+        raise MismatchError(f"broadcast_parameters: the ranks' tensors differ (every rank must "
+                            f"pass the same names, shapes and dtypes): {first}",
+                            lib.HORA_ERR_MISMATCH)
 
 
 def _dumps(obj):

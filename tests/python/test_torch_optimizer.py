@@ -1,6 +1,7 @@
 """hora.torch: DistributedOptimizer on N ranks reaches the weights of one process training on the
 concatenated batch; broadcast_parameters / broadcast_optimizer_state / broadcast_object."""
 import copy
+import time
 import warnings
 
 import numpy as np
@@ -170,8 +171,33 @@ def test_broadcast_parameters_named_and_noncontiguous():
     ht.broadcast_parameters(params, root_rank=n - 1)
     assert w.tolist() == [[float(n - 1)] * 3] * 4
     assert params[0][1].tolist() == [n - 1 + 10.0] * 2
-    with pytest.raises(hora.InvalidArgumentError, match="not a tensor"):
+    with pytest.raises(hora.InvalidArgumentError, match="not a dense tensor"):
         ht.broadcast_parameters({"x": np.zeros(2)})
+
+
+def test_broadcast_parameters_of_state_dicts_that_differ_raise_on_every_rank():
+    """A state_dict with a key more on the last rank (a model built differently there): every
+    rank gets a MismatchError within seconds instead of waiting for a tensor the other ranks
+    never send (the broadcasts are one group); an item refused locally (not a tensor, after
+    tensors that would have been sent) leaves nothing in flight; then the same call with the
+    same keys copies the root's values."""
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    sd = {"fc.weight": torch.full((2, 3), float(r)), "fc.bias": torch.full((2,), float(r))}
+    if r == n - 1:
+        sd["extra.weight"] = torch.zeros(4)
+    t0 = time.monotonic()
+    with pytest.raises(hora.MismatchError, match="broadcast_parameters: the ranks' tensors "
+                       "differ.*the grouped call it belongs to"):
+        ht.broadcast_parameters(sd, root_rank=0)
+    took = time.monotonic() - t0
+    with pytest.raises(hora.InvalidArgumentError, match="'z' is a list"):
+        ht.broadcast_parameters({"a": torch.zeros(2), "z": [1.0]}, root_rank=0)
+    sd.pop("extra.weight", None)
+    ht.broadcast_parameters(sd, root_rank=0)
+    assert sd["fc.weight"].tolist() == [[0.0] * 3] * 2 and sd["fc.bias"].tolist() == [0.0] * 2
+    assert took < 5.0, took
 
 
 def _train_against_reference(steps=3, **kw):
