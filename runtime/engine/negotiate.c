@@ -151,12 +151,20 @@ static eng_req_t *hold_incomplete_groups(hora_engine_t *eng, eng_req_t *q, doubl
     r->qnext = NULL;
     uint32_t have = 0; /* the members of r's group in the whole list (out, held, all and r) */
     if (r->p.gsize > 1) {
-      /* The usual case first: the whole group enqueued together (hora_grouped_allreduce_async). */
+      /* The usual case first: the whole group enqueued together (hora_grouped_allreduce_async),
+       * released at once. */
       uint32_t run = 1;
-      for (eng_req_t *x = all; x && run < r->p.gsize && x->p.gsize && x->p.group == r->p.group; x = x->qnext) run++;
+      eng_req_t *last = r;
+      for (eng_req_t *x = all; x && run < r->p.gsize && x->p.gsize && x->p.group == r->p.group; x = x->qnext) {
+        run++;
+        last = x;
+      }
       if (run == r->p.gsize) {
+        r->qnext = last == r ? NULL : all;
+        all = last->qnext;
+        last->qnext = NULL;
         *otail = r;
-        otail = &r->qnext;
+        otail = &last->qnext;
         continue;
       }
       for (eng_req_t *x = out; x; x = x->qnext) have += x->p.gsize && x->p.group == r->p.group;
