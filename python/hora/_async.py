@@ -11,6 +11,7 @@ Restrictions: the memory of a submitted tensor (and of its output) must not be c
 until the handle completes; the Handle keeps a reference to both, so dropping the Python object
 early is safe.
 """
+import collections
 import itertools
 import threading
 import weakref
@@ -22,10 +23,15 @@ from ._errors import check, invalid, make_error
 from ._hora_cffi import ffi, lib
 
 _noname = itertools.count()
-# Handles still holding a C handle, weakly: shutdown() completes them before hora_finalize, and a
-# handle dropped by its owner completes in its finalizer.
+# Handles still holding a C handle, weakly: shutdown() completes them before hora_finalize.
 _live = weakref.WeakValueDictionary()
 _live_lock = threading.Lock()
+# Dropped handles (strong references: the engine may still use their buffers), appended by the
+# finalizer and completed by later submissions (_reap_orphans) or shutdown(). A deque because a
+# finalizer must take no lock: the garbage collector runs it inside whatever the thread is doing,
+# also while it holds _live_lock (an allocation in Handle.__init__), and a finalizer that took
+# _live_lock there deadlocked the thread, and every thread that waited for that lock after it.
+_orphans = collections.deque()
 
 
 class Handle:
@@ -45,8 +51,7 @@ class Handle:
         self._done = ffi.new("int *")
         with _live_lock:
             _live[id(self)] = self
-            reap = bool(_orphans)
-        if reap:
+        if _orphans:
             _reap_orphans()
 
     def done(self):
@@ -85,46 +90,38 @@ class Handle:
                 self._result = None
 
     def __del__(self):
-        # Horovod's fire-and-forget: a handle dropped before completion must not block here.
-        # A pending one is kept alive (resurrected) in _orphans until it completes; later
-        # submissions and shutdown() free it.
-        if getattr(self, "_h", None) is None:
-            return
-        try:
-            if self.done():
-                self._complete()
-            else:
-                with _live_lock:
-                    _orphans.append(self)
-        except Exception:  # a finalizer must not raise; the error had no one to go to
-            pass
-
-
-# Dropped handles still in flight (strong references: the engine still uses their buffers).
-_orphans = []
+        # Horovod's fire-and-forget: a handle dropped before completion must not block here,
+        # nor take a lock (see _orphans). It is kept alive (resurrected) in _orphans; later
+        # submissions and shutdown() complete and free it.
+        if getattr(self, "_h", None) is not None:
+            _orphans.append(self)
 
 
 def _reap_orphans():
-    """Free the dropped handles that have completed (non-blocking)."""
-    with _live_lock:
-        if not _orphans:
-            return
-        pending = list(_orphans)
-    done = [h for h in pending if h.done()]
-    for h in done:
+    """Free the dropped handles that have completed (non-blocking; never from a finalizer)."""
+    for _ in range(len(_orphans)):
         try:
-            h._complete()
-        except Exception:
-            pass
-    with _live_lock:
-        _orphans[:] = [h for h in _orphans if h._h is not None]
+            h = _orphans.popleft()
+        except IndexError:  # another thread reaped the rest
+            return
+        try:
+            if h.done():
+                h._complete()
+                continue
+        except Exception:  # its error had no one to go to
+            continue
+        _orphans.append(h)
 
 
 def _complete_all():
     """Complete every live handle (shutdown() runs this before hora_finalize)."""
     with _live_lock:
-        hs = list(_live.values()) + list(_orphans)
-        _orphans.clear()
+        hs = list(_live.values())
+    while _orphans:
+        try:
+            hs.append(_orphans.popleft())
+        except IndexError:
+            break
     for h in hs:
         h._complete()
 

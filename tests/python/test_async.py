@@ -93,6 +93,45 @@ def test_handle_errors_never_crash():
     assert out.tolist() == [2 * n] * 3
 
 
+def test_dropped_handle_finalized_while_the_thread_holds_the_handle_table_lock():
+    """The garbage collector runs a dropped handle's finalizer inside whatever its thread is
+    doing, also while that thread holds the lock of the table of live handles (an allocation
+    while a new handle registers). The finalizer used to take that lock: the thread deadlocked,
+    and every later submission in every thread after it (seen as a hang of the Python suite at 3
+    ranks). Reproduced deterministically: the last reference is dropped while this thread holds
+    the lock, in a helper thread so that a regression fails here instead of hanging the suite;
+    then both handles complete with the sums."""
+    import faulthandler
+    import os
+    import sys
+    import threading
+
+    from hora import _async
+    r, n = rank_size()
+    kept = []
+
+    def body():
+        pending = hora.allreduce_async(np.ones(8, np.float32), op=hora.Sum, name="fin.pending")
+        done = hora.allreduce_async(np.ones(8, np.float32), op=hora.Sum, name="fin.done")
+        done.wait()
+        with _async._live_lock:
+            del pending, done  # both finalizers run here, under the lock
+        after = hora.allreduce_async(np.full(3, 2, np.int32), op=hora.Sum, name="fin.after")
+        kept.append(after.wait())
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(30)
+    if t.is_alive():  # deadlocked: say where, and end this rank rather than hang the suite
+        faulthandler.dump_traceback(file=sys.stderr)
+        sys.stderr.write("test_dropped_handle_finalized...: the finalizer deadlocked\n")
+        sys.stderr.flush()
+        os._exit(1)
+    gc.collect()
+    assert kept and kept[0].tolist() == [2 * n] * 3
+    hora.allreduce(np.zeros(1, np.float32))  # the dropped ones are reaped by later calls
+
+
 def test_mismatch_reported_through_the_handle():
     r, n = rank_size()
     if n == 1:
