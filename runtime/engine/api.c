@@ -35,6 +35,20 @@ static hora_result_t prologue(hora_ctx_t *ctx, const char *fn, hora_dtype_t dtyp
   return HORA_SUCCESS;
 }
 
+/* This thread's tags for its next call on ctx, taken (and cleared) by every async call: the
+ * shape fingerprint of hora_set_call_shape and the group of hora_set_call_group (0: none). */
+typedef struct {
+  uint64_t shape, group;
+  uint32_t gsize;
+} call_tags_t;
+
+static call_tags_t take_tags(const hora_ctx_t *ctx) {
+  call_tags_t t;
+  hora__call_group_take(ctx, &t.group, &t.gsize); /* first: taking the shape clears it too */
+  t.shape = hora__call_shape_take(ctx);
+  return t;
+}
+
 static eng_req_t *req_new(const char *fn, const char *name, const eng_params_t *p, const void *send, void *recv) {
   eng_req_t *r = calloc(1, sizeof *r);
   if (r) r->name = strdup(name);
@@ -91,10 +105,7 @@ HORA_EXPORT hora_result_t hora_allreduce_async(hora_ctx_t *ctx, const char *name
                                                double prescale, double postscale, hora_device_t device,
                                                hora_handle_t **handle) {
   const char *fn = "hora_allreduce_async";
-  uint64_t gkey;
-  uint32_t gsize;
-  hora__call_group_take(ctx, &gkey, &gsize); /* hora_set_call_group's tag (0: none) */
-  uint64_t shape = hora__call_shape_take(ctx); /* hora_set_call_shape's tag, 0: unchecked */
+  call_tags_t tag = take_tags(ctx);
   hora_engine_t *eng;
   HORA_CHECK(hora__check_allreduce(ctx, fn, sendbuf, recvbuf, count, dtype, op, prescale, postscale, device));
   if (op == HORA_ADASUM) HORA_CHECK(adasum_check(ctx, fn));
@@ -102,8 +113,8 @@ HORA_EXPORT hora_result_t hora_allreduce_async(hora_ctx_t *ctx, const char *name
   HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
   HORA_CHECK(hora__fault_hit("step", eng->rank));
   eng_params_t p = {.kind = ENG_ALLREDUCE, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
-                    .root = -1, .count = count, .prescale = prescale, .postscale = postscale, .shape = shape,
-                    .group = gkey, .gsize = gsize};
+                    .root = -1, .count = count, .prescale = prescale, .postscale = postscale, .shape = tag.shape,
+                    .group = tag.group, .gsize = tag.gsize};
   return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
 }
 
@@ -196,17 +207,14 @@ HORA_EXPORT hora_result_t hora_allgather_async(hora_ctx_t *ctx, const char *name
                                                void *recvbuf, size_t count, hora_dtype_t dtype,
                                                hora_device_t device, hora_handle_t **handle) {
   const char *fn = "hora_allgather_async";
-  uint64_t gkey;
-  uint32_t gsize;
-  hora__call_group_take(ctx, &gkey, &gsize); /* hora_set_call_group's tag (0: none) */
-  uint64_t shape = hora__call_shape_take(ctx); /* hora_set_call_shape's tag, 0: unchecked */
+  call_tags_t tag = take_tags(ctx);
   hora_engine_t *eng;
   HORA_CHECK(check_name(fn, name));
   HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
   HORA_CHECK(hora__check_allgather(ctx, fn, sendbuf, recvbuf, count, dtype, device, NULL));
   eng_params_t p = {.kind = ENG_ALLGATHER, .dtype = (uint8_t)dtype, .device = (uint8_t)device, .root = -1, .count = count,
-                    .prescale = 1, .postscale = 1, .shape = shape,
-                    .group = gkey, .gsize = gsize};
+                    .prescale = 1, .postscale = 1, .shape = tag.shape,
+                    .group = tag.group, .gsize = tag.gsize};
   return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
 }
 
@@ -215,10 +223,7 @@ HORA_EXPORT hora_result_t hora_allgatherv_async(hora_ctx_t *ctx, const char *nam
                                                 hora_dtype_t dtype, hora_device_t device,
                                                 hora_handle_t **handle) {
   const char *fn = "hora_allgatherv_async";
-  uint64_t gkey;
-  uint32_t gsize;
-  hora__call_group_take(ctx, &gkey, &gsize); /* hora_set_call_group's tag (0: none) */
-  uint64_t shape = hora__call_shape_take(ctx); /* hora_set_call_shape's tag, 0: unchecked */
+  call_tags_t tag = take_tags(ctx);
   hora_engine_t *eng;
   HORA_CHECK(check_name(fn, name));
   HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
@@ -230,8 +235,8 @@ HORA_EXPORT hora_result_t hora_allgatherv_async(hora_ctx_t *ctx, const char *nam
   memcpy(rc_copy, recvcounts, (size_t)ctx->size * sizeof *rc_copy);
   eng_params_t p = {.kind = ENG_ALLGATHERV, .dtype = (uint8_t)dtype, .device = (uint8_t)device, .root = -1,
                     .count = total, .prescale = 1, .postscale = 1, /* sendcount is recvcounts[rank] */
-                    .vhash = hora__eng_hash((const char *)rc_copy, (size_t)ctx->size * sizeof *rc_copy), .shape = shape,
-                    .group = gkey, .gsize = gsize};
+                    .vhash = hora__eng_hash((const char *)rc_copy, (size_t)ctx->size * sizeof *rc_copy), .shape = tag.shape,
+                    .group = tag.group, .gsize = tag.gsize};
   return submit_one(eng, fn, name, &p, sendbuf, recvbuf, rc_copy, handle);
 }
 
@@ -239,17 +244,14 @@ HORA_EXPORT hora_result_t hora_broadcast_async(hora_ctx_t *ctx, const char *name
                                                hora_dtype_t dtype, int root, hora_device_t device,
                                                hora_handle_t **handle) {
   const char *fn = "hora_broadcast_async";
-  uint64_t gkey;
-  uint32_t gsize;
-  hora__call_group_take(ctx, &gkey, &gsize); /* hora_set_call_group's tag (0: none) */
-  uint64_t shape = hora__call_shape_take(ctx); /* hora_set_call_shape's tag, 0: unchecked */
+  call_tags_t tag = take_tags(ctx);
   hora_engine_t *eng;
   HORA_CHECK(check_name(fn, name));
   HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
   HORA_CHECK(hora__check_broadcast(ctx, fn, buf, count, dtype, root, device, NULL));
   eng_params_t p = {.kind = ENG_BROADCAST, .dtype = (uint8_t)dtype, .device = (uint8_t)device, .root = root,
-                    .count = count, .prescale = 1, .postscale = 1, .shape = shape,
-                    .group = gkey, .gsize = gsize};
+                    .count = count, .prescale = 1, .postscale = 1, .shape = tag.shape,
+                    .group = tag.group, .gsize = tag.gsize};
   return submit_one(eng, fn, name, &p, buf, buf, NULL, handle);
 }
 
@@ -258,17 +260,14 @@ HORA_EXPORT hora_result_t hora_reducescatter_async(hora_ctx_t *ctx, const char *
                                                    hora_op_t op, hora_device_t device,
                                                    hora_handle_t **handle) {
   const char *fn = "hora_reducescatter_async";
-  uint64_t gkey;
-  uint32_t gsize;
-  hora__call_group_take(ctx, &gkey, &gsize); /* hora_set_call_group's tag (0: none) */
-  uint64_t shape = hora__call_shape_take(ctx); /* hora_set_call_shape's tag, 0: unchecked */
+  call_tags_t tag = take_tags(ctx);
   hora_engine_t *eng;
   HORA_CHECK(check_name(fn, name));
   HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
   HORA_CHECK(hora__check_reducescatter(ctx, fn, sendbuf, recvbuf, recvcount, dtype, op, device));
   eng_params_t p = {.kind = ENG_REDUCESCATTER, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
-                    .root = -1, .count = recvcount, .prescale = 1, .postscale = 1, .shape = shape,
-                    .group = gkey, .gsize = gsize};
+                    .root = -1, .count = recvcount, .prescale = 1, .postscale = 1, .shape = tag.shape,
+                    .group = tag.group, .gsize = tag.gsize};
   return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
 }
 
@@ -276,17 +275,14 @@ HORA_EXPORT hora_result_t hora_alltoall_async(hora_ctx_t *ctx, const char *name,
                                               void *recvbuf, size_t count, hora_dtype_t dtype,
                                               hora_device_t device, hora_handle_t **handle) {
   const char *fn = "hora_alltoall_async";
-  uint64_t gkey;
-  uint32_t gsize;
-  hora__call_group_take(ctx, &gkey, &gsize); /* hora_set_call_group's tag (0: none) */
-  uint64_t shape = hora__call_shape_take(ctx); /* hora_set_call_shape's tag, 0: unchecked */
+  call_tags_t tag = take_tags(ctx);
   hora_engine_t *eng;
   HORA_CHECK(check_name(fn, name));
   HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
   HORA_CHECK(hora__check_alltoall(ctx, fn, sendbuf, recvbuf, count, dtype, device));
   eng_params_t p = {.kind = ENG_ALLTOALL, .dtype = (uint8_t)dtype, .device = (uint8_t)device, .root = -1,
-                    .count = count, .prescale = 1, .postscale = 1, .shape = shape,
-                    .group = gkey, .gsize = gsize};
+                    .count = count, .prescale = 1, .postscale = 1, .shape = tag.shape,
+                    .group = tag.group, .gsize = tag.gsize};
   return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
 }
 

@@ -130,8 +130,6 @@ static hora_result_t collect(hora_engine_t *eng, eng_req_t ***out, size_t *n) {
   return HORA_SUCCESS;
 }
 
-/* Drain the submission queue into the pending table. A name already pending on this rank fails
- * the new request (checked here, on the engine thread, which owns the table). */
 /* Hold back the members of groups not yet complete on this rank. A group's members must reach
  * rank 0 in one round: a group that the ranks disagree on is failed there in that round (coord.c,
  * GROUP_FAIL), and a member submitted a cycle later would be left waiting for the others
@@ -190,6 +188,8 @@ static eng_req_t *hold_incomplete_groups(hora_engine_t *eng, eng_req_t *q, doubl
   return out;
 }
 
+/* Drain the submission queue into the pending table. A name already pending on this rank fails
+ * the new request (checked here, on the engine thread, which owns the table). */
 static void drain(hora_engine_t *eng, double now) {
   pthread_mutex_lock(&eng->mu);
   eng_req_t *q = eng->qhead;
