@@ -459,8 +459,9 @@ hora_result_t hora_barrier(hora_ctx_t *ctx);
  *
  * Rules that hold for every *_async call below:
  *  - Collective by name: every rank must submit a request with the same `name`, in any order
- *    relative to its other async requests, with matching count, dtype, op, root, device and shape
- *    fingerprint (hora_set_call_shape). A
+ *    relative to its other async requests, with matching count, dtype, op, root, device, shape
+ *    fingerprint (hora_set_call_shape) and group (hora_grouped_allreduce_async,
+ *    hora_set_call_group). A
  *    disagreement completes the handle on every rank with HORA_ERR_MISMATCH and a message that
  *    names the tensor, the field and which ranks hold which value (hora_wait sets it as the
  *    calling thread's hora_last_error()).
