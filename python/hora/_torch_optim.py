@@ -11,10 +11,9 @@ import torch
 
 from . import _buffers as B
 from ._compression import Compression
-from ._core import Average, rank, size
+from ._core import Average, Sum, _root, rank, size
 from ._errors import MismatchError, invalid
 from ._hora_cffi import lib
-from ._core import _root
 from ._torch_gather import (_group_tag, _set_group, allgather, allgather_async, broadcast_,
                             broadcast_async_)
 from ._torch_ops import (Adasum, _check_op, allreduce_async_, grouped_allreduce_async_,
@@ -446,6 +445,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             waits.append(finish)
         return waits
 
+    def _hora_placeholder(self, name, grouped):
+        """The stand-in of a request whose parameters are all frozen on this rank (synchronize)."""
+        z = torch.zeros(1, dtype=torch.int8)
+        kw = dict(op=Sum, process_set=self._hora_set)
+        h = grouped_allreduce_async_([z], name=name, **kw) if grouped else \
+            allreduce_async_(z, name=name, **kw)
+        return [lambda: synchronize(h)]
+
     def _hora_sparse(self, p):
         handle = sparse_allreduce_async(p.grad, self._hora_names[p], self._hora_op,
                                         self._hora_set)
@@ -467,6 +474,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     not (self._hora_group_of.get(p) in self._hora_handles):
                 self._hora_delay[p] = 0
                 self._hora_mark_ready(p)
+        # A request of this optimizer left without any member on this rank (a parameter alone
+        # in its bucket, or with groups=0, frozen since the buckets were made) is submitted as a
+        # placeholder: one int8 zero, Sum, under its name. A rank still training the parameter
+        # cannot match it (dtype, op, group) and gets a MismatchError instead of waiting for a
+        # request this rank would never send; ranks that all froze it submit the same placeholder.
+        was = dict(zip(self._hora_names, self._hora_trainable))
+        for p, name in self._hora_names.items():
+            if p.requires_grad or not was.get(p):
+                continue
+            gi = self._hora_group_of.get(p)
+            if gi is None and p not in self._hora_handles:
+                self._hora_handles[p] = self._hora_placeholder(name, False)
+            elif gi is not None and gi not in self._hora_handles and not self._hora_ready.get(gi):
+                self._hora_handles[gi] = self._hora_placeholder(self._hora_group_name(gi), True)
         # A bucket or group still not started holds parameters frozen since it was made
         # (requires_grad False now: no gradient, no hook): its other members are averaged
         # without them, and the frozen ones keep no gradient, as in one process (Horovod 0.28

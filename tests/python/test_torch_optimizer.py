@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 if not hasattr(hora, "allreduce_async_"):
     pytest.skip("libhora was built without the async engine", allow_module_level=True)
 import hora.torch as ht  # noqa: E402
+from hora import _torch_optim  # noqa: E402
 
 
 class Net(torch.nn.Module):
@@ -88,7 +89,6 @@ def test_gradient_buckets(monkeypatch, bucket_bytes, sizes):
     """Gradients averaged in buckets (the default: one bucket of 25 MB holds this model), one
     request per gradient (0: Horovod's way) or in several buckets closed at 500 bytes reach the
     single-process weights, bit-identical on every rank."""
-    from hora import _torch_optim
     if bucket_bytes is not None:
         monkeypatch.setattr(_torch_optim, "_BUCKET_BYTES", bucket_bytes)
     r, n = rank_size()
@@ -403,9 +403,10 @@ def _freeze_fc1(m, frozen):
         p.requires_grad_(not frozen)
 
 
-@pytest.mark.parametrize("groups", [None, 2, 0], ids=["buckets", "groups2", "pertensor"])
+@pytest.mark.parametrize("groups", [None, 2, 0, "alone"],
+                         ids=["buckets", "groups2", "pertensor", "alone"])
 @pytest.mark.parametrize("change", ["freeze", "unfreeze"])
-def test_parameters_frozen_or_unfrozen_after_wrapping_are_averaged(change, groups):
+def test_parameters_frozen_or_unfrozen_after_wrapping_are_averaged(monkeypatch, change, groups):
     """Fine-tuning that freezes fc1 after the optimizer was built with every parameter (or
     unfreezes it: frozen when the optimizer was built, in it from the start): the parameters
     still trained are averaged and the frozen ones keep no gradient and do not move, as in one
@@ -413,6 +414,9 @@ def test_parameters_frozen_or_unfrozen_after_wrapping_are_averaged(change, group
     a parameter frozen after wrapping kept its bucket from ever being submitted: the bucket's
     other gradients were never averaged and the replicas parted silently."""
     r, n = rank_size()
+    if groups == "alone":  # every parameter a bucket of its own: fc1's go whole
+        monkeypatch.setattr(_torch_optim, "_BUCKET_BYTES", 1)
+        groups = None
     model, ref = make_model(seed=12), make_model(seed=12)
     if change == "unfreeze":
         for m in (model, ref):
@@ -439,15 +443,25 @@ def test_parameters_frozen_or_unfrozen_after_wrapping_are_averaged(change, group
             assert model.fc1.weight in opt._hora_group_of and model.fc1.weight in opt._hora_hooks
 
 
-@pytest.mark.parametrize("groups", [None, 2], ids=["buckets", "groups2"])
-def test_ranks_that_freeze_different_parameters_raise_on_every_rank(groups):
+@pytest.mark.parametrize("groups", [None, 2, 0, "alone"],
+                         ids=["buckets", "groups2", "pertensor", "alone"])
+def test_ranks_that_freeze_different_parameters_raise_on_every_rank(monkeypatch, groups):
     """The last rank freezes fc2.bias and the others do not: every rank gets a MismatchError at
-    that step (the bucket's grouped request differs between ranks: the engine fails every member,
-    those only some ranks submitted included, where the ranks holding them used to wait forever)
-    and at the next (the layout check, naming the parameter); hora stays usable."""
+    that step and at the next (the layout check, naming the parameter); hora stays usable. At
+    that step: with buckets or groups, the bucket's grouped request differs between ranks (the
+    engine fails every member, those only some ranks submitted included, where the ranks holding
+    them used to wait forever); per tensor, or with fc2.bias alone in its bucket, the last rank
+    sends a placeholder under the request's name that the others cannot match (they used to wait
+    for a request it never sent)."""
     r, n = rank_size()
     if n == 1:
         pytest.skip("needs two ranks")
+    if groups == "alone":
+        monkeypatch.setattr(_torch_optim, "_BUCKET_BYTES", 1)
+        groups = None
+        alone = True
+    else:
+        alone = False
     model = make_model(seed=13)
     opt = ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                   named_parameters=model.named_parameters(), groups=groups)
@@ -465,7 +479,9 @@ def test_ranks_that_freeze_different_parameters_raise_on_every_rank(groups):
             msgs.append(str(e))
     after = ht.allreduce(torch.ones(2), op=ht.Sum, name=f"after.freeze.mismatch.{groups}")
     assert msgs[0] is None and msgs[1] is not None and msgs[2] is not None, msgs
-    assert "ranks disagree on the grouped call it belongs to" in msgs[1], msgs[1]
+    want = "ranks disagree on dtype" if groups == 0 or alone else \
+        "ranks disagree on the grouped call it belongs to"
+    assert want in msgs[1], msgs[1]
     assert "ranks disagree on the parameters to average" in msgs[2], msgs[2]
     assert "'fc2.bias'" in msgs[2] and "freeze the same parameters" in msgs[2], msgs[2]
     assert after.tolist() == [float(n)] * 2
