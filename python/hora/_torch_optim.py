@@ -288,15 +288,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _hora_trainable_now(self):
         return tuple(p.requires_grad for p in self._hora_names)
 
-    def _hora_follow_freezing(self):
+    def _hora_follow_freezing(self, now):
         """After a step in which parameters were frozen or unfrozen (p.requires_grad_()) since
         the buckets were made (fine-tuning that freezes a backbone, or unfreezes it, after the
         optimizer was built): the buckets (or `groups=n`) are made again from the parameters that
         require grad now, the unfrozen ones get their hooks, and the next step checks the
         layout across ranks again. Rank-local; every rank that freezes the same parameters
         makes the same buckets, and one that froze others gets the layout check's
-        MismatchError."""
-        now = self._hora_trainable_now()
+        MismatchError. `now`: _hora_trainable_now() of this step."""
         if now == self._hora_trainable:
             return
         self._hora_trainable = now
@@ -479,10 +478,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # placeholder: one int8 zero, Sum, under its name. A rank still training the parameter
         # cannot match it (dtype, op, group) and gets a MismatchError instead of waiting for a
         # request this rank would never send; ranks that all froze it submit the same placeholder.
-        was = dict(zip(self._hora_names, self._hora_trainable))
-        for p, name in self._hora_names.items():
-            if p.requires_grad or not was.get(p):
-                continue
+        # Only in a step whose trainable set differs from the buckets' (once per change).
+        now = self._hora_trainable_now()
+        frozen = [] if now == self._hora_trainable else \
+            [(p, name) for (p, name), was, is_now in
+             zip(self._hora_names.items(), self._hora_trainable, now) if was and not is_now]
+        for p, name in frozen:
             gi = self._hora_group_of.get(p)
             if gi is None and p not in self._hora_handles:
                 self._hora_handles[p] = self._hora_placeholder(name, False)
@@ -516,7 +517,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._hora_delay[p] = self._hora_passes
             # Also after a failure (ranks that froze different parameters: MismatchError), so
             # that the next step's layout check names the parameters the ranks disagree on.
-            self._hora_follow_freezing()
+            self._hora_follow_freezing(now)
         self._hora_synced = True
 
     @contextlib.contextmanager
