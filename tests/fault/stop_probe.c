@@ -19,13 +19,16 @@
  * time.monotonic() reads too):
  *   pid.R             this rank's pid, written once
  *   ready.T.R         rank R runs trial T's loop (written READY_AFTER_S into it)
- *   res.T.R           "RC_NAME T_END CALLS FINALIZE_S BAD" once trial T's failing call returned and
- *                     the context was finalized, then the message on the next line
+ *   res.T.R           "RC_NAME T_END CALLS FINALIZE_S BAD T_FINALIZE" once trial T's failing call
+ *                     returned and the context was finalized (T_FINALIZE: when hora_finalize began),
+ *                     then the message on the next line, then "stalls" and this process's stalls
+ *                     since the trial began, each FROM:TO (see stall_meter)
  *   go.T              written by the driver: every rank may start trial T (after it resumed the
  *                     stopped rank of trial T-1)
  *   end               written by the driver once it has the last trial's results: exit now */
 #define _GNU_SOURCE
 #include <mpi.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +47,50 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The stall meter: a thread that sleeps METER_PERIOD_S at a time and records every wake-up that
+ * came more than METER_SLACK_S late as an interval in which this process was not run (a loaded
+ * or frozen machine: the CI's 2 cores once ran no thread of a survivor for over 10 s). The
+ * driver takes the part of these intervals between the stop and the return off the time it
+ * bounds, so that only time this process was run counts; a survivor that runs and does not
+ * return still fails. Kept in a ring of the newest METER_MAX. */
+#define METER_PERIOD_S 0.01
+#define METER_SLACK_S 0.05
+enum { METER_MAX = 256 };
+static pthread_mutex_t meter_mu = PTHREAD_MUTEX_INITIALIZER;
+static double meter_from[METER_MAX], meter_to[METER_MAX];
+static long meter_n;
+
+static void *stall_meter(void *arg) {
+  (void)arg;
+  struct timespec period = {0, (long)(METER_PERIOD_S * 1e9)};
+  double last = now_s();
+  for (;;) {
+    nanosleep(&period, NULL);
+    double t = now_s();
+    if (t - last > METER_PERIOD_S + METER_SLACK_S) {
+      pthread_mutex_lock(&meter_mu);
+      meter_from[meter_n % METER_MAX] = last + METER_PERIOD_S;
+      meter_to[meter_n % METER_MAX] = t;
+      meter_n++;
+      pthread_mutex_unlock(&meter_mu);
+    }
+    last = t;
+  }
+  return NULL;
+}
+
+/* Appends " FROM:TO" for each recorded stall that ended after since. */
+static void meter_append(char *text, size_t size, double since) {
+  pthread_mutex_lock(&meter_mu);
+  long first = meter_n > METER_MAX ? meter_n - METER_MAX : 0;
+  for (long i = first; i < meter_n; i++) {
+    size_t used = strlen(text);
+    if (meter_to[i % METER_MAX] > since && used + 48 < size)
+      snprintf(text + used, size - used, " %.6f:%.6f", meter_from[i % METER_MAX], meter_to[i % METER_MAX]);
+  }
+  pthread_mutex_unlock(&meter_mu);
 }
 
 static void put_file(const char *dir, const char *name, const char *text) {
@@ -130,9 +177,12 @@ int main(int argc, char **argv) {
   size_t count = (!strcmp(kind, "allreduce") && algo && strcmp(algo, "mpi")) ? COUNT_LARGE : COUNT_SMALL;
   float *a = malloc(count * sizeof *a), *b = malloc(count * (size_t)n * sizeof *b);
   if (!a || !b) return 2;
+  pthread_t meter;
+  if (pthread_create(&meter, NULL, stall_meter, NULL) != 0) return 2;
   for (int t = 0; t < trials; t++) {
     snprintf(name, sizeof name, "go.%d", t);
     wait_file(dir, name);
+    double t_trial = now_s();
     hora_ctx_t *ctx = NULL;
     hora_init_opts_t opts = {sizeof opts, NULL};
     hora_result_t rc = hora_init_ex(&opts, &ctx);
@@ -156,7 +206,7 @@ int main(int argc, char **argv) {
         put_file(dir, name, "1\n");
       }
     }
-    char msg[400];
+    char msg[400], res[METER_MAX * 48 + 1024];
     snprintf(msg, sizeof msg, "%s", hora_last_error());
     for (char *p = msg; *p; p++)
       if (*p == '\n') *p = ' ';
@@ -164,8 +214,11 @@ int main(int argc, char **argv) {
     hora_finalize(ctx);
     double fin = now_s() - f0;
     snprintf(name, sizeof name, "res.%d.%d", t, rank);
-    snprintf(text, sizeof text, "%s %.6f %ld %.3f %d\n%s\n", hora_result_name(rc), t_end, calls, fin, bad, msg);
-    put_file(dir, name, text);
+    snprintf(res, sizeof res, "%s %.6f %ld %.3f %d %.6f\n%s\nstalls", hora_result_name(rc), t_end, calls, fin, bad,
+             f0, msg);
+    meter_append(res, sizeof res - 1, t_trial);
+    strcat(res, "\n");
+    put_file(dir, name, res);
   }
   /* The last trial's stopped rank is killed: MPI_Finalize would wait for it. Leave only when the
    * driver has every rank's result (a rank that exits without MPI_Finalize makes mpirun end the
