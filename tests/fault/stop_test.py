@@ -59,27 +59,32 @@ def path(name):
     return os.path.join(work, name)
 
 
-def wait_for(names, limit_s, what):
-    """True once every file exists; False (and an error) after limit_s of the time this driver was
-    run, or when the job ended. A poll that comes back over POLL_LATE_S late is time the machine
+def wait_until(done, limit_s, what, expect_job_end=False):
+    """True once done() holds; False (and an error) after limit_s of the time this driver was run,
+    or when the job ended first. what: the error's text, or a function that gives it then. A poll that comes back over POLL_LATE_S late is time the machine
     ran nothing of ours (a frozen machine), which extends the limit by as long."""
     t0 = last = time.monotonic()
     lost = 0.0
-    while not all(os.path.exists(path(n)) for n in names):
-        if job.poll() is not None:
-            errors.append(f"{what}: the job ended (status {job.returncode}) first")
+    while not done():
+        if not expect_job_end and job.poll() is not None:
+            errors.append(f"{what() if callable(what) else what}: the job ended (status {job.returncode}) first")
             return False
         now = time.monotonic()
         if now - last > POLL_S + POLL_LATE_S:
             lost += now - last - POLL_S
         last = now
         if now - t0 - lost > limit_s:
-            missing = [n for n in names if not os.path.exists(path(n))]
-            errors.append(f"{what}: hang: {missing} missing after {now - t0:.0f} s "
-                          f"({limit_s:.0f} s, and {lost:.1f} s in which this driver was not run)")
+            errors.append(f"{what() if callable(what) else what} after {now - t0:.0f} s ({limit_s:.0f} s, and {lost:.1f} s in which "
+                          "this driver was not run)")
             return False
         time.sleep(POLL_S)
     return True
+
+
+def wait_for(names, limit_s, what):
+    """wait_until every file of names exists."""
+    return wait_until(lambda: all(os.path.exists(path(n)) for n in names), limit_s,
+                      lambda: f"{what}: hang: {[n for n in names if not os.path.exists(path(n))]} missing")
 
 
 def read_result(t, r):
@@ -148,11 +153,10 @@ try:
             rc = open(path(f"res.{t}.{victim}")).read().split()[0]
             if rc == "HORA_SUCCESS":
                 errors.append(f"trial {t}: the resumed rank {victim} did not fail")
-    job.wait(timeout=STEP_LIMIT_S)
+    wait_until(lambda: job.poll() is not None, STEP_LIMIT_S, "the job did not end after the last trial",
+               expect_job_end=True)
 except StopIteration:
     pass
-except subprocess.TimeoutExpired:
-    errors.append("the job did not end after the last trial")
 finally:
     if job.poll() is None:
         os.killpg(job.pid, signal.SIGKILL)
