@@ -38,6 +38,23 @@ hora_result_t hora__ctx_init_refused_in_fork(void) {
   return hora__fork_check((unsigned)mpi_gen, "hora_init", "MPI (initialized for hora)", FORK_FIX);
 }
 
+static const char *init_step_what;
+static double init_step_at;
+
+void hora__init_step(const char *what) {
+  double t = hora__now_s();
+  __atomic_store(&init_step_at, &t, __ATOMIC_RELAXED);
+  __atomic_store_n(&init_step_what, what, __ATOMIC_RELEASE);
+}
+
+const char *hora__init_step_now(double *since_s) {
+  const char *what = __atomic_load_n(&init_step_what, __ATOMIC_ACQUIRE);
+  double t = 0;
+  __atomic_load(&init_step_at, &t, __ATOMIC_RELAXED);
+  *since_s = what ? hora__now_s() - t : 0;
+  return what;
+}
+
 static int live_add(hora_ctx_t *c) {
   pthread_once(&live_fork_once, live_fork_register);
   pthread_mutex_lock(&live_lock);
@@ -333,6 +350,7 @@ hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out) {
   hora__fatal_on_init(); /* before MPI_Init: then Open MPI installs no fatal-signal handler */
   int mpirun_started = getenv("OMPI_COMM_WORLD_SIZE") != NULL;
   int mpi_owned = 0;
+  hora__init_step("MPI_Init_thread (MPI's own start-up, which waits for every rank of the job)");
   HORA_CHECK(mpi_start(&mpi_owned));
   mpi_gen = gen;
 
@@ -356,6 +374,7 @@ hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out) {
   c->fork_gen = gen;
   pthread_mutex_init(&c->lock, NULL);
   MPI_Comm base = (opts && opts->mpi_comm) ? (MPI_Comm)opts->mpi_comm : MPI_COMM_WORLD;
+  hora__init_step("MPI_Comm_dup of the world communicator");
   int mrc = MPI_Comm_dup(base, &c->world);
   if (mrc != MPI_SUCCESS) {
     rc = hora__mpi_error(mrc, "MPI_Comm_dup", __FILE__, __LINE__);
@@ -367,7 +386,9 @@ hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out) {
   MPI_Comm_size(c->world, &c->size);
   hora__log_set_rank(c->rank);
   if (!(opts && opts->mpi_comm)) HORA_CHECK_GOTO(check_world(c, p, mpirun_started), rc, fail_ctx);
+  hora__init_step("the layout (MPI_Comm_split_type and MPI_Comm_split by node, MPI_Allreduce of the node count)");
   HORA_CHECK_GOTO(build_layout(c, p), rc, fail_ctx);
+  hora__init_step("the comparison of the HORA_* settings across ranks (MPI_Allreduce)");
   HORA_CHECK_GOTO(hora__settings_agree(c, p), rc, fail_ctx);
   if (p->device >= 0) c->device = (int)p->device;
   *out = c;

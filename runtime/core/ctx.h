@@ -73,6 +73,13 @@ hora_result_t hora__ctx_open(const hora_init_opts_t *opts, hora_ctx_t **out);
  * naming the fork (fork.c); else HORA_SUCCESS. Checked before hora_init starts anything (its
  * watchdog thread included), so a refused call makes no thread and allocates nothing. */
 hora_result_t hora__ctx_init_refused_in_fork(void);
+/* The start-up step this process is in, for hora_init's watchdog (runtime/init/init.c) to name
+ * when it fires: hora__init_step records `what` (a string literal naming the blocking collective,
+ * or NULL once hora_init returns) and when it began; hora__init_step_now gives both (NULL and 0
+ * when none). Process-wide, as the watchdog is per hora_init call; a process set's start-up sets
+ * none. */
+void hora__init_step(const char *what);
+const char *hora__init_step_now(double *since_s);
 /* A process set's context (runtime/init/pset.c): takes ownership of `comm` (a sub-communicator of
  * parent->world; MPI_COMM_NULL on ranks outside the set, which get an `excluded` context with
  * rank -1 and no communicators) and of `ranks` (the set's parent ranks, ascending; freed with

@@ -539,6 +539,7 @@ hora_result_t hora__hb_start(hora_engine_t *eng, eng_hb_t **out) {
   /* Every rank takes part in the exchange, also one whose socket failed (naddr -1): the others
    * must not wait for it, and all fail together. */
   if (orc != HORA_SUCCESS) me.naddr = -1;
+  hora__init_step("the heartbeat's address exchange (MPI_Allgather)");
   int mrc = MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, cards, (int)sizeof me, MPI_BYTE, eng->ctx->world);
   if (mrc != MPI_SUCCESS) {
     rc = hora__mpi_error(mrc, "MPI_Allgather(heartbeat addresses)", __FILE__, __LINE__);
@@ -562,6 +563,7 @@ hora_result_t hora__hb_start(hora_engine_t *eng, eng_hb_t **out) {
     goto fail;
   }
   hb->started = hb->timeout_s > 0;
+  hora__init_step("the first heartbeat of every peer (HORA_INIT_TIMEOUT_S bounds it)");
   if (hb->started && hb->init_timeout_s > 0 && (rc = wait_first_contact(hb)) != HORA_SUCCESS) {
     hora__hb_mute(hb);
     hora__hb_stop(hb);

@@ -164,8 +164,9 @@ typedef struct {
  * (HORA_INIT_TIMEOUT_S=0: hora_init does not wait, and such a rank is never declared dead).
  * Before the heartbeat runs, hora_init's start-up collectives are blocking MPI calls: if a rank
  * never calls hora_init, hora_init cannot return an error, so a watchdog thread ends the process
- * (exit status 1, one line on stderr naming host and pid) once hora_init has not returned after
- * 2 x HORA_INIT_TIMEOUT_S; the launcher then ends the job (runtime/init/init.c). */
+ * (exit status 1, one line on stderr naming host, pid and the start-up step it waits in, such as
+ * "MPI_Comm_dup of the world communicator", and for how long) once hora_init has not returned
+ * after 2 x HORA_INIT_TIMEOUT_S; the launcher then ends the job (runtime/init/init.c). */
 hora_result_t hora_init(hora_ctx_t **ctx);
 /* hora_init_ex: hora_init with options (opts may be NULL for defaults). Same errors, and
  * HORA_ERR_INVALID_ARGUMENT if opts->size is smaller than the first field's end. */

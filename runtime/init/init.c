@@ -59,10 +59,13 @@ static void *init_watch_main(void *arg) {
   if (late) {
     char host[64] = "?";
     gethostname(host, sizeof host - 1);
+    double since = 0;
+    const char *step = hora__init_step_now(&since);
     fprintf(stderr, "hora: hora_init on host %s (pid %d) has not returned after %g s (2 x HORA_INIT_TIMEOUT_S): "
             "it waits in a start-up collective for a rank that has not called hora_init (that rank crashed, "
             "hangs in the program's own set-up, or never started; its log and the launcher's say which); "
-            "ending this process\n", host, (int)getpid(), w->limit_s);
+            "the step it waits in: %s, for %.1f s; ending this process\n", host, (int)getpid(), w->limit_s,
+            step ? step : "(none recorded)", since);
     fflush(stderr);
     _exit(1);
   }
@@ -96,7 +99,9 @@ static hora_result_t init_steps(const hora_init_opts_t *opts, hora_ctx_t **out) 
   hora_result_t rc = HORA_SUCCESS;
   hora_ctx_t *c = NULL;
   HORA_CHECK(hora__ctx_open(opts, &c));
+  hora__init_step("the GPU selection (its agreement across ranks, the node's GPU UUIDs)");
   HORA_CHECK_GOTO(hora__gpu_on_init(c), rc, fail);
+  hora__init_step("the async engine's start-up (MPI_Comm_dup of its communicators)");
   HORA_CHECK_GOTO(hora__engine_on_init(c), rc, fail);
   HORA_CHECK_GOTO(hora__ctx_publish(c), rc, fail);
   hora__trace_on_init(c);
@@ -122,6 +127,7 @@ HORA_EXPORT hora_result_t hora_init_ex(const hora_init_opts_t *opts, hora_ctx_t 
   int watching = init_watch_start(&w, &th);
   hora_result_t rc = init_steps(opts, out);
   if (watching) init_watch_stop(&w, th);
+  hora__init_step(NULL);
   return rc;
 }
 

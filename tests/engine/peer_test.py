@@ -87,6 +87,9 @@ elif stop and mode == "stopinit":
         errors.append(f"the job ended {end:.1f} s after the stop, bound {bound:.1f} s")
     if "has not returned after" not in out:
         errors.append("no survivor printed hora_init's watchdog message")
+    # The victim stopped before its hora_init: the survivors wait in its first collective.
+    elif "the step it waits in: MPI_Comm_dup of the world communicator, for " not in out:
+        errors.append("the watchdog's message does not name the step, MPI_Comm_dup of the world communicator")
 elif stop and mode == "kill":
     # mpirun may end the job before any survivor prints: the job's end, from the death.
     end = t_end - float(stop.group(1))
