@@ -25,7 +25,9 @@
  *                     since the trial began, each FROM:TO (see stall_meter)
  *   go.T              written by the driver: every rank may start trial T (after it resumed the
  *                     stopped rank of trial T-1)
- *   end               written by the driver once it has the last trial's results: exit now */
+ *   end               written by the driver once it has the last trial's results: exit now (also
+ *                     instead of the next go.T: TRIALS is the most the driver may need, as it
+ *                     repeats a trial that the loaded machine spoiled) */
 #define _GNU_SOURCE
 #include <mpi.h>
 #include <pthread.h>
@@ -104,10 +106,14 @@ static void put_file(const char *dir, const char *name, const char *text) {
   rename(tmp, path); /* the driver never sees a half-written file */
 }
 
-static void wait_file(const char *dir, const char *name) {
+static int file_exists(const char *dir, const char *name) {
   char path[512];
   snprintf(path, sizeof path, "%s/%s", dir, name);
-  while (access(path, F_OK) != 0) usleep(2000);
+  return access(path, F_OK) == 0;
+}
+
+static void wait_file(const char *dir, const char *name) {
+  while (!file_exists(dir, name)) usleep(2000);
 }
 
 /* One call of KIND; *bad counts wrong values (rank-dependent inputs, exact results). */
@@ -181,7 +187,8 @@ int main(int argc, char **argv) {
   if (pthread_create(&meter, NULL, stall_meter, NULL) != 0) return 2;
   for (int t = 0; t < trials; t++) {
     snprintf(name, sizeof name, "go.%d", t);
-    wait_file(dir, name);
+    while (!file_exists(dir, name) && !file_exists(dir, "end")) usleep(2000);
+    if (!file_exists(dir, name)) break; /* the driver needs no more trials */
     double t_trial = now_s();
     hora_ctx_t *ctx = NULL;
     hora_init_opts_t opts = {sizeof opts, NULL};
