@@ -67,20 +67,24 @@ def path(name):
 
 def wait_until(done, limit_s, what, expect_job_end=False):
     """True once done() holds; False (and an error) after limit_s of the time this driver was run,
-    or when the job ended first. what: the error's text, or a function that gives it then. A poll that comes back over POLL_LATE_S late is time the machine
-    ran nothing of ours (a frozen machine), which extends the limit by as long."""
+    or when the job ended first. what: the error's text, or a function that gives it then. A poll
+    that comes back over POLL_LATE_S late is time the machine ran nothing of ours (a frozen or
+    overloaded machine), which extends the limit by as long, up to LOST_CAP limits more."""
     t0 = last = time.monotonic()
     lost = 0.0
+    def text():
+        return what() if callable(what) else what
+
     while not done():
         if not expect_job_end and job.poll() is not None:
-            errors.append(f"{what() if callable(what) else what}: the job ended (status {job.returncode}) first")
+            errors.append(f"{text()}: the job ended (status {job.returncode}) first")
             return False
         now = time.monotonic()
         if now - last > POLL_S + POLL_LATE_S:
             lost += now - last - POLL_S
         last = now
         if now - t0 - min(lost, LOST_CAP * limit_s) > limit_s:
-            errors.append(f"{what() if callable(what) else what} after {now - t0:.0f} s ({limit_s:.0f} s, and {lost:.1f} s in which "
+            errors.append(f"{text()} after {now - t0:.0f} s ({limit_s:.0f} s, and {lost:.1f} s in which "
                           "this driver was not run)")
             return False
         time.sleep(POLL_S)
