@@ -28,7 +28,29 @@ ctest_sched() {
   ctest --resource-spec-file "$PWD/ctest-resources.json" -j $((2 * (CPUS + WAITS) + 1)) "$@"
 }
 phase() { echo "== $* (at $((SECONDS / 60)) min $((SECONDS % 60)) s)"; }
+# machine [WHAT]: the machine's cores, memory and load (at the start), then with each later call
+# the seconds for which some task waited for the CPU, for memory and for I/O during WHAT (since
+# the previous call)
+# (Linux's pressure stall information, /proc/pressure): what a failure of a timing-bound test (the
+# fault tests' peer timeouts) is read against, in a CI log too (docs/testing.md).
+psi_prev=
+machine() {
+  local now r
+  now=$(for r in cpu memory io; do
+          sed -n 's/^some .*total=\([0-9]*\).*/\1/p' "/proc/pressure/$r" 2>/dev/null || true
+        done | tr '\n' ' ')
+  if [ -z "$psi_prev" ]; then
+    awk -v cpus="$(nproc)" -v load="$(cut -d' ' -f1-3 /proc/loadavg)" \
+      '/^MemTotal:/ {t = $2} /^MemAvailable:/ {a = $2} /^SwapTotal:/ {s = $2}
+       END {printf "== machine: %d CPUs, memory %d MiB (%d MiB available), swap %d MiB, load %s\n",
+            cpus, t / 1024, a / 1024, s / 1024, load}' /proc/meminfo
+  elif [ -n "$now" ]; then
+    echo "$psi_prev $now" | awk -v what="$1" '{n = NF / 2; if (n == 3) printf "== pressure during %s: some task waited %.0f s for the CPU, %.0f s for memory, %.0f s for I/O (/proc/pressure)\n", what, ($4 - $1) / 1e6, ($5 - $2) / 1e6, ($6 - $3) / 1e6}'
+  fi
+  psi_prev=${now:-none}
+}
 
+machine
 bash tests/install-deps.sh
 
 phase "python venv ($BUILD_DIR/venv; its packages install beside the build)"
@@ -93,6 +115,7 @@ phase tests
 status=0
 (cd "$BUILD_DIR" && ctest_sched --output-on-failure --timeout 600) || status=1
 
+machine "the build and the plain pass"
 phase "tests under AddressSanitizer + UndefinedBehaviorSanitizer (labels unit and mpi, less nosan)"
 if ! wait $san_pid; then
   cat "$SAN_LOG"
@@ -107,9 +130,11 @@ trap - EXIT
 (cd "$BUILD_DIR-asan" && HORA_PEER_TIMEOUT_S=120 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest_sched --output-on-failure -L 'unit|mpi' -LE 'slow|slurm|nosan' --timeout 600) || status=1
 
+machine "the AddressSanitizer pass"
 phase "engine tests under ThreadSanitizer"
 sh tests/engine/tsan.sh "$BUILD_DIR-tsan" || status=1
 
+machine "the ThreadSanitizer pass"
 phase done
 if [ $status = 0 ]; then echo "== all tests passed"; else echo "== SOME TESTS FAILED"; fi
 exit $status
