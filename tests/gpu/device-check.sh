@@ -224,7 +224,14 @@ failed=0
 {
   echo "# hora device check"
   echo
-  echo "Commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+  # The device machine's copy of the working tree may have no .git, or a stale one kept from an
+  # earlier run: HORA_DEVICE_COMMIT, set on the command line by whoever sends the run (docs/gpu.md),
+  # names the commit sent; the local git answers only without it.
+  if [ -n "${HORA_DEVICE_COMMIT:-}" ]; then
+    echo "Commit: $HORA_DEVICE_COMMIT (as sent)"
+  else
+    echo "Commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)') (the device copy's git; HORA_DEVICE_COMMIT unset)"
+  fi
   echo "Machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo 'no GPU') ;" \
        "$(nproc) CPUs; nvcc $(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
   echo
