@@ -8,6 +8,8 @@ per parameter), and every rank applies the combined delta to the old parameters:
 so the learning rate is not scaled by the number of ranks (Adasum of equal deltas is that delta;
 of orthogonal ones, their sum)."""
 import contextlib
+import warnings
+import weakref
 
 import torch
 
@@ -28,6 +30,45 @@ def _count_backward_pass(delay, p):
     return delay[p]
 
 
+# Which DistributedOptimizer holds each parameter's gradient hook: id(parameter) -> (weak
+# references to that optimizer and to the parameter, the hook's handle). A parameter has one
+# hook of hora's at a time (_claim_hook).
+_hook_owner = {}
+
+
+def _claim_hook(opt, p, hook):
+    """p.register_post_accumulate_grad_hook(hook) for opt, taking p over from an earlier
+    DistributedOptimizer that still holds a hook on it: that hook is removed and the earlier
+    optimizer told (its _hora_release). Returns (handle, whether p was taken over).
+
+    Why: a trainer that wraps its optimizer again each epoch, or a second phase that wraps a new
+    optimizer over the same model, left the earlier optimizer's hook counting backward passes it
+    is never stepped for: Horovod 0.28 (and hora before this) raised AssertionError ("Gradients
+    were computed more than backward_passes_per_step times") at the second backward."""
+    moved = False
+    prev = _hook_owner.get(id(p))
+    if prev is not None:
+        owner, param, handle = prev[0](), prev[1](), prev[2]
+        if owner is not None and owner is not opt and param is p:
+            handle.remove()
+            owner._hora_release(p)
+            moved = True
+    handle = p.register_post_accumulate_grad_hook(hook)
+    _hook_owner[id(p)] = (weakref.ref(opt), weakref.ref(p), handle)
+    return handle, moved
+
+
+def _warn_taken_over(names):
+    """The UserWarning of a DistributedOptimizer that took parameters over (_claim_hook)."""
+    if names:
+        shown = ", ".join(repr(n) for n in names[:3]) + (", ..." if len(names) > 3 else "")
+        warnings.warn(f"DistributedOptimizer: {len(names)} parameters ({shown}) were wrapped by an "
+                      f"earlier DistributedOptimizer; their gradient hooks move to this one, and "
+                      f"the earlier one averages them only in its own synchronize() if it is "
+                      f"still stepped (Horovod 0.28 kept both hooks and raised AssertionError at "
+                      f"the second backward; docs/horovod.md)", UserWarning, stacklevel=4)
+
+
 class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     """The methods mixed into the user's optimizer class by DistributedOptimizer(op=Adasum)."""
 
@@ -44,8 +85,19 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self._hora_passes = backward_passes_per_step
         self._hora_set = process_set
         self._hora_delay = {p: backward_passes_per_step for p in all_params}
-        self._hora_hooks = [p.register_post_accumulate_grad_hook(self._hora_hook)
-                            for p in all_params if p.requires_grad]
+        self._hora_hooks = []
+        taken = []
+        for p in all_params:
+            if p.requires_grad:
+                handle, moved = _claim_hook(self, p, self._hora_hook)
+                self._hora_hooks.append(handle)
+                if moved:
+                    taken.append(names[id(p)])
+        _warn_taken_over(taken)
+
+    def _hora_release(self, p):
+        """A later DistributedOptimizer took p's hook (_claim_hook): its passes are no longer
+        counted here; step() still combines its delta."""
 
     def add_param_group(self, param_group):
         """torch.optim.Optimizer.add_param_group; the deltas of a group added after construction
@@ -59,7 +111,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
             self._parameter_names[p] = f"param_group.{gi}.{i}"
             self._hora_delay[p] = self._hora_passes
             if p.requires_grad:
-                self._hora_hooks.append(p.register_post_accumulate_grad_hook(self._hora_hook))
+                self._hora_hooks.append(_claim_hook(self, p, self._hora_hook)[0])
 
     def _hora_hook(self, p):
         _count_backward_pass(self._hora_delay, p)

@@ -18,7 +18,8 @@ from ._torch_gather import (_group_tag, _set_group, allgather, allgather_async, 
                             broadcast_async_)
 from ._torch_ops import (Adasum, _check_op, allreduce_async_, grouped_allreduce_async_,
                          synchronize)
-from ._torch_adasum import _DistributedAdasumOptimizer, _count_backward_pass
+from ._torch_adasum import (_DistributedAdasumOptimizer, _claim_hook, _count_backward_pass,
+                            _warn_taken_over)
 from ._torch_psets import ProcessSet, _check_set, _view_size, global_process_set
 
 
@@ -271,7 +272,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hora_synced = False
         self._hora_skip = False
         self._hora_hooks = {}  # parameter -> its hook's handle
-        self._hora_add_hooks(all_params)
+        self._hora_released = set()  # parameters whose hook a later optimizer took
+        _warn_taken_over(self._hora_add_hooks(all_params))
         # Which parameters required grad when the buckets were made (_hora_follow_freezing).
         self._hora_trainable = self._hora_trainable_now()
 
@@ -280,10 +282,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         (torch refuses a hook on a tensor that does not require grad: a parameter frozen now
         gets its hook when it is unfrozen, see _hora_follow_freezing)."""
         if self._hora_outside:
-            return
+            return []
+        taken = []
         for p in params:
-            if p.requires_grad and p not in self._hora_hooks:
-                self._hora_hooks[p] = p.register_post_accumulate_grad_hook(self._hora_hook)
+            if p.requires_grad and p not in self._hora_hooks and p not in self._hora_released:
+                self._hora_hooks[p], moved = _claim_hook(self, p, self._hora_hook)
+                if moved:
+                    taken.append(self._parameter_names[p])
+        return taken
+
+    def _hora_release(self, p):
+        """A later DistributedOptimizer took p's hook (_claim_hook): no hook of this optimizer
+        on p again. If this optimizer is still stepped, synchronize() averages p's gradient
+        then (as a parameter whose hook did not fire), so its replicas stay equal."""
+        self._hora_hooks.pop(p, None)
+        self._hora_released.add(p)
 
     def _hora_trainable_now(self):
         return tuple(p.requires_grad for p in self._hora_names)

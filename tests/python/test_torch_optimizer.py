@@ -521,6 +521,50 @@ def test_two_optimizers_after_one_backward(groups, prefixes):
     assert (gathered == gathered[0]).all()
 
 
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("groups", [None, 0], ids=["buckets", "pertensor"])
+def test_wrapping_the_same_parameters_again_moves_their_hooks(groups, passes):
+    """A new DistributedOptimizer over the parameters an earlier one wraps, as a trainer that
+    wraps its optimizer again each epoch does (Horovod issue 2497), or a second phase with a new
+    learning rate: the gradient hooks move to the new optimizer with a UserWarning naming the
+    parameters, and the weights stay the single-process reference's on every rank. Before (and
+    in Horovod 0.28), the earlier optimizer's hooks still counted backward passes, and the
+    second backward raised AssertionError."""
+    r, n = rank_size()
+    model, ref = make_model(seed=11), make_model(seed=11)
+    mine = slice(r * 4, (r + 1) * 4)
+    batch = 0
+    opts = []
+    for epoch, lr in enumerate((0.1, 0.05, 0.02)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opts.append(ht.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
+                named_parameters=model.named_parameters(), groups=groups,
+                backward_passes_per_step=passes))
+        moved = [w for w in caught if "wrapped by an earlier DistributedOptimizer" in str(w.message)]
+        assert len(moved) == (1 if epoch else 0), [str(w.message) for w in caught]
+        if epoch:
+            assert "5 parameters ('unused', 'fc1.weight', 'fc1.bias', ...)" in str(moved[0].message)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
+        for step in range(2):
+            opts[-1].zero_grad()
+            ref_opt.zero_grad()
+            for _ in range(passes):
+                x, y = global_batch(batch, n)
+                batch += 1
+                torch.nn.functional.cross_entropy(model(x[mine]), y[mine]).backward()
+                torch.nn.functional.cross_entropy(ref(x), y).backward()
+            opts[-1].step()
+            ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-9, atol=1e-10, msg=name)
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hora.allgather(weights.reshape(1, -1))
+    assert (gathered == gathered[0]).all()
+    assert [len(o._hora_hooks) for o in opts] == [0, 0, 5]
+
+
 class _Extra(torch.nn.Module):
     """Net with one more layer on rank 0 (a model built differently on one rank), or with fc1
     and fc2 swapped in registration order (the same sizes under other names)."""
