@@ -224,6 +224,10 @@ def _splits_of(splits, n, rows, kind):
                           f"is not an even multiple of the number of workers ({n})")
         return [rows // n] * n
     if isinstance(splits, torch.Tensor):
+        # Horovod 0.28 reads a splits tensor as int32 (a float tensor is an error there, whatever
+        # its values); hora takes int32 and int64, and refuses the rest instead of truncating.
+        if splits.dtype not in (torch.int32, torch.int64):
+            raise invalid(f"{kind}: splits is a {splits.dtype} tensor; expected int32 (or int64)")
         splits = splits.tolist()
     try:
         sp = [int(v) for v in np.asarray(splits).reshape(-1)]

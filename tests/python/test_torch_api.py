@@ -442,6 +442,12 @@ def test_alltoall_even_and_splits():
         hvd.alltoall(xs[r], splits=[1] * (n + 1))
     with pytest.raises(ValueError, match="greater than the first dimension"):
         hvd.alltoall(xs[r], splits=[S[r][0] + 1] + S[r][1:])
+    # A float splits tensor is refused whatever its values (Horovod 0.28 reads splits as int32;
+    # before, zeros here ran an empty alltoall); int64 is taken like int32.
+    with pytest.raises(ValueError, match="splits is a torch.float32 tensor; expected int32"):
+        hvd.alltoall(xs[r], splits=torch.zeros(n, dtype=torch.float32))
+    out4, rs4 = hvd.alltoall(xs[r], splits=torch.tensor(S[r], dtype=torch.int64))
+    assert torch.equal(out4, out) and torch.equal(rs4, rs)
 
 
 def test_alltoall_uneven_without_splits_is_a_value_error_on_every_rank():
