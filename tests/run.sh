@@ -28,11 +28,11 @@ ctest_sched() {
   ctest --resource-spec-file "$PWD/ctest-resources.json" -j $((2 * (CPUS + WAITS) + 1)) "$@"
 }
 phase() { echo "== $* (at $((SECONDS / 60)) min $((SECONDS % 60)) s)"; }
-# machine [WHAT]: the machine's cores, memory and load (at the start), then with each later call
-# the seconds for which some task waited for the CPU, for memory and for I/O during WHAT (since
-# the previous call)
-# (Linux's pressure stall information, /proc/pressure): what a failure of a timing-bound test (the
-# fault tests' peer timeouts) is read against, in a CI log too (docs/testing.md).
+# machine [WHAT]: the machine's cores, memory and load (the first call), then with each later call
+# the seconds for which some task waited for the CPU, for memory and for I/O during WHAT, since the
+# previous call (Linux's pressure stall information, /proc/pressure): what a failure of a
+# timing-bound test (the fault tests' peer timeouts) is read against, in a CI log too
+# (docs/testing.md).
 psi_prev=
 machine() {
   local now r
