@@ -204,7 +204,7 @@ try:
             os.kill(pids[victim], signal.SIGKILL)
         if (last and not early) or not ok:
             open(path("end"), "w").close()  # the others may exit now
-        else:
+        elif not kill_now:
             os.kill(pids[victim], signal.SIGCONT)
         if not ok:
             raise StopIteration
