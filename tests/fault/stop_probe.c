@@ -53,7 +53,8 @@ static double now_s(void) {
 
 /* The stall meter: a thread that sleeps METER_PERIOD_S at a time and records every wake-up that
  * came more than METER_SLACK_S late as an interval in which this process was not run (a loaded
- * or frozen machine: the CI's 2 cores once ran no thread of a survivor for over 10 s). The
+ * or frozen machine: in CI a survivor returned 12.31 s after the stop, its watcher's heartbeat
+ * thread unrun for 4.49 s of them). The
  * driver takes the part of these intervals between the stop and the return off the time it
  * bounds, so that only time this process was run counts; a survivor that runs and does not
  * return still fails. Kept in a ring of the newest METER_MAX. */
