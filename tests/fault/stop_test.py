@@ -56,7 +56,7 @@ work = os.path.join(work_root, f"stop_{tag}_np{np_}")
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 # HORA_LOG=INFO for the engine: each watcher logs, at its verdict, the longest stall of its
-# heartbeat thread (engine/heartbeat.c), which delays that verdict by as long.
+# heartbeat thread (engine/heartbeat.c), shown with a failure's output.
 env = dict(os.environ, HORA_PEER_TIMEOUT_S=str(PEER_S), HORA_INIT_TIMEOUT_S=str(INIT_S), HORA_LOG="INFO",
            HORA_LOG_SUBSYS="ENGINE")
 for a in assigns:
@@ -239,20 +239,17 @@ finally:
 out = open(path("job.log"), errors="replace").read()
 # Time the loaded machine did not run the survivor delays its return by as long (a clean clone's
 # plain pass: 6.76 s after the stop; the CI's: 12.31 s, with a heartbeat-thread stall of 4.49 s
-# logged and the rest of the machine frozen too). The bound grows by the larger of the survivor's
-# own stalls between the stop and the return (its stall meter) and the longest stall of a
-# watcher's heartbeat thread logged at the verdict. A late return without such a stall still fails.
-stall = max((float(x) for x in re.findall(r"longest stall of this thread ([0-9.]+) s", out)), default=0.0)
+# logged and the rest of the machine frozen too). The bound grows by the survivor's own stalls
+# between the stop and the return (its stall meter); a late return without them still fails.
+# Not by the longest heartbeat-thread stall in the log, as before: a resumed victim logs its own
+# stop there (96-100 s seen in a 20-trial run at load 92), which would excuse any late return.
 for where, took, own in late:
-    allowed = max(stall, own)
-    if took > BOUND_S + allowed:
-        errors.append(f"{where}: returned {took:.2f} s after the stop, bound {BOUND_S:.1f} s + the "
-                      f"larger of the longest heartbeat-thread stall logged, {stall:.2f} s, and the "
-                      f"survivor's own stalls since the stop, {own:.2f} s")
+    if took - own > BOUND_S:
+        errors.append(f"{where}: returned {took:.2f} s after the stop, {own:.2f} s of them not run: "
+                      f"bound {BOUND_S:.1f} s")
     else:
-        print(f"{where}: returned {took:.2f} s after the stop, within {BOUND_S:.1f} s + the larger of "
-              f"the longest heartbeat-thread stall logged ({stall:.2f} s) and the survivor's own "
-              f"stalls since the stop ({own:.2f} s)")
+        print(f"{where}: returned {took:.2f} s after the stop, {own:.2f} s of them not run: within "
+              f"{BOUND_S:.1f} s")
 for bad in ("AddressSanitizer", "LeakSanitizer", "runtime error:", "double free", "corrupted"):
     if bad in out:
         errors.append(f"output contains '{bad}'")
