@@ -6,7 +6,10 @@ per parameter), and every rank applies the combined delta to the old parameters:
     start = p;  p = step(p, g_r);  delta_r = p - start;  p = start + Adasum_r(delta_r)
 
 so the learning rate is not scaled by the number of ranks (Adasum of equal deltas is that delta;
-of orthogonal ones, their sum)."""
+of orthogonal ones, their sum).
+
+Also the gradient-hook helpers both DistributedOptimizer classes share (_count_backward_pass,
+_claim_hook): here because _torch_optim imports this module."""
 import contextlib
 import warnings
 import weakref

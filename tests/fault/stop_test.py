@@ -96,13 +96,7 @@ def wait_until(done, limit_s, what, expect_job_end=False):
     return True
 
 
-def wait_for(names, limit_s, what):
-    """wait_until every file of names exists."""
-    return wait_until(lambda: all(os.path.exists(path(n)) for n in names), limit_s,
-                      lambda: f"{what}: hang: {[n for n in names if not os.path.exists(path(n))]} missing")
-
-
-def wait_for_any(names, others, limit_s, what):
+def wait_for(names, limit_s, what, others=()):
     """wait_until every file of names exists, or any of others."""
     return wait_until(lambda: all(os.path.exists(path(n)) for n in names)
                       or any(os.path.exists(path(n)) for n in others), limit_s,
@@ -185,8 +179,8 @@ try:
     while done < trials:
         victim, last = done % np_, done == trials - 1
         open(path(f"go.{t}"), "w").close()
-        if not wait_for_any([f"ready.{t}.{r}" for r in range(np_)], [f"res.{t}.{r}" for r in range(np_)],
-                            START_LIMIT_S, f"trial {t}: start"):
+        if not wait_for([f"ready.{t}.{r}" for r in range(np_)], START_LIMIT_S, f"trial {t}: start",
+                        others=[f"res.{t}.{r}" for r in range(np_)]):
             raise StopIteration
         if any(os.path.exists(path(f"res.{t}.{r}")) for r in range(np_)):
             if not early_failure(t, None, MAX_REPEATS - (t - done)):
