@@ -148,7 +148,10 @@ static int leave_barrier(shm_ctl_t *c, uint32_t g) {
  * inspection (stall_check). */
 static hora_result_t shm_barrier_at(struct hora_shm *s, const char *stall_fn, uint64_t call) {
   shm_ctl_t *c = s->ctl;
-  if (hora__ctx_failed(s->ctx)) return hora__ctx_verdict(s->ctx, "shm allreduce");
+  /* The verdict names the caller's collective (hora_barrier, through the call check) where there
+   * is one: a failed barrier reported as an allreduce misleads the reader. */
+  const char *what = stall_fn ? stall_fn : "shm allreduce";
+  if (hora__ctx_failed(s->ctx)) return hora__ctx_verdict(s->ctx, what);
   uint32_t g = atomic_load(&c->gen);
   if (atomic_fetch_add(&c->arrived, 1) == (uint32_t)s->L - 1) {
     atomic_store(&c->arrived, 0); /* before the release below: the next generation starts clean */
@@ -172,7 +175,7 @@ static hora_result_t shm_barrier_at(struct hora_shm *s, const char *stall_fn, ui
   int warned = 0;
   while (atomic_load(&c->gen) == g) {
     if (hora__ctx_failed(s->ctx)) {
-      rc = hora__ctx_verdict(s->ctx, "shm allreduce");
+      rc = hora__ctx_verdict(s->ctx, what);
       break;
     }
     if (stall_fn && (rc = stall_check(s, stall_fn, call, t0, &warned)) != HORA_SUCCESS) {

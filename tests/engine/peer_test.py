@@ -112,12 +112,13 @@ else:
     want = f"rank {victim} sent no heartbeat"
     if want not in out or "HORA_ERR_REMOTE" not in out:
         errors.append(f"no HORA_ERR_REMOTE message with '{want}'")
-# The survivors were waiting in hora_should_stop (stopshould), in hora_ckpt_save for rank 0's
-# result (stop0save), in hora_ckpt_open's communicator (stopopen) or in the first blocking
+# The survivors were waiting in hora_should_stop (stopshould), in hora_barrier (stopbarrier), in
+# hora_ckpt_save for rank 0's result (stop0save), in hora_ckpt_open's communicator (stopopen) or in the first blocking
 # allreduce's shared window (stopwin): each that printed its error (at least one did, above)
 # must have left that call at step 20 with the verdict.
 # (call, what the verdict's message must say besides naming the victim, the survivors)
 expect = {"stopshould": ("hora_should_stop", "hora_should_stop: ", (0, 2)),
+          "stopbarrier": ("hora_barrier", "hora_barrier: ", (0, 2)),
           "stop0save": ("hora_ckpt_save", "hora_ckpt_save (waiting for the result from rank 0): ", (1, 2)),
           "stopopen": ("hora_ckpt_open", "hora_ckpt_open (duplicating the communicator): ", (0, 2)),
           "stopwin": ("hora_allreduce", "shm allreduce (creating the shared window): ", (0, 2))}

@@ -2,7 +2,8 @@
  * SIGKILL ("kill"), or stops itself with SIGSTOP ("stop": mpirun does not notice, so only hora's
  * heartbeat can), or rank 0 stops ("stop0": the others watch rank 0), or rank 1 stops between
  * its allreduce and hora_should_stop, which every rank calls each step ("stopshould": the others
- * wait in hora_should_stop, which must end with the verdict, not hang), or rank 0 stops right
+ * wait in hora_should_stop, which must end with the verdict, not hang; "stopbarrier": the same
+ * before hora_barrier, whose verdict must name hora_barrier), or rank 0 stops right
  * before a hora_ckpt_save ("stop0save": the others wait in the save for rank 0's result, which
  * must end with the verdict naming rank 0; checkpoints go to $HORA_TEST_CKPT_DIR, made and
  * removed by peer_test.py), or rank 1 stops at step 20 right before a call that builds a
@@ -16,7 +17,7 @@
  * training program would. Both print CLOCK_MONOTONIC ("at t=..."; the clock Python's
  * time.monotonic() reads on Linux): peer_test.py bounds the detection from the stop itself, which
  * a loaded machine may reach late, and the job's end from the errors.
- *   test_engine_peer kill|stop|stop0|stopshould|stop0save|stopopen|stopwin|stopinit         */
+ *   test_engine_peer kill|stop|stop0|stopshould|stopbarrier|stop0save|stopopen|stopwin|stopinit */
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -77,6 +78,7 @@ int main(int argc, char **argv) {
   hora_size(ctx, &size);
   int victim = strcmp(mode, "stop0") == 0 || strcmp(mode, "stop0save") == 0 ? 0 : 1;
   int save = strcmp(mode, "stop0save") == 0, first = !strcmp(mode, "stopopen") || !strcmp(mode, "stopwin");
+  int should = strcmp(mode, "stopshould") == 0, barrier = strcmp(mode, "stopbarrier") == 0;
   hora_ckpt_t *ck = NULL;
   if (save) {
     hora_ckpt_opts_t o;
@@ -92,7 +94,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 256; i++) x[i] = 1;
   double t0 = MPI_Wtime();
   for (int step = 0; MPI_Wtime() - t0 < 60; step++) {
-    if (step == 20 && rank == victim && strcmp(mode, "stopshould") != 0 && !save && !first)
+    if (step == 20 && rank == victim && !should && !barrier && !save && !first)
       stop_self(rank, strcmp(mode, "kill") ? SIGSTOP : SIGKILL, NULL, step);
     hora_handle_t *h;
     hora_result_t rc = hora_allreduce_async(ctx, "peer/grad", x, y, 256, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &h);
@@ -101,7 +103,12 @@ int main(int argc, char **argv) {
       hora_handle_free(h);
     }
     const char *call = "the allreduce";
-    if (rc == HORA_SUCCESS && strcmp(mode, "stopshould") == 0) {
+    if (rc == HORA_SUCCESS && barrier) {
+      if (step == 20 && rank == victim) stop_self(rank, SIGSTOP, "hora_barrier", step);
+      call = "hora_barrier";
+      rc = hora_barrier(ctx);
+    }
+    if (rc == HORA_SUCCESS && should) {
       if (step == 20 && rank == victim) stop_self(rank, SIGSTOP, "hora_should_stop", step);
       int stop = 0;
       call = "hora_should_stop";
