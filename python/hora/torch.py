@@ -36,6 +36,15 @@ if not hasattr(lib, "hora_allreduce_async"):  # pragma: no cover - a libhora wit
     raise ImportError("hora.torch needs libhora's async engine (hora_allreduce_async), which "
                       "this build of libhora does not have")
 
+import torch as _torch  # noqa: E402
+# The oldest PyTorch hora.torch runs on: DistributedOptimizer's gradient hooks are
+# Tensor.register_post_accumulate_grad_hook (PyTorch 2.1). An older one would fail only at the
+# first DistributedOptimizer, with an AttributeError that names neither hora nor the version.
+if not hasattr(_torch.Tensor, "register_post_accumulate_grad_hook"):
+    raise ImportError(f"hora.torch needs PyTorch >= 2.1 (Tensor.register_post_accumulate_grad_hook"
+                      f", which DistributedOptimizer uses); this is torch {_torch.__version__} "
+                      f"from {os.path.dirname(_torch.__file__)}")
+
 from ._core import (  # noqa: E402,F401
     Average, Max, Min, Product, Sum, cross_rank, cross_size, is_initialized, local_rank,
     local_size, rank, shutdown, size,

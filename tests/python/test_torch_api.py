@@ -122,6 +122,26 @@ def test_names_and_signatures_are_horovods():
     assert hora.common.process_sets.remove_process_set is hvd.remove_process_set
 
 
+def test_a_pytorch_older_than_2_1_is_named_at_import():
+    """hora.torch on a PyTorch without Tensor.register_post_accumulate_grad_hook (before 2.1):
+    ImportError naming the version needed, at the import (in a process of its own, rank 0 only:
+    nothing collective)."""
+    if rank_size()[0] != 0:
+        return
+    import subprocess
+    import sys
+    code = ("import torch\n"
+            "del torch.Tensor.register_post_accumulate_grad_hook\n"
+            "try:\n"
+            "    import hora.torch\n"
+            "except ImportError as e:\n"
+            "    print('IMPORT ERROR:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "IMPORT ERROR: hora.torch needs PyTorch >= 2.1" in out.stdout, out.stdout
+    assert f"this is torch {torch.__version__}" in out.stdout, out.stdout
+
+
 def test_custom_compressor_subclass():
     """A program's own compressor, subclassing horovod.torch.compression.Compressor (here: the
     values travel doubled and come back halved), in allreduce and DistributedOptimizer."""
