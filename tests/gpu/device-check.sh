@@ -32,7 +32,8 @@
 # Exit status: 0 when every step passed, 77 when there is no GPU (and deps and build passed),
 # 1 otherwise. Environment: OUT (default build-device/out), HORA_DEVICE_DEPS (.debs),
 # HORA_DEVICE_BUILD (build-device), HORA_DEVICE_USE_DEBS=1 (use the carried packages even where
-# the machine has its own), HORA_DEVICE_BUILD_S (the build step's limit, default 240),
+# the machine has its own), HORA_DEVICE_DEPS_S and HORA_DEVICE_BUILD_S (the deps and build steps'
+# limits, default 60 and 240),
 # HORA_DEVICE_BUILD_TARGETS (build only these; default all: the GPU steps need the tests),
 # CMAKE_CUDA_ARCHITECTURES (default: the GPU's, else 90), HORA_DEVICE_DEADLINE_S (see step()),
 # HORA_DEVICE_STEPS (GPU steps to run), HORA_DEVICE_BENCH_NP (default "2 4"),
@@ -237,7 +238,7 @@ failed=0
   echo
 } >>"$SUMMARY"
 
-step deps 60 setup.log
+step deps "${HORA_DEVICE_DEPS_S:-60}" setup.log
 dep_rc=$?
 # A failed deps step stops the build; without a build no GPU step can run.
 if [ $dep_rc = 0 ]; then step build "${HORA_DEVICE_BUILD_S:-240}" setup.log; build_rc=$?; else build_rc=1; fi
