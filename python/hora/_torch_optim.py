@@ -219,12 +219,16 @@ def broadcast_optimizer_state(optimizer, root_rank=0, model=None):
     groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     groups, scalars = broadcast_object((groups, scalars), root_rank,
                                        name="broadcast_optimizer_state.scalars")
-    for g, opts in zip(optimizer.param_groups, groups):
-        g.update(opts)
     if scalars:
+        # Non-tensor state (a Python int step count: optimizers outside torch.optim, and torch's
+        # own Adadelta, Adagrad, Rprop ... before PyTorch 2.2) goes in through load_state_dict,
+        # which also puts back the param_groups of this rank's state_dict: so before root's
+        # options below, or every rank kept its own learning rate.
         for (pid, key), v in scalars.items():
             state_dict["state"][pid][key] = v
         optimizer.load_state_dict(state_dict)
+    for g, opts in zip(optimizer.param_groups, groups):
+        g.update(opts)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):

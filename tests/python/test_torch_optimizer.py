@@ -164,6 +164,61 @@ def test_broadcast_optimizer_state_and_object():
     assert obj["epoch"] == 5 and obj["rank"] == 0 and obj["t"].tolist() == [0, 1, 2]
 
 
+class _IntStepSGD(torch.optim.Optimizer):
+    """Momentum SGD that keeps its step count as a Python int, as many optimizers outside
+    torch.optim do (and torch.optim's own Adadelta, Adagrad, Rprop ... before PyTorch 2.2)."""
+
+    def __init__(self, params, lr=0.1, momentum=0.9):
+        super().__init__(params, dict(lr=lr, momentum=momentum))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["step"], st["buf"] = 0, torch.zeros_like(p)
+                st["step"] += 1
+                st["buf"].mul_(g["momentum"]).add_(p.grad)
+                p.add_(st["buf"], alpha=-g["lr"])
+
+
+def test_broadcast_optimizer_state_with_scalar_state_takes_roots_options():
+    """An optimizer whose state holds a non-tensor value (a Python int step count): the root's
+    learning rate and momentum, its step count and its buffers on every rank. The options were
+    put back to this rank's own by the state's reload (ranks trained on their own learning
+    rates: Horovod's test_broadcast_state_options on PyTorch 2.1, Adadelta)."""
+    r, n = rank_size()
+    model = make_model(seed=5)
+    opt = _IntStepSGD(model.parameters(), lr=0.1 * (r + 1), momentum=0.5 + 0.1 * r)
+    x = torch.full((2, 8), float(r + 1), dtype=torch.float64)
+    for _ in range(r + 1):  # rank r has taken r + 1 steps on its own data
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    ht.broadcast_optimizer_state(opt, root_rank=0)
+    g = opt.param_groups[0]
+    assert (g["lr"], g["momentum"]) == (pytest.approx(0.1), pytest.approx(0.5))
+    trained = [p for p in model.parameters() if p is not model.unused]  # (no gradient, no state)
+    assert model.unused not in opt.state
+    steps = {opt.state[p]["step"] for p in trained}
+    assert steps == {1} and all(type(opt.state[p]["step"]) is int for p in trained)
+    buf = torch.cat([opt.state[p]["buf"].reshape(-1) for p in trained])
+    rows = hora.allgather(buf.reshape(1, -1))
+    assert (rows == rows[0]).all() and rows.abs().sum() > 0
+    # The next step uses them: from root's parameters, every rank moves them by the same amount.
+    ht.broadcast_parameters(model.state_dict(), root_rank=0)
+    before = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+    opt.zero_grad()
+    model(torch.ones(2, 8, dtype=torch.float64)).sum().backward()
+    opt.step()
+    moved = torch.cat([p.detach().reshape(-1) for p in model.parameters()]) - before
+    rows = hora.allgather(moved.reshape(1, -1))
+    assert (rows == rows[0]).all()
+
+
 def test_broadcast_parameters_named_and_noncontiguous():
     r, n = rank_size()
     w = torch.full((3, 4), float(r)).t()  # non-contiguous view
