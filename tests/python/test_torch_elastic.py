@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import hora
-from conftest import rank_size
+from conftest import int_step_sgd, rank_size
 
 torch = pytest.importorskip("torch")
 import hora.torch as hvd  # noqa: E402
@@ -77,13 +77,19 @@ def _equal(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("optim", ["sgd", "adam"])
+def _steps(opt):
+    """The optimizer's non-tensor state: the int step counts of int_step_sgd (else nothing)."""
+    return sorted(st["step"] for st in opt.state.values() if isinstance(st.get("step"), int))
+
+
+@pytest.mark.parametrize("optim", ["sgd", "adam", "intstep"])
 def test_torch_state_commit_restore_sync(optim):
     r, n = rank_size()
     d = shared_dir(optim)
     model = _model(100 + r)  # every rank starts different
-    mk = (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)) if optim == "sgd" else \
-        (lambda p: torch.optim.Adam(p, lr=0.01))
+    mk = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+          "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+          "intstep": lambda p: int_step_sgd(p, lr=0.1, momentum=0.9)}[optim]
     opt = mk(model.parameters())
     sampler = hvd.elastic.ElasticSampler(list(range(50)), seed=3)
     state = hvd.elastic.TorchState(model, opt, hora_dir=d, train_sampler=sampler, epoch=0, batch=0)
@@ -98,8 +104,9 @@ def test_torch_state_commit_restore_sync(optim):
     sampler.set_epoch(3)
     sampler.record_batch(0, 4)
     state.commit()
-    committed, cid = _bits(state), state.commit_id
+    committed, cid, steps = _bits(state), state.commit_id, _steps(opt)
     assert cid == 1
+    assert steps == ([4] * 4 if optim == "intstep" else [])  # the zero-gradient step, then 3
     processed = sampler.processed.copy()
     assert processed.sum() == 4 * n  # the union over ranks
 
@@ -108,7 +115,7 @@ def test_torch_state_commit_restore_sync(optim):
     sampler.record_batch(1, 4)
     assert not _equal(_bits(state), committed)
     state.restore()
-    assert _equal(_bits(state), committed)
+    assert _equal(_bits(state), committed) and _steps(opt) == steps
     assert (state.epoch, state.batch) == (3, 7)
     assert (sampler.processed == processed).all()
 
@@ -123,7 +130,7 @@ def test_torch_state_commit_restore_sync(optim):
     state2 = hvd.elastic.TorchState(model2, opt2, hora_dir=d, train_sampler=sampler2, epoch=0, batch=0)
     state2.sync()
     assert state2.commit_id == cid
-    assert _equal(_bits(state2), committed)
+    assert _equal(_bits(state2), committed) and _steps(opt2) == steps
     assert (state2.epoch, state2.batch) == (3, 7)
     assert sampler2.epoch == 3 and (sampler2.processed == processed).all()
     assert len(sampler2) == len(np.flatnonzero(~processed)[r::n])

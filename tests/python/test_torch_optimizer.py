@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import hora
-from conftest import rank_size
+from conftest import int_step_sgd, rank_size
 
 torch = pytest.importorskip("torch")
 if not hasattr(hora, "allreduce_async_"):
@@ -164,27 +164,6 @@ def test_broadcast_optimizer_state_and_object():
     assert obj["epoch"] == 5 and obj["rank"] == 0 and obj["t"].tolist() == [0, 1, 2]
 
 
-class _IntStepSGD(torch.optim.Optimizer):
-    """Momentum SGD that keeps its step count as a Python int, as many optimizers outside
-    torch.optim do (and torch.optim's own Adadelta, Adagrad, Rprop ... before PyTorch 2.2)."""
-
-    def __init__(self, params, lr=0.1, momentum=0.9):
-        super().__init__(params, dict(lr=lr, momentum=momentum))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for g in self.param_groups:
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                st = self.state[p]
-                if not st:
-                    st["step"], st["buf"] = 0, torch.zeros_like(p)
-                st["step"] += 1
-                st["buf"].mul_(g["momentum"]).add_(p.grad)
-                p.add_(st["buf"], alpha=-g["lr"])
-
-
 def test_broadcast_optimizer_state_with_scalar_state_takes_roots_options():
     """An optimizer whose state holds a non-tensor value (a Python int step count): the root's
     learning rate and momentum, its step count and its buffers on every rank. The options were
@@ -192,7 +171,7 @@ def test_broadcast_optimizer_state_with_scalar_state_takes_roots_options():
     rates: Horovod's test_broadcast_state_options on PyTorch 2.1, Adadelta)."""
     r, n = rank_size()
     model = make_model(seed=5)
-    opt = _IntStepSGD(model.parameters(), lr=0.1 * (r + 1), momentum=0.5 + 0.1 * r)
+    opt = int_step_sgd(model.parameters(), lr=0.1 * (r + 1), momentum=0.5 + 0.1 * r)
     x = torch.full((2, 8), float(r + 1), dtype=torch.float64)
     for _ in range(r + 1):  # rank r has taken r + 1 steps on its own data
         opt.zero_grad()
