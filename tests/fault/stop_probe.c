@@ -22,7 +22,7 @@
  *   res.T.R           "RC_NAME T_END CALLS FINALIZE_S BAD T_FINALIZE" once trial T's failing call
  *                     returned and the context was finalized (T_FINALIZE: when hora_finalize began),
  *                     then the message on the next line, then "stalls" and this process's stalls
- *                     since the trial began, each FROM:TO (see stall_meter)
+ *                     since the trial began, each FROM:TO (tests/common/stall_meter.h)
  *   go.T              written by the driver: every rank may start trial T (after it resumed the
  *                     stopped rank of trial T-1)
  *   end               written by the driver once it has the last trial's results: exit now (also
@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "hora.h"
+#include "stall_meter.h"
 
 enum { COUNT_SMALL = 256, COUNT_LARGE = 1 << 16 };
 /* Ready only after this long in the loop: a margin kept from when a peer stopped before its first
@@ -49,51 +50,6 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* The stall meter: a thread that sleeps METER_PERIOD_S at a time and records every wake-up that
- * came more than METER_SLACK_S late as an interval in which this process was not run (a loaded
- * or frozen machine: in CI a survivor returned 12.31 s after the stop, its watcher's heartbeat
- * thread unrun for 4.49 s of them). The
- * driver takes the part of these intervals between the stop and the return off the time it
- * bounds, so that only time this process was run counts; a survivor that runs and does not
- * return still fails. Kept in a ring of the newest METER_MAX. */
-#define METER_PERIOD_S 0.01
-#define METER_SLACK_S 0.05
-enum { METER_MAX = 256 };
-static pthread_mutex_t meter_mu = PTHREAD_MUTEX_INITIALIZER;
-static double meter_from[METER_MAX], meter_to[METER_MAX];
-static long meter_n;
-
-static void *stall_meter(void *arg) {
-  (void)arg;
-  struct timespec period = {0, (long)(METER_PERIOD_S * 1e9)};
-  double last = now_s();
-  for (;;) {
-    nanosleep(&period, NULL);
-    double t = now_s();
-    if (t - last > METER_PERIOD_S + METER_SLACK_S) {
-      pthread_mutex_lock(&meter_mu);
-      meter_from[meter_n % METER_MAX] = last + METER_PERIOD_S;
-      meter_to[meter_n % METER_MAX] = t;
-      meter_n++;
-      pthread_mutex_unlock(&meter_mu);
-    }
-    last = t;
-  }
-  return NULL;
-}
-
-/* Appends " FROM:TO" for each recorded stall that ended after since. */
-static void meter_append(char *text, size_t size, double since) {
-  pthread_mutex_lock(&meter_mu);
-  long first = meter_n > METER_MAX ? meter_n - METER_MAX : 0;
-  for (long i = first; i < meter_n; i++) {
-    size_t used = strlen(text);
-    if (meter_to[i % METER_MAX] > since && used + 48 < size)
-      snprintf(text + used, size - used, " %.6f:%.6f", meter_from[i % METER_MAX], meter_to[i % METER_MAX]);
-  }
-  pthread_mutex_unlock(&meter_mu);
 }
 
 static void put_file(const char *dir, const char *name, const char *text) {
@@ -184,8 +140,7 @@ int main(int argc, char **argv) {
   size_t count = (!strcmp(kind, "allreduce") && algo && strcmp(algo, "mpi")) ? COUNT_LARGE : COUNT_SMALL;
   float *a = malloc(count * sizeof *a), *b = malloc(count * (size_t)n * sizeof *b);
   if (!a || !b) return 2;
-  pthread_t meter;
-  if (pthread_create(&meter, NULL, stall_meter, NULL) != 0) return 2;
+  if (stall_meter_start() != 0) return 2;
   for (int t = 0; t < trials; t++) {
     snprintf(name, sizeof name, "go.%d", t);
     while (!file_exists(dir, name) && !file_exists(dir, "end")) usleep(2000);
@@ -214,7 +169,7 @@ int main(int argc, char **argv) {
         put_file(dir, name, "1\n");
       }
     }
-    char msg[400], res[METER_MAX * 48 + 1024];
+    char msg[400], res[STALL_METER_MAX * 48 + 1024];
     snprintf(msg, sizeof msg, "%s", hora_last_error());
     for (char *p = msg; *p; p++)
       if (*p == '\n') *p = ' ';
@@ -224,7 +179,7 @@ int main(int argc, char **argv) {
     snprintf(name, sizeof name, "res.%d.%d", t, rank);
     snprintf(res, sizeof res, "%s %.6f %ld %.3f %d %.6f\n%s\nstalls", hora_result_name(rc), t_end, calls, fin, bad,
              f0, msg);
-    meter_append(res, sizeof res - 1, t_trial);
+    stall_meter_append(res, sizeof res - 1, t_trial, 0);
     strcat(res, "\n");
     put_file(dir, name, res);
   }

@@ -18,6 +18,9 @@
  *   ELASTIC_PROBE train world W epoch E step S t=REALTIME      (first step after each sync)
  *   ELASTIC_PROBE commit C world W crc X
  *   ELASTIC_PROBE saved rank R commit C                        (a survivor, before exit 4)
+ *   ELASTIC_PROBE stalls rank R: FROM:TO ...                   (the same survivor: the intervals,
+ *                                                               UNIX times, in which this process
+ *                                                               was not run; tests/common/stall_meter.h)
  *   ELASTIC_PROBE done world W wsum V errors N
  * Every rank writes WORK_DIR/pid.<node>.<rank> (its pid) so that the test can kill one node. */
 #include <inttypes.h>
@@ -28,6 +31,7 @@
 #include <unistd.h>
 
 #include "hora.h"
+#include "stall_meter.h"
 
 #define N 4096
 #define COMMIT_EVERY 5
@@ -62,6 +66,12 @@ static void lost(const char *what, hora_result_t rc) {
   if (rc != HORA_ERR_REMOTE) exit(1);
   hora_result_t s = hora_elastic_save(g_es);
   printf("ELASTIC_PROBE saved rank %d commit %" PRId64 " %s\n", g_rank, c, hora_result_name(s));
+  /* On a frozen machine the survivors notice the loss late, by as long as they were not run:
+   * the test takes that off the recovery it bounds. */
+  static char stalls[STALL_METER_MAX * 48 + 64];
+  snprintf(stalls, sizeof stalls, "ELASTIC_PROBE stalls rank %d:", g_rank);
+  stall_meter_append(stalls, sizeof stalls - 1, 0, realtime() - stall_meter_now());
+  puts(stalls);
   fflush(NULL);
   hora_finalize(g_ctx);
   exit(HORA_EXIT_ELASTIC);
@@ -107,6 +117,7 @@ int main(int argc, char **argv) {
   }
   const char *work = argv[1];
   int epochs = atoi(argv[2]), steps = atoi(argv[3]), step_ms = atoi(argv[4]);
+  if (stall_meter_start() != 0) return 2;
   if (hora_init(&g_ctx) != HORA_SUCCESS) {
     fprintf(stderr, "hora_init: %s\n", hora_last_error());
     return 1;
