@@ -212,7 +212,8 @@ hora_result_t hora__mpi_bytes_type(size_t bytes, MPI_Datatype *type, int *owned)
  * shm and staged chunk sizes, HORA_SHM_FLAT_BYTES, HORA_FUSION_THRESHOLD, HORA_CACHE_CAPACITY,
  * HORA_GPU_PATH, HORA_COMPRESSION), compared across c->world by hora_init. Collective over
  * c->world (blocking). HORA_ERR_INVALID_ARGUMENT on every rank when one differs, naming it, the
- * values and the ranks holding each; HORA_ERR_MPI, HORA_ERR_NO_MEMORY. */
+ * values and the ranks holding each; before them the same for the ranks' libhora builds (version
+ * and git commit, or HORA_TEST_BUILD_ID); HORA_ERR_MPI, HORA_ERR_NO_MEMORY. */
 hora_result_t hora__settings_agree(hora_ctx_t *c, const hora_params_t *p);
 
 #endif

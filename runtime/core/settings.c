@@ -8,7 +8,14 @@
  * compares them: one MPI_Allreduce (MPI_MAX) of each setting's 64-bit value and of its bitwise
  * complement gives every rank the maximum and the minimum; only where they differ (the rare path)
  * an MPI_Allgather of the printed values names which ranks hold which value. Strings are compared
- * by their FNV-1a hash. Every rank then returns the same HORA_ERR_INVALID_ARGUMENT. */
+ * by their FNV-1a hash. Every rank then returns the same HORA_ERR_INVALID_ARGUMENT.
+ *
+ * Before the settings, the build: ranks that run different libhora builds (an install upgraded on
+ * some nodes and not others, or a job that mixes two venvs) would meet in message formats,
+ * protocols and algorithms that may differ, this agreement's own included: so first one
+ * fixed-size allreduce of the hash of libhora's version and git commit (hora/version.h,
+ * HORA_BUILD_GIT). Builds from one commit agree, wherever they were compiled; a build from outside
+ * git compares by its version only. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +44,7 @@ static void num(setting_t *s, const char *env, uint64_t v) {
 static void str(setting_t *s, const char *env, const char *v) {
   s->env = env;
   s->value = fnv1a(v);
-  snprintf(s->shown, sizeof s->shown, "'%s'", v ? v : "");
+  snprintf(s->shown, sizeof s->shown, "'%.37s'", v ? v : "");
 }
 
 #define N_SETTINGS 10
@@ -57,7 +64,8 @@ static void collect(const hora_params_t *p, setting_t *s) {
 
 /* The rare path: every rank's printed value of setting k, grouped into "v on ranks a,b; w on
  * rank c" (the first values that fit the message). */
-static hora_result_t report(hora_ctx_t *c, const setting_t *mine) {
+/* advice: what the message ends with, in parentheses. */
+static hora_result_t report(hora_ctx_t *c, const setting_t *mine, const char *advice) {
   size_t w = sizeof mine->shown;
   char *all = malloc(w * (size_t)c->size);
   if (!all) return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_init: out of memory reporting %s", mine->env);
@@ -74,18 +82,32 @@ static hora_result_t report(hora_ctx_t *c, const setting_t *mine) {
         len += (size_t)snprintf(msg + len, sizeof msg - len, k++ ? ",%d" : "%d", q);
   }
   free(all);
-  return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s (it must be the same on every rank: set it in the job's "
-                  "environment, not per rank)", msg);
+  return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s (%s)", msg, advice);
+}
+
+/* The agreement on one setting, alone (a fixed size whatever the build). */
+static hora_result_t agree_one(hora_ctx_t *c, const setting_t *s, const char *advice) {
+  uint64_t w[2] = {s->value, ~s->value};
+  HORA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, w, 2, MPI_UINT64_T, MPI_MAX, c->world));
+  return w[0] == ~w[1] ? HORA_SUCCESS : report(c, s, advice);
 }
 
 hora_result_t hora__settings_agree(hora_ctx_t *c, const hora_params_t *p) {
   if (c->size == 1) return HORA_SUCCESS;
+  setting_t build;
+  char id[40];
+  snprintf(id, sizeof id, "%s%s%s", HORA_VERSION_STRING, *HORA_BUILD_GIT ? " " : "", HORA_BUILD_GIT);
+  str(&build, "the hora build (libhora's version and git commit)",
+      p->test_build_id && *p->test_build_id ? p->test_build_id : id);
+  HORA_CHECK(agree_one(c, &build, "every rank of a job must run the same libhora: install it once where "
+                                  "every node reads it, or the same build on each node"));
   setting_t s[N_SETTINGS];
   collect(p, s);
   uint64_t w[2 * N_SETTINGS];
   for (int k = 0; k < N_SETTINGS; k++) w[k] = s[k].value, w[N_SETTINGS + k] = ~s[k].value;
   HORA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, w, 2 * N_SETTINGS, MPI_UINT64_T, MPI_MAX, c->world));
   for (int k = 0; k < N_SETTINGS; k++)
-    if (w[k] != ~w[N_SETTINGS + k]) return report(c, &s[k]); /* the same k on every rank */
+    if (w[k] != ~w[N_SETTINGS + k]) /* the same k on every rank */
+      return report(c, &s[k], "it must be the same on every rank: set it in the job's environment, not per rank");
   return HORA_SUCCESS;
 }

@@ -256,6 +256,27 @@ static int settings_case(const char *env, const char *mine, const char *last_val
   return 1;
 }
 
+/* Ranks that run different libhora builds (HORA_TEST_BUILD_ID stands in for the version and git
+ * commit; the last rank's differs): hora_init returns HORA_ERR_INVALID_ARGUMENT on every rank,
+ * naming the builds and the ranks, before the settings are compared (their agreement may itself
+ * differ between builds). */
+static int build_case(void) {
+  setenv("HORA_TEST_BUILD_ID", rank == last ? "0.1.0 bbbbbbbbbbbb" : "0.1.0 aaaaaaaaaaaa", 1);
+  hora_ctx_t *ctx = NULL;
+  hora_result_t rc = hora_init(&ctx);
+  const char *msg = hora_last_error();
+  char want[200];
+  snprintf(want, sizeof want, "ranks disagree on the hora build (libhora's version and git commit): "
+           "'0.1.0 aaaaaaaaaaaa' on rank(s) 0");
+  EXPECT(rc == HORA_ERR_INVALID_ARGUMENT && strstr(msg, want), "hora_init with builds differing: returned %s (%s)",
+         hora_result_name(rc), msg);
+  snprintf(want, sizeof want, "; '0.1.0 bbbbbbbbbbbb' on rank(s) %d (every rank of a job must run the same libhora", last);
+  EXPECT(strstr(msg, want), "hora_init with builds differing: message '%s' lacks '%s'", msg, want);
+  if (rc == HORA_SUCCESS) hora_finalize(ctx);
+  unsetenv("HORA_TEST_BUILD_ID");
+  return 1;
+}
+
 int main(int argc, char **argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -312,6 +333,7 @@ int main(int argc, char **argv) {
   }
   cases += settings_case("HORA_ALLREDUCE_ALGO", "mpi", "ring");
   cases += settings_case("HORA_SHM_FLAT_BYTES", "16384", "0");
+  cases += build_case();
   if (rank == 0) printf("test_call_check: %d cases on %d ranks%s\n", cases, size, on_device ? " (device buffers)" : "");
 #ifdef HORA_TEST_CUDA
   if (on_device) {

@@ -27,7 +27,8 @@ static void env_md(void) {
          "`HORA_SHM_CHUNK_BYTES`, `HORA_SHM_FLAT_BYTES`, `HORA_FUSION_THRESHOLD`, `HORA_CACHE_CAPACITY`,\n"
          "`HORA_GPU_PATH`, `HORA_STAGED_CHUNK_BYTES`, `HORA_COMPRESSION`) must be the same on every\n"
          "rank: `hora_init` compares them and fails on every rank, naming the variable, the values and\n"
-         "the ranks holding each, when one differs (runtime/core/settings.c).\n\n");
+         "the ranks holding each, when one differs (runtime/core/settings.c). Before them it compares\n"
+         "the ranks' libhora builds (version and git commit) the same way: a job must run one build.\n\n");
   printf("| variable | type | default | unit | values | meaning |\n");
   printf("|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < hora__param_count; i++) {
