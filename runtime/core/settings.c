@@ -13,15 +13,19 @@
  * Before the settings, the build: ranks that run different libhora builds (an install upgraded on
  * some nodes and not others, or a job that mixes two venvs) would meet in message formats,
  * protocols and algorithms that may differ, this agreement's own included: so first one
- * fixed-size allreduce of the hash of libhora's version and git commit (hora/version.h,
- * HORA_BUILD_GIT). Builds from one commit agree, wherever they were compiled; a build from outside
- * git compares by its version only. */
+ * fixed-size allreduce of the hash of libhora's version and git commit (HORA_BUILD_GIT, defined
+ * for this file by runtime/CMakeLists.txt at configure time). Builds from one commit agree,
+ * wherever they were compiled; a build from outside git compares by its version only. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/ctx.h"
+
+#ifndef HORA_BUILD_GIT
+#define HORA_BUILD_GIT "" /* a build without runtime/CMakeLists.txt: by the version alone */
+#endif
 
 typedef struct {
   const char *env;

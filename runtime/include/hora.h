@@ -144,8 +144,8 @@ typedef struct {
  * Errors: HORA_ERR_INVALID_ARGUMENT (ctx NULL, a malformed HORA_* variable: the message names it;
  *   HORA_DEVICE at or beyond the number of visible GPUs; on every rank, one of the settings above
  *   differs between ranks: the message names it, the values and the ranks holding each; first of
- *   all, the ranks run different libhora builds, version and git commit (hora/version.h's
- *   HORA_BUILD_GIT), named the same way), HORA_ERR_CUDA (cudaSetDevice failed),
+ *   all, the ranks run different libhora builds, version and git commit (HORA_BUILD_GIT, set at
+ *   configure time), named the same way), HORA_ERR_CUDA (cudaSetDevice failed),
  *   HORA_ERR_LAYOUT (world size differs from SLURM_NTASKS or HORA_SIZE; the message says how to
  *   start the job), HORA_ERR_MPI (MPI could not start or lacks MPI_THREAD_MULTIPLE),
  *   HORA_ERR_NO_MEMORY, HORA_ERR_INTERNAL (HORA_TEST_FAULT injected a failure), HORA_ERR_REMOTE
