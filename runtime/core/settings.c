@@ -67,8 +67,7 @@ static void collect(const hora_params_t *p, setting_t *s) {
 }
 
 /* The rare path: every rank's printed value of setting k, grouped into "v on ranks a,b; w on
- * rank c" (the first values that fit the message). */
-/* advice: what the message ends with, in parentheses. */
+ * rank c" (the first values that fit the message), then `advice` in parentheses. */
 static hora_result_t report(hora_ctx_t *c, const setting_t *mine, const char *advice) {
   size_t w = sizeof mine->shown;
   char *all = malloc(w * (size_t)c->size);

@@ -30,7 +30,6 @@
  *                     repeats a trial that the loaded machine spoiled) */
 #define _GNU_SOURCE
 #include <mpi.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,12 +44,6 @@ enum { COUNT_SMALL = 256, COUNT_LARGE = 1 << 16 };
  * heartbeat arrived was watched with HORA_INIT_TIMEOUT_S (hora_init now waits for those first
  * heartbeats, so the bound holds from the start: test_fault_hang_early_np2_v1). */
 #define READY_AFTER_S 0.6
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void put_file(const char *dir, const char *name, const char *text) {
   char path[512], tmp[520];
@@ -145,7 +138,7 @@ int main(int argc, char **argv) {
     snprintf(name, sizeof name, "go.%d", t);
     while (!file_exists(dir, name) && !file_exists(dir, "end")) usleep(2000);
     if (!file_exists(dir, name)) break; /* the driver needs no more trials */
-    double t_trial = now_s();
+    double t_trial = stall_meter_now();
     hora_ctx_t *ctx = NULL;
     hora_init_opts_t opts = {sizeof opts, NULL};
     hora_result_t rc = hora_init_ex(&opts, &ctx);
@@ -156,11 +149,11 @@ int main(int argc, char **argv) {
     }
     int bad = 0;
     long calls = 0;
-    double t_end = 0, t_ready = now_s() + READY_AFTER_S;
+    double t_end = 0, t_ready = stall_meter_now() + READY_AFTER_S;
     int ready = 0;
     for (;;) {
       rc = one_call(ctx, kind, rank, n, a, b, count, (int)calls, &bad);
-      t_end = now_s();
+      t_end = stall_meter_now();
       if (rc != HORA_SUCCESS) break;
       ++calls;
       if (!ready && t_end >= t_ready) {
@@ -173,9 +166,9 @@ int main(int argc, char **argv) {
     snprintf(msg, sizeof msg, "%s", hora_last_error());
     for (char *p = msg; *p; p++)
       if (*p == '\n') *p = ' ';
-    double f0 = now_s();
+    double f0 = stall_meter_now();
     hora_finalize(ctx);
-    double fin = now_s() - f0;
+    double fin = stall_meter_now() - f0;
     snprintf(name, sizeof name, "res.%d.%d", t, rank);
     snprintf(res, sizeof res, "%s %.6f %ld %.3f %d %.6f\n%s\nstalls", hora_result_name(rc), t_end, calls, fin, bad,
              f0, msg);

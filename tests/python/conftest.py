@@ -3,6 +3,7 @@ rank runs every test in the same order, so each test must make the same hora cal
 (assertions come after the collectives, never between them)."""
 
 import atexit
+import functools
 import os
 import shutil
 import tempfile
@@ -85,32 +86,32 @@ def tol(dtype):
     return 1e-12
 
 
-_int_step_sgd = []
+
+@functools.lru_cache(maxsize=None)
+def _int_step_sgd_class():
+    import torch  # only the torch tests call int_step_sgd
+
+    class IntStepSGD(torch.optim.Optimizer):
+        def __init__(self, params, lr, momentum):
+            super().__init__(params, dict(lr=lr, momentum=momentum))
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for g in self.param_groups:
+                for p in g["params"]:
+                    if p.grad is None:
+                        continue
+                    st = self.state[p]
+                    if not st:
+                        st["step"], st["buf"] = 0, torch.zeros_like(p)
+                    st["step"] += 1
+                    st["buf"].mul_(g["momentum"]).add_(p.grad)
+                    p.add_(st["buf"], alpha=-g["lr"])
+    return IntStepSGD
 
 
 def int_step_sgd(params, lr=0.1, momentum=0.9):
     """A momentum SGD that keeps its step count as a Python int, as many optimizers outside
     torch.optim do (and torch.optim's own Adadelta, Adagrad, Rprop ... before PyTorch 2.2): the
-    non-tensor optimizer state that broadcast_optimizer_state and TorchState must carry too.
-    The class is made on first use (torch is imported only by the torch tests)."""
-    if not _int_step_sgd:
-        import torch
-
-        class IntStepSGD(torch.optim.Optimizer):
-            def __init__(self, params, lr, momentum):
-                super().__init__(params, dict(lr=lr, momentum=momentum))
-
-            @torch.no_grad()
-            def step(self, closure=None):
-                for g in self.param_groups:
-                    for p in g["params"]:
-                        if p.grad is None:
-                            continue
-                        st = self.state[p]
-                        if not st:
-                            st["step"], st["buf"] = 0, torch.zeros_like(p)
-                        st["step"] += 1
-                        st["buf"].mul_(g["momentum"]).add_(p.grad)
-                        p.add_(st["buf"], alpha=-g["lr"])
-        _int_step_sgd.append(IntStepSGD)
-    return _int_step_sgd[0](params, lr, momentum)
+    non-tensor optimizer state that broadcast_optimizer_state and TorchState must carry too."""
+    return _int_step_sgd_class()(params, lr, momentum)
