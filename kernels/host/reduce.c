@@ -1,6 +1,7 @@
 /* Host reductions, scaling and batched copy: the CPU path and the oracle for the CUDA kernels.
  * Loops are written so that GCC -O3 vectorizes them (one dtype and op per loop, restrict where
  * the contract allows it, no calls inside); f16/bf16 go through float32 in blocks. */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "hora_kernels.h"
@@ -69,10 +70,14 @@ __attribute__((target("avx,f16c"))) static void f32_to_h16_f16c(uint16_t *d, con
   for (; i < n; i++) d[i] = f32_to_h16(s->f[i]);
 }
 static int have_f16c(void) {
-  static int v = -1; /* benign race: every thread computes the same value */
+  /* Threads may race to fill it (the shm allreduce's helper threads do): every one computes the
+   * same value, and the atomic makes that race defined. */
+  static _Atomic int cached = -1;
+  int v = atomic_load_explicit(&cached, memory_order_relaxed);
   if (v < 0) {
     __builtin_cpu_init();
     v = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    atomic_store_explicit(&cached, v, memory_order_relaxed);
   }
   return v;
 }

@@ -57,7 +57,14 @@
  * cores) busy-waiting would steal the core the last rank needs, so waiters go straight to sleep.
  * MPI_Barrier was measured too (docs/benchmarks.md) and is slower: Open MPI polls its queues.
  * Memory ordering: the counter updates are sequentially consistent atomics, which order the
- * plain loads and stores of the slots on both sides (the window is in MPI's unified model). */
+ * plain loads and stores of the slots on both sides (the window is in MPI's unified model).
+ *
+ * Helper threads (HORA_SHM_THREADS): the work of a rank between two barriers (copy-out of piece
+ * k-1, reduce of piece k, copy-in of piece k+1: run_step) is cut into contiguous parts of every
+ * slice (cut(), 64-byte aligned, at least PART_MIN_BYTES) and run by the rank's thread and its
+ * helpers at once (algo/pool.c); the barrier waits only after every part is done. The barriers,
+ * the call check and the hooks that communicate stay on the calling thread. Each element is still
+ * reduced by one thread of one rank, so the bits are those of one thread. */
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -100,6 +107,8 @@ struct hora_shm {
   uint64_t round;    /* pieces done so far (same on every local rank): selects the slot */
   int stream;        /* this call writes its results with streaming stores (HORA_SHM_STREAM_BYTES) */
   uint64_t calls;    /* hora__shm_exchange_words calls so far (same on every local rank) */
+  int threads;       /* parts a piece's work may be split into on this rank (HORA_SHM_THREADS) */
+  hora_pool_t *pool; /* its threads - 1 helpers, started at the first piece that splits */
 };
 
 static void cpu_relax(void) {
@@ -193,6 +202,27 @@ static hora_result_t shm_barrier(struct hora_shm *s) { return shm_barrier_at(s, 
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+/* CPUs of the node per local rank (at least 1, at most MAX_SHARE), the same on every local rank:
+ * the default chunk grows with it, so that each thread of a split piece (shm_threads) keeps about
+ * the 1 MiB a single thread had. */
+#define MAX_SHARE 8
+static int node_share(const hora_ctx_t *ctx) {
+  int share = ctx->local_cpus / (ctx->local_size > 0 ? ctx->local_size : 1);
+  return share < 1 ? 1 : share > MAX_SHARE ? MAX_SHARE : share;
+}
+
+/* Threads this rank splits a piece's work over: HORA_SHM_THREADS, or by default its fair share of
+ * the node's CPUs (node_share) capped by the CPUs it may run on itself. One core per rank (Open
+ * MPI's binding for up to 2 ranks, launch's with as many ranks as cores) gives 1: no helper. */
+static int shm_threads(int share) {
+  int64_t want = hora__params()->shm_threads;
+  if (want > 0) return (int)want;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int own = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  return own < share ? (own < 1 ? 1 : own) : share;
+}
+
 /* Create the window (collective over ctx->local). */
 static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
   struct hora_shm *s = calloc(1, sizeof *s);
@@ -206,7 +236,9 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
    * .. 128 MiB: 1.50, 2.24, 2.74, 2.72x MPI_Allreduce's busbw with 1 MiB pieces, 1.66, 2.95, 2.94,
    * 2.88x with 4 MiB (docs/benchmarks.md). */
   uint64_t chunk = hora__params()->shm_chunk_bytes;
-  if (chunk == 0) chunk = ctx->local_size > ctx->local_cpus ? ((uint64_t)4 << 20) : ((uint64_t)1 << 20);
+  /* Across nodes only hier uses the window, whose hook keeps one thread: its pieces stay 1 MiB. */
+  int share = ctx->cross_size > 1 ? 1 : node_share(ctx);
+  if (chunk == 0) chunk = ctx->local_size > ctx->local_cpus ? ((uint64_t)4 << 20) : ((uint64_t)share << 20);
   if (chunk < 64) chunk = 64;
   if (chunk > ((uint64_t)1 << 30)) chunk = (uint64_t)1 << 30;
   /* Slice j of a piece always lives at j*region in a slot, whatever the piece's length, so that
@@ -271,8 +303,9 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
    * sleep at once, a futex wake-up (17-20 us here) per barrier where a spin takes well under
    * 1 us (docs/benchmarks.md, "Call check"). */
   s->spin = s->L <= ctx->local_cpus;
-  HORA_INFO(SHM, "shared window: %d local ranks, 2 slots of %zu bytes each, %s", s->L, s->slot_bytes,
-            s->spin ? "spin then sleep" : "sleep at once (more ranks than cores)");
+  s->threads = shm_threads(share);
+  HORA_INFO(SHM, "shared window: %d local ranks, 2 slots of %zu bytes each, %s, up to %d thread(s) per rank",
+            s->L, s->slot_bytes, s->spin ? "spin then sleep" : "sleep at once (more ranks than cores)", s->threads);
   *out = s;
   return HORA_SUCCESS;
 fail:
@@ -286,6 +319,7 @@ fail:
 hora_result_t hora__shm_free(hora_ctx_t *ctx, struct hora_shm *s) {
   (void)ctx;
   if (!s) return HORA_SUCCESS;
+  hora__pool_free(s->pool);
   int mrc = MPI_Win_unlock_all(s->win);
   if (mrc == MPI_SUCCESS) mrc = MPI_Win_free(&s->win);
   free(s->slot);
@@ -421,6 +455,14 @@ static size_t slice_len(const piece_t *p, int j) {
   return p->pe - start < p->sl ? p->pe - start : p->sl;
 }
 
+/* Part t of P of a slice of n elements starts at element cut(n, t, P): the parts are contiguous,
+ * cover the slice, and start on 64-byte boundaries of it (`align` elements). */
+static size_t cut(size_t n, int t, int P, size_t align) {
+  if (t >= P) return n;
+  size_t c = n * (size_t)t / (size_t)P;
+  return c - c % align;
+}
+
 static char *slot_of(const struct hora_shm *s, int j, uint64_t round) {
   return s->slot[j] + (round & 1) * s->slot_bytes;
 }
@@ -446,14 +488,16 @@ static void put(int stream, void *dst, const void *src, size_t bytes) {
 }
 
 /* Copy the slices that the other ranks reduce into their regions of this rank's slot, straight
- * from the segments' send buffers. */
-static void copy_in(struct hora_shm *s, const piece_t *p, size_t es, uint64_t round) {
+ * from the segments' send buffers: part t of P of each slice. */
+static void copy_in(struct hora_shm *s, const piece_t *p, size_t es, uint64_t round, int t, int P) {
   char *slot = slot_of(s, s->l, round);
   seg_cursor_t c = p->at;
+  size_t align = SLICE_ALIGN / es;
   for (int j = 0; j < s->L; j++) {
     if (j == s->l) continue;
-    char *r = slot + (size_t)j * s->region;
-    size_t v = p->base + (size_t)j * p->sl, end = v + slice_len(p, j), off;
+    size_t len = slice_len(p, j), a = cut(len, t, P, align);
+    char *r = slot + (size_t)j * s->region + a * es;
+    size_t v = p->base + (size_t)j * p->sl + a, end = p->base + (size_t)j * p->sl + cut(len, t + 1, P, align), off;
     while (v < end) {
       size_t n = seg_run(&c, v, end, &off);
       memcpy(r, (const char *)c.seg[c.i].src + off * es, n * es);
@@ -463,13 +507,15 @@ static void copy_in(struct hora_shm *s, const piece_t *p, size_t es, uint64_t ro
   }
 }
 
-/* Reduce this rank's slice from the segments' send buffers and the peers' slots into the
- * segments' recv buffers, one run within one segment at a time, call the hook on each run, then
- * publish it in this rank's region of its slot. */
+/* Reduce this rank's slice (part t of P of it) from the segments' send buffers and the peers'
+ * slots into the segments' recv buffers, one run within one segment at a time, call the hook on
+ * each run, then publish it in this rank's region of its slot. */
 static hora_result_t reduce_own(struct hora_shm *s, const piece_t *p, size_t es, hora_dtype_t dtype,
-                                hora_op_t op, uint64_t round, const void **srcs, const hora_shm_opts_t *o) {
+                                hora_op_t op, uint64_t round, const void **srcs, const hora_shm_opts_t *o,
+                                int t, int P) {
   seg_cursor_t c = p->at;
-  size_t v = p->base + (size_t)s->l * p->sl, end = v + slice_len(p, s->l), done = 0, off;
+  size_t n0 = slice_len(p, s->l), done = cut(n0, t, P, SLICE_ALIGN / es), off;
+  size_t v = p->base + (size_t)s->l * p->sl + done, end = p->base + (size_t)s->l * p->sl + cut(n0, t + 1, P, SLICE_ALIGN / es);
   char *pub = slot_of(s, s->l, round) + (size_t)s->l * s->region;
   while (v < end) {
     size_t n = seg_run(&c, v, end, &off);
@@ -496,13 +542,16 @@ static hora_result_t reduce_own(struct hora_shm *s, const piece_t *p, size_t es,
   return HORA_SUCCESS;
 }
 
-/* Copy the other ranks' reduced slices out of their slots into the segments' recv buffers. */
-static void copy_out(struct hora_shm *s, const piece_t *p, size_t es, uint64_t round) {
+/* Copy the other ranks' reduced slices (part t of P of each) out of their slots into the segments'
+ * recv buffers. */
+static void copy_out(struct hora_shm *s, const piece_t *p, size_t es, uint64_t round, int t, int P) {
   seg_cursor_t c = p->at;
+  size_t align = SLICE_ALIGN / es;
   for (int j = 0; j < s->L; j++) {
     if (j == s->l) continue;
-    const char *r = slot_of(s, j, round) + (size_t)j * s->region;
-    size_t v = p->base + (size_t)j * p->sl, end = v + slice_len(p, j), off;
+    size_t len = slice_len(p, j), a = cut(len, t, P, align);
+    const char *r = slot_of(s, j, round) + (size_t)j * s->region + a * es;
+    size_t v = p->base + (size_t)j * p->sl + a, end = p->base + (size_t)j * p->sl + cut(len, t + 1, P, align), off;
     while (v < end) {
       size_t n = seg_run(&c, v, end, &off);
       put(stream_to(s, &c.seg[c.i]), (char *)c.seg[c.i].dst + off * es, r, n * es);
@@ -542,11 +591,83 @@ static hora_result_t run_flat(struct hora_shm *s, const hora_seg_t *seg, size_t 
   return rc;
 }
 
+/* The work of one rank between two barriers, split into parts (algo/pool.c): copy out the
+ * previous piece (of round - 1), reduce the current one (of `round`), copy in the next one (of
+ * round + 1). The three touch different memory: copy-in writes this rank's slot of round + 1
+ * (its regions for the peers), which no peer reads before the next barrier; copy-out reads the
+ * peers' slots of round - 1; the reduce the slots of `round`. So the parts of one rank may run
+ * them in any order at once; each part only ever touches its own elements. */
+typedef struct {
+  struct hora_shm *s;
+  size_t es;
+  hora_dtype_t dtype;
+  hora_op_t op;
+  const hora_shm_opts_t *o;
+  const piece_t *out, *red, *in; /* NULL: that phase has nothing to do */
+  uint64_t round;
+  const void **srcs;   /* L pointers per part */
+  hora_result_t *rc;   /* per part: the reduce's result */
+} step_t;
+
+static void step_part(void *arg, int t, int P) {
+  step_t *w = arg;
+  if (w->out) copy_out(w->s, w->out, w->es, w->round - 1, t, P);
+  w->rc[t] = w->red ? reduce_own(w->s, w->red, w->es, w->dtype, w->op, w->round, w->srcs + (size_t)t * w->s->L, w->o, t, P)
+                    : HORA_SUCCESS;
+  if (w->in) copy_in(w->s, w->in, w->es, w->round + 1, t, P);
+}
+
+/* Parts for a step whose largest slice is `slice` elements: one per PART_MIN_BYTES at least, at
+ * most the rank's threads; 1 when a hook must see the runs in order on this thread (a hook that
+ * communicates, hier.c). Parts below PART_MIN_BYTES would cost more in the join than they save. */
+#define PART_MIN_BYTES ((size_t)32 << 10)
+static int step_parts(const struct hora_shm *s, const hora_shm_opts_t *o, size_t slice, size_t es) {
+  if (s->threads <= 1 || (o->hook && !o->hook_local)) return 1;
+  size_t most = slice * es / PART_MIN_BYTES;
+  return most < 2 ? 1 : most < (size_t)s->threads ? (int)most : s->threads;
+}
+
+/* Run a step on P parts; the first error of a part's reduce, if any. */
+static hora_result_t run_step(step_t *w, int P) {
+  struct hora_shm *s = w->s;
+  if (P > 1 && !s->pool) {
+    int spin = s->spin && s->threads <= s->ctx->local_cpus / s->L;
+    if (hora__pool_create(s->threads, spin, &s->pool) != HORA_SUCCESS) {
+      /* Out of memory: the same work on this thread alone, from now on. */
+      HORA_WARN(SHM, "shm allreduce: no helper threads (%s); this rank copies and reduces on one thread",
+                hora_last_error());
+      s->threads = 1;
+      P = 1;
+    } else {
+      HORA_INFO(SHM, "shm allreduce: %d helper thread(s) started, %s", s->threads - 1,
+                spin ? "spin then sleep" : "sleep at once (fewer CPUs than threads)");
+    }
+  }
+  hora__pool_run(P > 1 ? s->pool : NULL, P, step_part, w);
+  for (int t = 0; t < P; t++)
+    if (w->rc[t] != HORA_SUCCESS)
+      return t == 0 ? w->rc[t]
+                    : HORA_ERR(w->rc[t], "shm: the reduce of part %d of %d failed on a helper thread (%s)", t, P,
+                               hora_result_name(w->rc[t]));
+  return HORA_SUCCESS;
+}
+
+/* Geometry of the piece that starts at element `base` (< count); moves *at to it. */
+static piece_t make_piece(const struct hora_shm *s, seg_cursor_t *at, size_t base, size_t count, size_t cap,
+                          size_t align) {
+  size_t off;
+  seg_run(at, base, count, &off); /* position the cursor on the piece's first segment */
+  piece_t p = {base, count - base < cap ? count - base : cap, 0, *at};
+  p.sl = round_up((p.pe + (size_t)s->L - 1) / (size_t)s->L, align);
+  return p;
+}
+
 /* The pieces form (the file's comment). With a call check, the descriptor was published before
  * the first piece's copy-in and is compared after its barrier, before anything reaches a recv
  * buffer (copy-in only writes this rank's own slot). */
 static hora_result_t run_pieces(struct hora_shm *s, const hora_seg_t *seg, size_t count, size_t es,
-                                hora_dtype_t dtype, hora_op_t op, const hora_shm_opts_t *o, const void **srcs) {
+                                hora_dtype_t dtype, hora_op_t op, const hora_shm_opts_t *o, const void **srcs,
+                                hora_result_t *prc) {
   uint64_t call = o->desc ? check_enter(s, o->desc) : 0;
   /* A piece is at most L regions' worth of elements; a slice (64-byte aligned length) then
    * always fits its region. */
@@ -555,31 +676,33 @@ static hora_result_t run_pieces(struct hora_shm *s, const hora_seg_t *seg, size_
   s->stream = sb > 0 && (uint64_t)count * es * (uint64_t)s->L >= sb; /* same on every local rank */
   hora_result_t rc = HORA_SUCCESS;
   seg_cursor_t at = {seg, 0, 0};
-  piece_t prev = {0, 0, 0, at};
-  int have_prev = 0;
+  piece_t cur = make_piece(s, &at, 0, count, cap, align), prev = cur, next = cur;
+  step_t w = {s, es, dtype, op, o, NULL, NULL, &cur, s->round - 1, srcs, prc};
+  run_step(&w, step_parts(s, o, cur.sl, es)); /* the first piece's copy-in (round s->round) */
   /* An error in the reduce or the hook is remembered and the barriers still run, so that the
    * other local ranks are not left waiting; every rank then returns it or its own. */
-  for (size_t base = 0; base < count; base += cap) {
-    size_t off;
-    seg_run(&at, base, count, &off); /* position the cursor on the piece's first segment */
-    piece_t p = {base, count - base < cap ? count - base : cap, 0, at};
-    p.sl = round_up((p.pe + (size_t)s->L - 1) / (size_t)s->L, align);
-    copy_in(s, &p, es, s->round);
-    hora_result_t brc = base == 0 && o->desc ? check_barrier(s, o->fn, call) : shm_barrier(s);
-    if (brc == HORA_SUCCESS && base == 0 && o->desc) brc = check_compare(s, call, o->fn);
+  for (int have_prev = 0;; have_prev = 1) {
+    hora_result_t brc = cur.base == 0 && o->desc ? check_barrier(s, o->fn, call) : shm_barrier(s);
+    if (brc == HORA_SUCCESS && cur.base == 0 && o->desc) brc = check_compare(s, call, o->fn);
     if (brc != HORA_SUCCESS) {
       if (brc == HORA_ERR_MISMATCH) s->round++; /* every local rank passed the barrier and stops */
       return brc; /* a lost peer: no later barrier would complete */
     }
-    if (have_prev) copy_out(s, &prev, es, s->round - 1);
-    if (rc == HORA_SUCCESS) rc = reduce_own(s, &p, es, dtype, op, s->round, srcs, o);
-    prev = p;
-    have_prev = 1;
+    int last = cur.base + cur.pe >= count;
+    if (!last) next = make_piece(s, &at, cur.base + cur.pe, count, cap, align);
+    step_t st = {s, es, dtype, op, o, have_prev ? &prev : NULL, rc == HORA_SUCCESS ? &cur : NULL,
+                 last ? NULL : &next, s->round, srcs, prc};
+    hora_result_t src = run_step(&st, step_parts(s, o, cur.sl, es));
+    if (rc == HORA_SUCCESS) rc = src;
+    prev = cur;
     s->round++;
+    if (last) break;
+    cur = next;
   }
   hora_result_t brc = shm_barrier(s);
   if (brc != HORA_SUCCESS) return brc;
-  copy_out(s, &prev, es, s->round - 1);
+  step_t fin = {s, es, dtype, op, o, &prev, NULL, NULL, s->round, srcs, prc};
+  run_step(&fin, step_parts(s, o, prev.sl, es));
   return rc;
 }
 
@@ -597,13 +720,21 @@ hora_result_t hora__shm_run_opts(hora_ctx_t *ctx, const hora_seg_t *seg, size_t 
     return check_compare(s, call, o->fn);
   }
   size_t es = hora__dtype_size(dtype);
-  const void *srcs_stack[16];
-  const void **srcs = s->L <= 16 ? srcs_stack : malloc((size_t)s->L * sizeof *srcs);
-  if (!srcs) return HORA_ERR(HORA_ERR_NO_MEMORY, "shm allreduce: out of memory");
-  int flat = (!o->hook || o->hook_local) && count * es <= s->slot_bytes && count * es <= hora__params()->shm_flat_bytes;
-  hora_result_t rc = flat ? run_flat(s, seg, nseg, es, dtype, op, o, srcs)
-                         : run_pieces(s, seg, count, es, dtype, op, o, srcs);
+  /* Reduce sources: L pointers for each part of a step; each part's reduce result. */
+  size_t nsrcs = (size_t)s->L * (size_t)s->threads;
+  const void *srcs_stack[64];
+  hora_result_t prc_stack[8];
+  const void **srcs = nsrcs <= 64 ? srcs_stack : malloc(nsrcs * sizeof *srcs);
+  hora_result_t *prc = s->threads <= 8 ? prc_stack : malloc((size_t)s->threads * sizeof *prc);
+  hora_result_t rc;
+  if (!srcs || !prc) {
+    rc = HORA_ERR(HORA_ERR_NO_MEMORY, "shm allreduce: out of memory");
+  } else {
+    int flat = (!o->hook || o->hook_local) && count * es <= s->slot_bytes && count * es <= hora__params()->shm_flat_bytes;
+    rc = flat ? run_flat(s, seg, nseg, es, dtype, op, o, srcs) : run_pieces(s, seg, count, es, dtype, op, o, srcs, prc);
+  }
   if (srcs != srcs_stack) free(srcs);
+  if (prc != prc_stack) free(prc);
   return rc;
 }
 

@@ -8,7 +8,10 @@
  * all ranks, in the shared window before it is copied out; that the result is bit-identical to
  * hora__shm_run over the same data concatenated, and to the engine's fused float32 pass
  * (hora__allreduce_segs) for sum and average; and that a hook error on one rank is returned there
- * without hanging the others. Needs one node (every rank of the test runs on this machine). */
+ * without hanging the others. Needs one node (every rank of the test runs on this machine).
+ * --scale K multiplies every segment's length by K: with K = 40 the slices are long enough to be
+ * split over the helper threads of HORA_SHM_THREADS (algo/shm.c step_parts), whose results must be
+ * the same bits as one thread's. */
 #include <math.h>
 #include <stdint.h>
 
@@ -27,7 +30,7 @@ static int rank, size;
 
 /* Odd lengths: zero, single elements, not multiples of 64 bytes, one of 4099 elements (several
  * pieces of a 192-byte chunk, and more than a slice of any chunk up to 4 KiB). */
-static const size_t counts[] = {0, 1, 3, 17, 0, 65, 250, 7, 4099, 33, 2, 401, 5, 0, 129, 1};
+static size_t counts[] = {0, 1, 3, 17, 0, 65, 250, 7, 4099, 33, 2, 401, 5, 0, 129, 1};
 
 typedef struct {
   const hora_seg_t *seg;
@@ -184,6 +187,9 @@ int main(int argc, char **argv) {
     MPI_Finalize();
     return HORA_TEST_SKIP;
   }
+  for (int i = 1; i + 1 < argc; i++)
+    if (!strcmp(argv[i], "--scale"))
+      for (size_t k = 0, m = strtoull(argv[i + 1], NULL, 10); k < NSEG; k++) counts[k] *= m;
   const hora_dtype_t dt[] = {HORA_FLOAT32, HORA_FLOAT64, HORA_INT32, HORA_FLOAT16};
   const hora_op_t ops[] = {HORA_SUM, HORA_MIN, HORA_MAX, HORA_AVERAGE};
   for (size_t i = 0; i < sizeof dt / sizeof *dt; i++)

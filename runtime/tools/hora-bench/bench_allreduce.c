@@ -180,8 +180,16 @@ static void print_header(hora_ctx_t *ctx, int d, int op, int repeat, int best) {
   char chunk_txt[64];
   if (hora__params()->shm_chunk_bytes)
     snprintf(chunk_txt, sizeof chunk_txt, "%llu B", (unsigned long long)hora__params()->shm_chunk_bytes);
+  else { /* algo/shm.c shm_create's default: 1 MiB per CPU of the node per local rank, 1 to 8 */
+    int share = ctx->local_cpus / ctx->local_size;
+    share = ctx->cross_size > 1 ? 1 : share < 1 ? 1 : share > 8 ? 8 : share;
+    snprintf(chunk_txt, sizeof chunk_txt, "auto (%d MiB)", ctx->local_size > ctx->local_cpus ? 4 : share);
+  }
+  char thr_txt[32];
+  if (hora__params()->shm_threads)
+    snprintf(thr_txt, sizeof thr_txt, "%lld", (long long)hora__params()->shm_threads);
   else
-    snprintf(chunk_txt, sizeof chunk_txt, "auto (%s)", ctx->local_size > ctx->local_cpus ? "4 MiB" : "1 MiB");
+    snprintf(thr_txt, sizeof thr_txt, "auto");
   char seg_txt[64];
   if (hora__params()->ring_segment_bytes)
     snprintf(seg_txt, sizeof seg_txt, "%llu B", (unsigned long long)hora__params()->ring_segment_bytes);
@@ -189,8 +197,8 @@ static void print_header(hora_ctx_t *ctx, int d, int op, int repeat, int best) {
     snprintf(seg_txt, sizeof seg_txt, "auto (%s)", ctx->cross_size > 1 ? "65024 B" : "1 MiB");
   if (ctx->rank != 0) return;
   printf("# hora-bench allreduce: %d ranks on %d node(s), local size %d, dtype %s, op %s, "
-         "segment %s, shm chunk %s\n", ctx->size, ctx->cross_size, ctx->local_size, dnames[d],
-         onames[op], seg_txt, chunk_txt);
+         "segment %s, shm chunk %s, shm threads %s\n", ctx->size, ctx->cross_size, ctx->local_size, dnames[d],
+         onames[op], seg_txt, chunk_txt, thr_txt);
   printf("# busbw = algbw * 2(n-1)/n, GB = 1e9 B; time = max over ranks of the mean over iters%s\n",
          repeat > 1 ? (best ? ", fastest of the repeats" : ", median of the repeats") : "");
   printf("%12s %12s %9s %6s %6s %11s %9s %9s %7s\n", "size(B)", "count", "type", "redop", "algo",
