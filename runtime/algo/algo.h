@@ -100,14 +100,15 @@ typedef struct {
 hora_result_t hora__shm_run_opts(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
                                  hora_op_t op, const hora_shm_opts_t *o);
 /* algo/pool.c: helper threads for a fork-join per piece of the shm allreduce. A run calls
- * fn(arg, part, nparts) once for every part in [0, nparts): part 0 on the caller, the others on
- * helper threads (or on the caller, where a helper could not be started), and returns when all
- * are done; what they wrote is then visible to the caller. nparts is capped at the pool's size; a
- * NULL pool runs every part on the caller. n: the most parts a run may have (>= 2; n - 1 helper
- * threads). spin: helpers and caller spin up to 20 us before sleeping (the caller's CPUs are its
- * own; 0 when cores are shared). hora__pool_create: HORA_ERR_INVALID_ARGUMENT for n < 2,
+ * fn(arg, part, nparts) exactly once for every part in [0, nparts), each on the caller or on a
+ * helper thread, whichever claims it first (a helper the scheduler has not run yet takes none),
+ * and returns when all are done; what they wrote is then visible to the caller. nparts is capped
+ * at 255; a NULL pool runs every part on the caller. n: threads, the caller included (>= 2; n - 1
+ * helper threads). spin: helpers and caller spin up to 20 us before sleeping (the caller's CPUs
+ * are its own; 0 when cores are shared). hora__pool_create: HORA_ERR_INVALID_ARGUMENT for n < 2,
  * HORA_ERR_NO_MEMORY. fn returns its errors through arg: a message recorded with HORA_ERR stays
- * in the thread that ran the part (hora_last_error is per thread). One caller at a time per pool; hora__pool_free joins the helpers (NULL is a no-op). */
+ * in the thread that ran the part (hora_last_error is per thread). One caller at a time per pool;
+ * hora__pool_free joins the helpers (NULL is a no-op). */
 typedef struct hora_pool hora_pool_t;
 typedef void (*hora_pool_fn)(void *arg, int part, int nparts);
 hora_result_t hora__pool_create(int n, int spin, hora_pool_t **out);

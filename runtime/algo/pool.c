@@ -5,17 +5,21 @@
  *
  * Our own code, about 150 lines, because what is needed is small and specific: a join per piece
  * that spins only while the ranks have cores of their own and then sleeps on a futex, as the
- * window's barrier does. OpenMP was the library candidate; in a PyTorch process it would be a
- * second OpenMP runtime beside the one PyTorch's wheels bundle, steered by the OMP_* settings
- * users make for PyTorch's own threads.
+ * window's barrier does, and that never waits for a helper the scheduler has not run. OpenMP was
+ * the library candidate; in a PyTorch process it would be a second OpenMP runtime beside the one
+ * PyTorch's wheels bundle, steered by the OMP_* settings users make for PyTorch's own threads, and
+ * its static schedules wait for every thread of the team.
  *
- * Protocol. Helper h (h = 0 .. n-2) runs part h+1 of a run; the caller runs part 0. Each helper
- * has its own futex word `go`, bumped only for the runs it takes part in, so a helper never reads
- * a run it is not part of, and the caller's next run cannot overwrite the description of a run a
- * slow helper has yet to read: the caller returns only after every part's helper decremented
- * `left`. All counters are sequentially consistent atomics; the sleep flags and the counters form
- * Dekker pairs (a sleeper stores its flag, then reads the counter inside FUTEX_WAIT; the waker
- * changes the counter, then reads the flag), so a wake-up is never lost. */
+ * Protocol. A run publishes its parts in one word, `state` = parts << 32 | next part to claim.
+ * The caller and the helpers it woke claim parts by compare-and-swap until none is left, so a
+ * helper that is slow to be scheduled (the rank's cores busy with the training's own threads)
+ * takes no part and delays nothing: the caller does its parts. A claim names the part and the
+ * run's number of parts at once, and a run's fn and arg are written before its `state`, so a claim
+ * always reads the current run's. The caller returns when `done` reaches the number of parts; the
+ * next run starts only then, so no part of an earlier run is ever outstanding. All counters are
+ * sequentially consistent atomics; each sleep flag or count and the counter it guards form a
+ * Dekker pair (a sleeper announces itself, then reads the word inside FUTEX_WAIT; the waker
+ * changes the word, then reads the announcement), so a wake-up is never lost. */
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -29,26 +33,21 @@
 #include "algo/algo.h"
 
 #define POOL_SPIN_NS 20000 /* as the window's barrier (algo/shm.c SPIN_NS) */
-
-typedef struct {
-  _Alignas(64) _Atomic uint32_t go; /* bumped by the caller for each run this helper is part of */
-  _Atomic uint32_t sleeping;        /* the helper is (about to be) asleep on `go` */
-  struct hora_pool *pool;
-  int part;
-  pthread_t th;
-} helper_t;
+#define POOL_MAX_PARTS 255
 
 struct hora_pool {
-  int n;       /* parts at most: the helpers and the caller */
-  int started; /* helpers running (the first `started` of them) */
+  int n;       /* threads: the helpers and the caller */
+  int started; /* helpers running */
   int spin;
   _Atomic int stop;
-  _Alignas(64) _Atomic uint32_t left; /* helper parts of the current run not yet done */
-  _Atomic uint32_t caller_sleeping;
-  hora_pool_fn fn; /* the current run, written before the helpers' `go` is bumped */
+  hora_pool_fn fn; /* the current run, written before its `state` */
   void *arg;
-  int nparts;
-  helper_t *h;
+  pthread_t *th;
+  _Alignas(64) _Atomic uint64_t state; /* parts << 32 | next part to claim */
+  _Alignas(64) _Atomic uint32_t done;  /* parts of the current run finished */
+  _Atomic uint32_t caller_sleeping;
+  _Alignas(64) _Atomic uint32_t gen; /* bumped per run: the helpers' futex word */
+  _Atomic uint32_t sleepers;         /* helpers asleep (or about to be) on `gen` */
 };
 
 static void relax(void) {
@@ -71,65 +70,66 @@ static void fwait(_Atomic uint32_t *w, uint32_t val) {
   syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_PRIVATE, val, &ts, NULL, 0);
 }
 
-static void fwake(_Atomic uint32_t *w) { syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0); }
+static void fwake(_Atomic uint32_t *w, int n) { syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0); }
 
-/* Wait until *w differs from `old` (spinning first when `spin`); returns its new value. */
-static uint32_t wait_change(_Atomic uint32_t *w, uint32_t old, _Atomic uint32_t *sleeping, int spin) {
-  uint32_t v;
-  if (spin) {
-    double t0 = now_ns();
-    for (int i = 1;; i++) {
-      if ((v = atomic_load(w)) != old) return v;
-      relax();
-      if ((i & 63) == 0 && now_ns() - t0 > POOL_SPIN_NS) break;
-    }
+/* Claim and run parts of the current run until none is left. */
+static void work(struct hora_pool *p) {
+  uint64_t s = atomic_load(&p->state);
+  for (;;) {
+    uint32_t t = (uint32_t)s, np = (uint32_t)(s >> 32);
+    if (t >= np) return;
+    if (!atomic_compare_exchange_weak(&p->state, &s, s + 1)) continue; /* s now holds the new value */
+    p->fn(p->arg, (int)t, (int)np);
+    if (atomic_fetch_add(&p->done, 1) + 1 == np && atomic_load(&p->caller_sleeping)) fwake(&p->done, 1);
+    s = atomic_load(&p->state);
   }
-  atomic_store(sleeping, 1);
-  while ((v = atomic_load(w)) == old) fwait(w, old);
-  atomic_store(sleeping, 0);
-  return v;
 }
 
 static void *helper_main(void *a) {
-  helper_t *h = a;
-  struct hora_pool *p = h->pool;
-  uint32_t seen = 0;
+  struct hora_pool *p = a;
+  uint32_t seen = atomic_load(&p->gen), v;
   for (;;) {
-    seen = wait_change(&h->go, seen, &h->sleeping, p->spin);
+    if (p->spin) {
+      double t0 = now_ns();
+      for (int i = 1; atomic_load(&p->gen) == seen; i++) {
+        relax();
+        if ((i & 63) == 0 && now_ns() - t0 > POOL_SPIN_NS) break;
+      }
+    }
+    atomic_fetch_add(&p->sleepers, 1);
+    while ((v = atomic_load(&p->gen)) == seen) fwait(&p->gen, seen);
+    atomic_fetch_sub(&p->sleepers, 1);
+    seen = v;
     if (atomic_load(&p->stop)) return NULL;
-    p->fn(p->arg, h->part, p->nparts);
-    if (atomic_fetch_sub(&p->left, 1) == 1 && atomic_load(&p->caller_sleeping)) fwake(&p->left);
+    work(p);
   }
 }
 
 hora_result_t hora__pool_create(int n, int spin, hora_pool_t **out) {
   *out = NULL;
-  if (n < 2) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "thread pool: %d parts (at least 2)", n);
-  struct hora_pool *p = calloc(1, sizeof *p);
-  helper_t *h = p ? aligned_alloc(64, sizeof *h * (size_t)(n - 1)) : NULL;
-  if (!h) {
+  if (n < 2) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "thread pool: %d threads (at least 2)", n);
+  struct hora_pool *p = aligned_alloc(64, (sizeof *p + 63) / 64 * 64);
+  pthread_t *th = p ? calloc((size_t)(n - 1), sizeof *th) : NULL;
+  if (!th) {
     free(p);
     return HORA_ERR(HORA_ERR_NO_MEMORY, "thread pool: out of memory for %d helpers", n - 1);
   }
+  memset(p, 0, sizeof *p);
   p->n = n;
   p->spin = spin;
-  p->h = h;
+  p->th = th;
   atomic_init(&p->stop, 0);
-  atomic_init(&p->left, 0);
+  atomic_init(&p->state, 0);
+  atomic_init(&p->done, 0);
   atomic_init(&p->caller_sleeping, 0);
-  for (int i = 0; i < n - 1; i++) {
-    atomic_init(&h[i].go, 0);
-    atomic_init(&h[i].sleeping, 0);
-    h[i].pool = p;
-    h[i].part = i + 1;
-  }
-  /* A helper that cannot be started leaves its parts to the caller (hora__pool_run): fewer
-   * threads, the same results. */
+  atomic_init(&p->gen, 0);
+  atomic_init(&p->sleepers, 0);
+  /* A helper that cannot be started leaves its parts to the others: fewer threads, the same
+   * results. */
   int prc = 0;
-  while (p->started < n - 1 && (prc = pthread_create(&h[p->started].th, NULL, helper_main, &h[p->started])) == 0)
-    p->started++;
+  while (p->started < n - 1 && (prc = pthread_create(&th[p->started], NULL, helper_main, p)) == 0) p->started++;
   if (p->started < n - 1)
-    HORA_WARN(SHM, "thread pool: started %d of %d helper threads (%s); the rest of the work runs on the caller",
+    HORA_WARN(SHM, "thread pool: started %d of %d helper threads (%s); the others do their work",
               p->started, n - 1, strerror(prc));
   *out = p;
   return HORA_SUCCESS;
@@ -139,43 +139,38 @@ int hora__pool_size(const hora_pool_t *p) { return p ? p->n : 1; }
 
 void hora__pool_run(hora_pool_t *p, int nparts, hora_pool_fn fn, void *arg) {
   if (nparts < 1) nparts = 1;
-  if (p && nparts > p->n) nparts = p->n;
-  if (!p || nparts == 1) {
+  if (nparts > POOL_MAX_PARTS) nparts = POOL_MAX_PARTS;
+  if (!p || nparts == 1 || p->started == 0) {
     for (int t = 0; t < nparts; t++) fn(arg, t, nparts);
     return;
   }
-  int helped = nparts - 1 < p->started ? nparts - 1 : p->started; /* parts 1..helped go to helpers */
   p->fn = fn;
   p->arg = arg;
-  p->nparts = nparts;
-  atomic_store(&p->left, (uint32_t)helped);
-  for (int i = 0; i < helped; i++) {
-    atomic_fetch_add(&p->h[i].go, 1);
-    if (atomic_load(&p->h[i].sleeping)) fwake(&p->h[i].go);
-  }
-  fn(arg, 0, nparts);
-  for (int t = helped + 1; t < nparts; t++) fn(arg, t, nparts); /* parts of helpers never started */
+  atomic_store(&p->done, 0);
+  atomic_store(&p->state, (uint64_t)nparts << 32);
+  atomic_fetch_add(&p->gen, 1);
+  uint32_t asleep = atomic_load(&p->sleepers);
+  if (asleep) fwake(&p->gen, nparts - 1 < (int)asleep ? nparts - 1 : (int)asleep);
+  work(p);
   uint32_t v;
   if (p->spin) {
     double t0 = now_ns();
-    for (int i = 1; atomic_load(&p->left) != 0; i++) {
+    for (int i = 1; atomic_load(&p->done) != (uint32_t)nparts; i++) {
       relax();
       if ((i & 63) == 0 && now_ns() - t0 > POOL_SPIN_NS) break;
     }
   }
   atomic_store(&p->caller_sleeping, 1);
-  while ((v = atomic_load(&p->left)) != 0) fwait(&p->left, v);
+  while ((v = atomic_load(&p->done)) != (uint32_t)nparts) fwait(&p->done, v);
   atomic_store(&p->caller_sleeping, 0);
 }
 
 void hora__pool_free(hora_pool_t *p) {
   if (!p) return;
   atomic_store(&p->stop, 1);
-  for (int i = 0; i < p->started; i++) {
-    atomic_fetch_add(&p->h[i].go, 1);
-    fwake(&p->h[i].go);
-  }
-  for (int i = 0; i < p->started; i++) pthread_join(p->h[i].th, NULL);
-  free(p->h);
+  atomic_fetch_add(&p->gen, 1);
+  fwake(&p->gen, INT_MAX);
+  for (int i = 0; i < p->started; i++) pthread_join(p->th[i], NULL);
+  free(p->th);
   free(p);
 }

@@ -202,21 +202,18 @@ static hora_result_t shm_barrier(struct hora_shm *s) { return shm_barrier_at(s, 
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-/* CPUs of the node per local rank (at least 1, at most MAX_SHARE), the same on every local rank:
- * the default chunk grows with it, so that each thread of a split piece (shm_threads) keeps about
- * the 1 MiB a single thread had. */
-#define MAX_SHARE 8
-static int node_share(const hora_ctx_t *ctx) {
-  int share = ctx->local_cpus / (ctx->local_size > 0 ? ctx->local_size : 1);
-  return share < 1 ? 1 : share > MAX_SHARE ? MAX_SHARE : share;
-}
-
-/* Threads this rank splits a piece's work over: HORA_SHM_THREADS, or by default its fair share of
- * the node's CPUs (node_share) capped by the CPUs it may run on itself. One core per rank (Open
- * MPI's binding for up to 2 ranks, launch's with as many ranks as cores) gives 1: no helper. */
-static int shm_threads(int share) {
+/* Threads this rank splits a piece's work over: HORA_SHM_THREADS (default 1: no helper); 0: its
+ * fair share of the node's CPUs (the union of the local ranks' masks per local rank, at most 8),
+ * capped by the CPUs it may run on itself, so one core per rank (Open MPI's binding for up to 2
+ * ranks, launch's with as many ranks as cores) still gives 1. Across nodes only hier uses the
+ * window, whose hook keeps one thread: 1. */
+#define MAX_AUTO_THREADS 8
+static int shm_threads(const hora_ctx_t *ctx) {
   int64_t want = hora__params()->shm_threads;
+  if (ctx->cross_size > 1) return 1;
   if (want > 0) return (int)want;
+  int share = ctx->local_cpus / (ctx->local_size > 0 ? ctx->local_size : 1);
+  share = share < 1 ? 1 : share > MAX_AUTO_THREADS ? MAX_AUTO_THREADS : share;
   cpu_set_t set;
   CPU_ZERO(&set);
   int own = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
@@ -231,21 +228,7 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
   s->ctx = ctx;
   s->L = ctx->local_size;
   s->l = ctx->local_rank;
-  /* The default depends on ctx->local_cpus (the union of the node's affinity masks), which every
-   * local rank computed alike, so the ranks agree on the slot layout. 4 ranks on 2 cores, 16 MiB
-   * .. 128 MiB: 1.50, 2.24, 2.74, 2.72x MPI_Allreduce's busbw with 1 MiB pieces, 1.66, 2.95, 2.94,
-   * 2.88x with 4 MiB (docs/benchmarks.md). */
-  uint64_t chunk = hora__params()->shm_chunk_bytes;
-  /* Across nodes only hier uses the window, whose hook keeps one thread: its pieces stay 1 MiB. */
-  int share = ctx->cross_size > 1 ? 1 : node_share(ctx);
-  if (chunk == 0) chunk = ctx->local_size > ctx->local_cpus ? ((uint64_t)4 << 20) : ((uint64_t)share << 20);
-  if (chunk < 64) chunk = 64;
-  if (chunk > ((uint64_t)1 << 30)) chunk = (uint64_t)1 << 30;
-  /* Slice j of a piece always lives at j*region in a slot, whatever the piece's length, so that
-   * pieces of different lengths (the last one, the next call's) never overlap a region that a
-   * peer may still be reading. */
-  s->region = round_up(((size_t)chunk + (size_t)s->L - 1) / (size_t)s->L, SLICE_ALIGN);
-  s->slot_bytes = s->region * (size_t)s->L;
+  s->threads = shm_threads(ctx);
   s->slot = calloc((size_t)s->L, sizeof *s->slot);
   hora_result_t rc = HORA_SUCCESS;
   if (!s->slot) {
@@ -257,11 +240,32 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
    * the others' with the verdict naming it instead of keeping them in MPI_Win_allocate_shared. */
   rc = hora__ctx_barrier(ctx, ctx->local, "shm allreduce (creating the shared window)");
   if (rc != HORA_SUCCESS) goto fail;
+  /* The default chunk: 1 MiB per thread of the local rank with the most (up to 8), so that each
+   * thread keeps about the 1 MiB of a piece that one thread had; the ranks agree on it through the
+   * maximum, also where their HORA_SHM_THREADS differ. 4 MiB with more ranks than CPUs: 4 ranks
+   * on 2 cores, 16 MiB .. 128 MiB: 1.50, 2.24, 2.74, 2.72x MPI_Allreduce's busbw with 1 MiB
+   * pieces, 1.66, 2.95, 2.94, 2.88x with 4 MiB (docs/benchmarks.md). ctx->local_cpus (the union of
+   * the node's affinity masks) is the same on every local rank. */
+  int most = s->threads < MAX_AUTO_THREADS ? s->threads : MAX_AUTO_THREADS;
+  int mrc = MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_INT, MPI_MAX, ctx->local);
+  if (mrc != MPI_SUCCESS) {
+    rc = hora__mpi_error(mrc, "MPI_Allreduce", __FILE__, __LINE__);
+    goto fail;
+  }
+  uint64_t chunk = hora__params()->shm_chunk_bytes;
+  if (chunk == 0) chunk = ctx->local_size > ctx->local_cpus ? ((uint64_t)4 << 20) : ((uint64_t)most << 20);
+  if (chunk < 64) chunk = 64;
+  if (chunk > ((uint64_t)1 << 30)) chunk = (uint64_t)1 << 30;
+  /* Slice j of a piece always lives at j*region in a slot, whatever the piece's length, so that
+   * pieces of different lengths (the last one, the next call's) never overlap a region that a
+   * peer may still be reading. */
+  s->region = round_up(((size_t)chunk + (size_t)s->L - 1) / (size_t)s->L, SLICE_ALIGN);
+  s->slot_bytes = s->region * (size_t)s->L;
   MPI_Info info;
   MPI_Info_create(&info);
   MPI_Info_set(info, "alloc_shared_noncontig", "true"); /* each rank's part on its own pages */
   char *mine = NULL;
-  int mrc = MPI_Win_allocate_shared((MPI_Aint)(HDR_BYTES + 2 * s->slot_bytes), 1, info, ctx->local,
+  mrc = MPI_Win_allocate_shared((MPI_Aint)(HDR_BYTES + 2 * s->slot_bytes), 1, info, ctx->local,
                                     &mine, &s->win);
   MPI_Info_free(&info);
   if (mrc != MPI_SUCCESS) {
@@ -303,7 +307,6 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
    * sleep at once, a futex wake-up (17-20 us here) per barrier where a spin takes well under
    * 1 us (docs/benchmarks.md, "Call check"). */
   s->spin = s->L <= ctx->local_cpus;
-  s->threads = shm_threads(share);
   HORA_INFO(SHM, "shared window: %d local ranks, 2 slots of %zu bytes each, %s, up to %d thread(s) per rank",
             s->L, s->slot_bytes, s->spin ? "spin then sleep" : "sleep at once (more ranks than cores)", s->threads);
   *out = s;

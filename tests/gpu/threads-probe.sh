@@ -2,8 +2,8 @@
 # The shared-memory allreduce's helper threads (HORA_SHM_THREADS, algo/pool.c) on a machine with
 # several cores per rank, as launch gives them (docs/launch.md: a node's cores split among its
 # ranks): each rank bound to nproc/N cores (at most 8), once with one thread per rank
-# (HORA_SHM_THREADS=1, the code before the helpers) and once with the default (one per core of
-# the rank), in the same run:
+# (HORA_SHM_THREADS=1, the default) and once with one per core of the rank (HORA_SHM_THREADS=0),
+# in the same run:
 #   1. hora-bench allreduce, hora's shared-memory allreduce against MPI_Allreduce, 32-128 MiB;
 #   2. bench_ddp.py --alone: ResNet-50's gradients averaged by DistributedOptimizer and by the
 #      grouped allreduce against DDP's buckets over gloo (docs/benchmarks.md, "ResNet-50

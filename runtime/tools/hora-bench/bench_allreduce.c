@@ -180,16 +180,13 @@ static void print_header(hora_ctx_t *ctx, int d, int op, int repeat, int best) {
   char chunk_txt[64];
   if (hora__params()->shm_chunk_bytes)
     snprintf(chunk_txt, sizeof chunk_txt, "%llu B", (unsigned long long)hora__params()->shm_chunk_bytes);
-  else { /* algo/shm.c shm_create's default: 1 MiB per CPU of the node per local rank, 1 to 8 */
-    int share = ctx->local_cpus / ctx->local_size;
-    share = ctx->cross_size > 1 ? 1 : share < 1 ? 1 : share > 8 ? 8 : share;
-    snprintf(chunk_txt, sizeof chunk_txt, "auto (%d MiB)", ctx->local_size > ctx->local_cpus ? 4 : share);
-  }
-  char thr_txt[32];
+  else /* algo/shm.c shm_create's default */
+    snprintf(chunk_txt, sizeof chunk_txt, "auto (%s)", ctx->local_size > ctx->local_cpus ? "4 MiB" : "1 MiB per shm thread");
+  char thr_txt[64];
   if (hora__params()->shm_threads)
     snprintf(thr_txt, sizeof thr_txt, "%lld", (long long)hora__params()->shm_threads);
   else
-    snprintf(thr_txt, sizeof thr_txt, "auto");
+    snprintf(thr_txt, sizeof thr_txt, "0 (one per CPU of the rank's share)");
   char seg_txt[64];
   if (hora__params()->ring_segment_bytes)
     snprintf(seg_txt, sizeof seg_txt, "%llu B", (unsigned long long)hora__params()->ring_segment_bytes);
