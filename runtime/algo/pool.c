@@ -23,6 +23,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,9 +126,18 @@ hora_result_t hora__pool_create(int n, int spin, hora_pool_t **out) {
   atomic_init(&p->gen, 0);
   atomic_init(&p->sleepers, 0);
   /* A helper that cannot be started leaves its parts to the others: fewer threads, the same
-   * results. */
+   * results. Helpers block every signal but those a fault raises, so that process-directed
+   * signals (Slurm's SIGUSR1/SIGTERM) go to the application's threads (as data/reader.c). */
+  sigset_t blocked, old;
+  sigfillset(&blocked);
+  sigdelset(&blocked, SIGBUS);
+  sigdelset(&blocked, SIGSEGV);
+  sigdelset(&blocked, SIGFPE);
+  sigdelset(&blocked, SIGILL);
+  pthread_sigmask(SIG_SETMASK, &blocked, &old);
   int prc = 0;
   while (p->started < n - 1 && (prc = pthread_create(&th[p->started], NULL, helper_main, p)) == 0) p->started++;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (p->started < n - 1)
     HORA_WARN(SHM, "thread pool: started %d of %d helper threads (%s); the others do their work",
               p->started, n - 1, strerror(prc));
