@@ -17,7 +17,9 @@ to the commit's, the survivors' saved commits, and the final test accuracy withi
 non-elastic runs' (docs/mnist.md). `torch` runs tests/slurm/elastic_torch.py instead (hora.torch.elastic: TorchState, ElasticSampler,
 @hvd.elastic.run) with the same story; it checks the parameter hash at each resume against the
 commit's, that no sample of the interrupted epoch was processed twice or skipped (counted by the
-program over all ranks), and the final accuracy.
+program over all ranks), and the final accuracy. The recovery bound leaves out the time the
+survivors were not run (a loaded or frozen machine): the C program's own stall meters, else this
+driver's (StallMeter).
 Environment (set by ctest): SLURM_CONF, CLUSTER_SH, LAUNCH, ELASTIC_PROBE, WORK_DIR; for torch
 HORA_PYTHON and PYTHONPATH (the built package); for mnist HORA_BIN (mnist, hora-records) and
 HORA_SOURCE_DIR. Exits 77 when the cluster is not running (or, for
@@ -28,6 +30,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 EPOCHS, STEPS, STEP_MS, N = 6, 20, 100, 4096
@@ -64,6 +67,34 @@ def program(work):
                 f"--threads 1 --device cpu --log-every 1000")
     here = os.path.dirname(os.path.abspath(__file__))
     return f"{os.environ['HORA_PYTHON']} {here}/elastic_torch.py {work} {TORCH_EPOCHS} {TORCH_STEP_MS}"
+
+
+class StallMeter:
+    """The driver's own stall meter, for the programs that have none (mnist, torch): a thread that
+    sleeps 10 ms at a time and records, in UNIX times, every wake-up more than 50 ms late (as
+    tests/common/stall_meter.h does inside the C program). This process runs on the machine of the
+    job's ranks, so a machine loaded or frozen enough to hold the survivors back holds it back
+    too; it stands in for the survivors' own meters, which only the C program has."""
+
+    def __init__(self):
+        self.spans = []
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        last = time.time()
+        while True:
+            time.sleep(0.01)
+            t = time.time()
+            if t - last > 0.06:
+                self.spans.append((last + 0.01, t))
+            last = t
+
+    def unrun(self, t0, t1):
+        return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in list(self.spans))
+
+
+METER = StallMeter() if MODE != "c" else None
+WHO_UNRUN = "step 0's survivors were" if MODE == "c" else "this test's driver (on the ranks' machine) was"
 
 
 def expected_wsum():
@@ -235,10 +266,11 @@ def check(r, text):
             errors.append(f"survivors that saved their commit: {saved}, expected ranks 0 and 1, one commit")
         elif {c for _, c, _ in chunks[0][2]} != {int(saved[0][1])}:
             errors.append(f"world 2 did not resume the saved commit {saved[0][1]}: {syncs}")
-    # On a frozen machine the survivors were not run for part of the recovery (C program only:
-    # its stall meter): that time is taken off the bound below, and it excuses a new step whose
-    # sync stopped waiting for step 0 (after the peer timeout + 60 s, with a warning).
-    unrun = survivors_unrun(r, text[:story_end]) if MODE == "c" else 0.0
+    # On a frozen machine the survivors were not run for part of the recovery (the C program's
+    # stall meter; for the others, this driver's): that time is taken off the bound below, and it
+    # excuses a new step whose sync stopped waiting for step 0 (after the peer timeout + 60 s,
+    # with a warning).
+    unrun = survivors_unrun(r, text[:story_end]) if MODE == "c" else driver_unrun(r)
     # The driver starts step 1 as soon as it learns of the lost ranks (not when step 0 has ended),
     # and step 1's sync waits until step 0 has ended (its survivors have saved their commit).
     m0 = re.search(r"launch: elastic: step 0 ended: status \d+ \(its survivors have saved their commit\)", text)
@@ -247,8 +279,8 @@ def check(r, text):
         late = re.search(r"still there after \d+ s: syncing without waiting for the previous step", text)
         rec = r.get("recovery_s")
         if late and unrun > 0 and rec is not None and rec - unrun < recovery_bound():
-            print(f"NOTE: world 2 synced before step 0's end was logged ({late.group(0)}); step 0's survivors "
-                  f"were not run for {unrun:.2f} s of the recovery")
+            print(f"NOTE: world 2 synced before step 0's end was logged ({late.group(0)}); {WHO_UNRUN} "
+                  f"not run for {unrun:.2f} s of the recovery")
         else:
             errors.append("step 0's end is not logged before world 2's sync")
     for pat in (r"launch: elastic: step 1 \(a rank or node was lost; step 0 still ending\): 1 nodes \(n1\), "
@@ -274,9 +306,9 @@ def check(r, text):
         errors += check_torch(text)
     rec = r.get("recovery_s")
     if rec is None or not 0 < rec - unrun < recovery_bound():
-        errors.append(f"recovery {rec} s" + (f" ({unrun:.2f} s of it the survivors were not run)" if unrun else ""))
+        errors.append(f"recovery {rec} s" + (f" ({unrun:.2f} s of it {WHO_UNRUN} not run)" if unrun else ""))
     elif unrun:
-        print(f"NOTE: recovery {rec:.2f} s, of which the survivors were not run for {unrun:.2f} s (load average "
+        print(f"NOTE: recovery {rec:.2f} s, of which {WHO_UNRUN} not run for {unrun:.2f} s (load average "
               f"{open('/proc/loadavg').read().split()[0]})")
     return errors
 
@@ -299,6 +331,12 @@ def survivors_unrun(r, text):
         spans = [tuple(map(float, x.split(":"))) for x in line.split()]
         most = max(most, sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans))
     return most
+
+
+def driver_unrun(r):
+    """The time this driver was not run between the SIGKILL and world 2's training (StallMeter)."""
+    t0, rec = r.get("t_kill"), r.get("recovery_s")
+    return METER.unrun(t0, t0 + rec) if t0 is not None and rec is not None else 0.0
 
 
 def breakdown(r, text):
