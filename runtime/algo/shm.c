@@ -84,6 +84,9 @@
 /* In each rank's header: the number of the last call check it entered (1, 2, ...), which the
  * stall inspection reads to name the ranks that have not come (hora__shm_exchange_words). */
 #define ENTERED_OFF 512
+/* In each rank's header: the result of its part of the last pieces-form call, which the others
+ * read after that call's last barrier (run_pieces). */
+#define RESULT_OFF 1024
 #define SLICE_ALIGN 64
 #ifndef SPIN_NS
 #define SPIN_NS 20000 /* spin budget of a barrier wait when every local rank has a core */
@@ -349,6 +352,10 @@ static hora_result_t get_shm(hora_ctx_t *ctx, struct hora_shm **out) {
 #define DESC_OFF 256
 static uint64_t *desc_place(const struct hora_shm *s, int j, int p) {
   return (uint64_t *)(s->slot[j] - HDR_BYTES + DESC_OFF) + (size_t)p * HORA_SHM_WORDS;
+}
+
+static int32_t *result_word(const struct hora_shm *s, int j) {
+  return (int32_t *)(s->slot[j] - HDR_BYTES + RESULT_OFF);
 }
 
 static uint64_t *entered_word(const struct hora_shm *s, int j) {
@@ -702,10 +709,22 @@ static hora_result_t run_pieces(struct hora_shm *s, const hora_seg_t *seg, size_
     if (last) break;
     cur = next;
   }
+  /* A rank whose reduce or hook failed published an unfinished slice, which the others are about
+   * to copy out: its result rides in the last barrier, and every other local rank fails too
+   * instead of returning that slice as data. A rank rewrites its word only after the next call's
+   * first barrier, which the others enter once they have read it. */
+  *result_word(s, s->l) = (int32_t)rc;
   hora_result_t brc = shm_barrier(s);
   if (brc != HORA_SUCCESS) return brc;
   step_t fin = {s, es, dtype, op, o, &prev, NULL, NULL, s->round, srcs, prc};
   run_step(&fin, step_parts(s, o, prev.sl, es));
+  for (int j = 0; j < s->L && rc == HORA_SUCCESS; j++) {
+    hora_result_t other = (hora_result_t)*result_word(s, j);
+    if (j != s->l && other != HORA_SUCCESS)
+      rc = HORA_ERR(HORA_ERR_REMOTE,
+                    "shm allreduce: local rank %d could not finish its slice (%s); the result is incomplete "
+                    "(that rank's error says why)", j, hora_result_name(other));
+  }
   return rc;
 }
 
