@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "algo/algo.h"
+#include "core/fatal.h"
 
 #define POOL_SPIN_NS 20000 /* as the window's barrier (algo/shm.c SPIN_NS) */
 #define POOL_MAX_PARTS 255
@@ -88,6 +89,7 @@ static void work(struct hora_pool *p) {
 
 static void *helper_main(void *a) {
   struct hora_pool *p = a;
+  hora__thread_name("hora-shm");
   uint32_t seen = atomic_load(&p->gen), v;
   for (;;) {
     if (p->spin) {
@@ -126,15 +128,9 @@ hora_result_t hora__pool_create(int n, int spin, hora_pool_t **out) {
   atomic_init(&p->gen, 0);
   atomic_init(&p->sleepers, 0);
   /* A helper that cannot be started leaves its parts to the others: fewer threads, the same
-   * results. Helpers block every signal but those a fault raises, so that process-directed
-   * signals (Slurm's SIGUSR1/SIGTERM) go to the application's threads (as data/reader.c). */
-  sigset_t blocked, old;
-  sigfillset(&blocked);
-  sigdelset(&blocked, SIGBUS);
-  sigdelset(&blocked, SIGSEGV);
-  sigdelset(&blocked, SIGFPE);
-  sigdelset(&blocked, SIGILL);
-  pthread_sigmask(SIG_SETMASK, &blocked, &old);
+   * results. Helpers leave process-directed signals to the application's threads. */
+  sigset_t old;
+  hora__block_async_signals(&old);
   int prc = 0;
   while (p->started < n - 1 && (prc = pthread_create(&th[p->started], NULL, helper_main, p)) == 0) p->started++;
   pthread_sigmask(SIG_SETMASK, &old, NULL);

@@ -216,3 +216,13 @@ void hora__thread_name(const char *name) {
   snprintf(n, sizeof n, "%s", name); /* the kernel keeps 15 characters and a NUL */
   prctl(PR_SET_NAME, n, 0, 0, 0);
 }
+
+void hora__block_async_signals(sigset_t *old) {
+  sigset_t blocked;
+  sigfillset(&blocked);
+  sigdelset(&blocked, SIGBUS);
+  sigdelset(&blocked, SIGSEGV);
+  sigdelset(&blocked, SIGFPE);
+  sigdelset(&blocked, SIGILL);
+  pthread_sigmask(SIG_SETMASK, &blocked, old);
+}

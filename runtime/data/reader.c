@@ -48,6 +48,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/fatal.h"
 #include "core/fault.h"
 #include "data/reader.h"
 
@@ -219,13 +220,8 @@ HORA_EXPORT hora_result_t hora_records_reader_open(const hora_records_reader_opt
    * go to the application's threads, except the ones a fault raises: a blocked SIGBUS from a
    * fault would end the process without running mapped.c's guard. */
   r->fork_gen = hora__fork_watch();
-  sigset_t blocked, old;
-  sigfillset(&blocked);
-  sigdelset(&blocked, SIGBUS);
-  sigdelset(&blocked, SIGSEGV);
-  sigdelset(&blocked, SIGFPE);
-  sigdelset(&blocked, SIGILL);
-  pthread_sigmask(SIG_SETMASK, &blocked, &old);
+  sigset_t old;
+  hora__block_async_signals(&old);
   int prc = pthread_create(&r->thread, NULL, hora__records_producer, r);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (prc != 0) {
