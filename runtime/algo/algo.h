@@ -112,7 +112,6 @@ hora_result_t hora__shm_run_opts(hora_ctx_t *ctx, const hora_seg_t *seg, size_t 
 typedef struct hora_pool hora_pool_t;
 typedef void (*hora_pool_fn)(void *arg, int part, int nparts);
 hora_result_t hora__pool_create(int n, int spin, hora_pool_t **out);
-int hora__pool_size(const hora_pool_t *p);
 void hora__pool_run(hora_pool_t *p, int nparts, hora_pool_fn fn, void *arg);
 void hora__pool_free(hora_pool_t *p);
 

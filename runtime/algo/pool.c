@@ -3,7 +3,7 @@
  * core copies far less than a socket's memory system can carry (docs/benchmarks.md, "On a 16-core
  * Xeon": 11.2 ms for 102 MB on one core, hardly slower with four copying at once).
  *
- * Our own code, about 150 lines, because what is needed is small and specific: a join per piece
+ * Our own code, about 130 lines, because what is needed is small and specific: a join per piece
  * that spins only while the ranks have cores of their own and then sleeps on a futex, as the
  * window's barrier does, and that never waits for a helper the scheduler has not run. OpenMP was
  * the library candidate; in a PyTorch process it would be a second OpenMP runtime beside the one
@@ -21,17 +21,14 @@
  * Dekker pair (a sleeper announces itself, then reads the word inside FUTEX_WAIT; the waker
  * changes the word, then reads the announcement), so a wake-up is never lost. */
 #include <limits.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "algo/algo.h"
+#include "algo/futex.h"
 #include "core/fatal.h"
 
 #define POOL_SPIN_NS 20000 /* as the window's barrier (algo/shm.c SPIN_NS) */
@@ -52,28 +49,6 @@ struct hora_pool {
   _Atomic uint32_t sleepers;         /* helpers asleep (or about to be) on `gen` */
 };
 
-static void relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
-static double now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
-}
-
-/* A timeout bounds the sleep if a wake-up were ever lost; the caller re-reads the word. */
-static void fwait(_Atomic uint32_t *w, uint32_t val) {
-  struct timespec ts = {0, 100 * 1000 * 1000};
-  syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_PRIVATE, val, &ts, NULL, 0);
-}
-
-static void fwake(_Atomic uint32_t *w, int n) { syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0); }
-
 /* Claim and run parts of the current run until none is left. */
 static void work(struct hora_pool *p) {
   uint64_t s = atomic_load(&p->state);
@@ -82,7 +57,7 @@ static void work(struct hora_pool *p) {
     if (t >= np) return;
     if (!atomic_compare_exchange_weak(&p->state, &s, s + 1)) continue; /* s now holds the new value */
     p->fn(p->arg, (int)t, (int)np);
-    if (atomic_fetch_add(&p->done, 1) + 1 == np && atomic_load(&p->caller_sleeping)) fwake(&p->done, 1);
+    if (atomic_fetch_add(&p->done, 1) + 1 == np && atomic_load(&p->caller_sleeping)) hora__futex_wake(&p->done, 1, 0);
     s = atomic_load(&p->state);
   }
 }
@@ -93,14 +68,14 @@ static void *helper_main(void *a) {
   uint32_t seen = atomic_load(&p->gen), v;
   for (;;) {
     if (p->spin) {
-      double t0 = now_ns();
+      double until = hora__now_s() + POOL_SPIN_NS * 1e-9;
       for (int i = 1; atomic_load(&p->gen) == seen; i++) {
-        relax();
-        if ((i & 63) == 0 && now_ns() - t0 > POOL_SPIN_NS) break;
+        hora__cpu_relax();
+        if ((i & 63) == 0 && hora__now_s() > until) break;
       }
     }
     atomic_fetch_add(&p->sleepers, 1);
-    while ((v = atomic_load(&p->gen)) == seen) fwait(&p->gen, seen);
+    while ((v = atomic_load(&p->gen)) == seen) hora__futex_wait(&p->gen, seen, 0);
     atomic_fetch_sub(&p->sleepers, 1);
     seen = v;
     if (atomic_load(&p->stop)) return NULL;
@@ -141,8 +116,6 @@ hora_result_t hora__pool_create(int n, int spin, hora_pool_t **out) {
   return HORA_SUCCESS;
 }
 
-int hora__pool_size(const hora_pool_t *p) { return p ? p->n : 1; }
-
 void hora__pool_run(hora_pool_t *p, int nparts, hora_pool_fn fn, void *arg) {
   if (nparts < 1) nparts = 1;
   if (nparts > POOL_MAX_PARTS) nparts = POOL_MAX_PARTS;
@@ -156,18 +129,18 @@ void hora__pool_run(hora_pool_t *p, int nparts, hora_pool_fn fn, void *arg) {
   atomic_store(&p->state, (uint64_t)nparts << 32);
   atomic_fetch_add(&p->gen, 1);
   uint32_t asleep = atomic_load(&p->sleepers);
-  if (asleep) fwake(&p->gen, nparts - 1 < (int)asleep ? nparts - 1 : (int)asleep);
+  if (asleep) hora__futex_wake(&p->gen, nparts - 1 < (int)asleep ? nparts - 1 : (int)asleep, 0);
   work(p);
   uint32_t v;
   if (p->spin) {
-    double t0 = now_ns();
+    double until = hora__now_s() + POOL_SPIN_NS * 1e-9;
     for (int i = 1; atomic_load(&p->done) != (uint32_t)nparts; i++) {
-      relax();
-      if ((i & 63) == 0 && now_ns() - t0 > POOL_SPIN_NS) break;
+      hora__cpu_relax();
+      if ((i & 63) == 0 && hora__now_s() > until) break;
     }
   }
   atomic_store(&p->caller_sleeping, 1);
-  while ((v = atomic_load(&p->done)) != (uint32_t)nparts) fwait(&p->done, v);
+  while ((v = atomic_load(&p->done)) != (uint32_t)nparts) hora__futex_wait(&p->done, v, 0);
   atomic_store(&p->caller_sleeping, 0);
 }
 
@@ -175,7 +148,7 @@ void hora__pool_free(hora_pool_t *p) {
   if (!p) return;
   atomic_store(&p->stop, 1);
   atomic_fetch_add(&p->gen, 1);
-  fwake(&p->gen, INT_MAX);
+  hora__futex_wake(&p->gen, INT_MAX, 0);
   for (int i = 0; i < p->started; i++) pthread_join(p->th[i], NULL);
   free(p->th);
   free(p);

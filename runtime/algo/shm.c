@@ -67,17 +67,16 @@
  * reduced by one thread of one rank, so the bits are those of one thread. */
 #include <errno.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "algo/algo.h"
+#include "algo/futex.h"
 #include "hora_kernels.h"
 
 #define HDR_BYTES 4096 /* window header before each rank's slots; rank 0's holds the barrier */
@@ -114,25 +113,6 @@ struct hora_shm {
   hora_pool_t *pool; /* its threads - 1 helpers, started at the first piece that splits */
 };
 
-static void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
-static void futex_wait(_Atomic uint32_t *addr, uint32_t val) {
-  /* A timeout bounds the wait if a wake-up were ever lost, and how late a waiter sees a failure
-   * verdict (shm_barrier); the caller re-checks the value. */
-  struct timespec ts = {0, 100 * 1000 * 1000};
-  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT, val, &ts, NULL, 0);
-}
-
-static void futex_wake_all(_Atomic uint32_t *addr) {
-  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
-
 /* Sense-free generation barrier over the local ranks. A waiter also watches the context's failure
  * verdict (a peer declared dead or stopped by the heartbeat thread): then it leaves with the
  * verdict (HORA_ERR_REMOTE) within one futex timeout, and the barrier is left broken: after a
@@ -148,7 +128,7 @@ static int leave_barrier(shm_ctl_t *c, uint32_t g) {
     if (atomic_load(&c->gen) != g) return 0;
     uint32_t a = atomic_load(&c->arrived);
     if (a == 0) {
-      cpu_relax();
+      hora__cpu_relax();
       continue;
     }
     if (atomic_compare_exchange_weak(&c->arrived, &a, a - 1)) return 1;
@@ -168,7 +148,7 @@ static hora_result_t shm_barrier_at(struct hora_shm *s, const char *stall_fn, ui
   if (atomic_fetch_add(&c->arrived, 1) == (uint32_t)s->L - 1) {
     atomic_store(&c->arrived, 0); /* before the release below: the next generation starts clean */
     atomic_fetch_add(&c->gen, 1);
-    if (atomic_load(&c->sleepers)) futex_wake_all(&c->gen);
+    if (atomic_load(&c->sleepers)) hora__futex_wake(&c->gen, INT_MAX, 1);
     return HORA_SUCCESS;
   }
   if (s->spin) {
@@ -177,7 +157,7 @@ static hora_result_t shm_barrier_at(struct hora_shm *s, const char *stall_fn, ui
     double until = hora__now_s() + SPIN_NS * 1e-9;
     for (unsigned i = 1;; i++) {
       if (atomic_load_explicit(&c->gen, memory_order_acquire) != g) return HORA_SUCCESS;
-      cpu_relax();
+      hora__cpu_relax();
       if ((i & 63) == 0 && hora__now_s() > until) break;
     }
   }
@@ -194,7 +174,7 @@ static hora_result_t shm_barrier_at(struct hora_shm *s, const char *stall_fn, ui
       if (!leave_barrier(c, g)) rc = HORA_SUCCESS; /* everyone came meanwhile: passed after all */
       break;
     }
-    futex_wait(&c->gen, g);
+    hora__futex_wait(&c->gen, g, 1);
   }
   atomic_fetch_sub(&c->sleepers, 1);
   return rc;
