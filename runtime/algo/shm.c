@@ -218,25 +218,30 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
     rc = HORA_ERR(HORA_ERR_NO_MEMORY, "shm allreduce: out of memory");
     goto fail;
   }
-  /* The window is made at the first call that needs it, maybe long after start-up: a watched
-   * barrier first, so that a local rank that stopped or hangs before its first such call ends
-   * the others' with the verdict naming it instead of keeping them in MPI_Win_allocate_shared. */
-  rc = hora__ctx_barrier(ctx, ctx->local, "shm allreduce (creating the shared window)");
-  if (rc != HORA_SUCCESS) goto fail;
   /* The default chunk: 1 MiB per thread of the local rank with the most (up to 8), so that each
    * thread keeps about the 1 MiB of a piece that one thread had; the ranks agree on it through the
    * maximum, also where their HORA_SHM_THREADS differ. 4 MiB with more ranks than CPUs: 4 ranks
    * on 2 cores, 16 MiB .. 128 MiB: 1.50, 2.24, 2.74, 2.72x MPI_Allreduce's busbw with 1 MiB
    * pieces, 1.66, 2.95, 2.94, 2.88x with 4 MiB (docs/benchmarks.md). ctx->local_cpus (the union of
-   * the node's affinity masks) is the same on every local rank. */
-  int most = s->threads < MAX_AUTO_THREADS ? s->threads : MAX_AUTO_THREADS;
-  int mrc = MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_INT, MPI_MAX, ctx->local);
-  if (mrc != MPI_SUCCESS) {
-    rc = hora__mpi_error(mrc, "MPI_Allreduce", __FILE__, __LINE__);
+   * the node's affinity masks) is the same on every local rank.
+   * The window is made at the first call that needs it, maybe long after start-up: that maximum
+   * is a watched wait, so that a local rank that stopped or hangs before its first such call ends
+   * the others' with the verdict naming it instead of keeping them in MPI. Its buffer is on the
+   * heap: a wait abandoned on a verdict leaves it to MPI (leaked). */
+  int *most = malloc(sizeof *most);
+  if (!most) {
+    rc = HORA_ERR(HORA_ERR_NO_MEMORY, "shm allreduce: out of memory");
     goto fail;
   }
+  *most = s->threads < MAX_AUTO_THREADS ? s->threads : MAX_AUTO_THREADS;
+  MPI_Request req;
+  rc = hora__ctx_wait(ctx, MPI_Iallreduce(MPI_IN_PLACE, most, 1, MPI_INT, MPI_MAX, ctx->local, &req), &req,
+                      "shm allreduce (creating the shared window)", 0);
+  if (rc != HORA_SUCCESS) goto fail;
+  int threads_most = *most;
+  free(most);
   uint64_t chunk = hora__params()->shm_chunk_bytes;
-  if (chunk == 0) chunk = ctx->local_size > ctx->local_cpus ? ((uint64_t)4 << 20) : ((uint64_t)most << 20);
+  if (chunk == 0) chunk = ctx->local_size > ctx->local_cpus ? ((uint64_t)4 << 20) : ((uint64_t)threads_most << 20);
   if (chunk < 64) chunk = 64;
   if (chunk > ((uint64_t)1 << 30)) chunk = (uint64_t)1 << 30;
   /* Slice j of a piece always lives at j*region in a slot, whatever the piece's length, so that
@@ -248,7 +253,7 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
   MPI_Info_create(&info);
   MPI_Info_set(info, "alloc_shared_noncontig", "true"); /* each rank's part on its own pages */
   char *mine = NULL;
-  mrc = MPI_Win_allocate_shared((MPI_Aint)(HDR_BYTES + 2 * s->slot_bytes), 1, info, ctx->local,
+  int mrc = MPI_Win_allocate_shared((MPI_Aint)(HDR_BYTES + 2 * s->slot_bytes), 1, info, ctx->local,
                                     &mine, &s->win);
   MPI_Info_free(&info);
   if (mrc != MPI_SUCCESS) {
