@@ -458,6 +458,15 @@ static size_t cut(size_t n, int t, int P, size_t align) {
   return c - c % align;
 }
 
+/* Part t of P of slice j of piece p: the virtual elements [*v, *end); returns *v's offset in the
+ * slice. */
+static size_t part_of(const piece_t *p, int j, int t, int P, size_t es, size_t *v, size_t *end) {
+  size_t n = slice_len(p, j), first = p->base + (size_t)j * p->sl, a = cut(n, t, P, SLICE_ALIGN / es);
+  *v = first + a;
+  *end = first + cut(n, t + 1, P, SLICE_ALIGN / es);
+  return a;
+}
+
 static char *slot_of(const struct hora_shm *s, int j, uint64_t round) {
   return s->slot[j] + (round & 1) * s->slot_bytes;
 }
@@ -487,12 +496,10 @@ static void put(int stream, void *dst, const void *src, size_t bytes) {
 static void copy_in(struct hora_shm *s, const piece_t *p, size_t es, uint64_t round, int t, int P) {
   char *slot = slot_of(s, s->l, round);
   seg_cursor_t c = p->at;
-  size_t align = SLICE_ALIGN / es;
   for (int j = 0; j < s->L; j++) {
     if (j == s->l) continue;
-    size_t len = slice_len(p, j), a = cut(len, t, P, align);
-    char *r = slot + (size_t)j * s->region + a * es;
-    size_t v = p->base + (size_t)j * p->sl + a, end = p->base + (size_t)j * p->sl + cut(len, t + 1, P, align), off;
+    size_t v, end, off;
+    char *r = slot + (size_t)j * s->region + part_of(p, j, t, P, es, &v, &end) * es;
     while (v < end) {
       size_t n = seg_run(&c, v, end, &off);
       memcpy(r, (const char *)c.seg[c.i].src + off * es, n * es);
@@ -509,8 +516,7 @@ static hora_result_t reduce_own(struct hora_shm *s, const piece_t *p, size_t es,
                                 hora_op_t op, uint64_t round, const void **srcs, const hora_shm_opts_t *o,
                                 int t, int P) {
   seg_cursor_t c = p->at;
-  size_t n0 = slice_len(p, s->l), done = cut(n0, t, P, SLICE_ALIGN / es), off;
-  size_t v = p->base + (size_t)s->l * p->sl + done, end = p->base + (size_t)s->l * p->sl + cut(n0, t + 1, P, SLICE_ALIGN / es);
+  size_t v, end, off, done = part_of(p, s->l, t, P, es, &v, &end);
   char *pub = slot_of(s, s->l, round) + (size_t)s->l * s->region;
   while (v < end) {
     size_t n = seg_run(&c, v, end, &off);
@@ -541,12 +547,10 @@ static hora_result_t reduce_own(struct hora_shm *s, const piece_t *p, size_t es,
  * recv buffers. */
 static void copy_out(struct hora_shm *s, const piece_t *p, size_t es, uint64_t round, int t, int P) {
   seg_cursor_t c = p->at;
-  size_t align = SLICE_ALIGN / es;
   for (int j = 0; j < s->L; j++) {
     if (j == s->l) continue;
-    size_t len = slice_len(p, j), a = cut(len, t, P, align);
-    const char *r = slot_of(s, j, round) + (size_t)j * s->region + a * es;
-    size_t v = p->base + (size_t)j * p->sl + a, end = p->base + (size_t)j * p->sl + cut(len, t + 1, P, align), off;
+    size_t v, end, off;
+    const char *r = slot_of(s, j, round) + (size_t)j * s->region + part_of(p, j, t, P, es, &v, &end) * es;
     while (v < end) {
       size_t n = seg_run(&c, v, end, &off);
       put(stream_to(s, &c.seg[c.i]), (char *)c.seg[c.i].dst + off * es, r, n * es);

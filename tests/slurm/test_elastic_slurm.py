@@ -90,7 +90,12 @@ class StallMeter:
             last = t
 
     def unrun(self, t0, t1):
-        return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in list(self.spans))
+        return overlap(list(self.spans), t0, t1)
+
+
+def overlap(spans, t0, t1):
+    """Seconds of the (from, to) spans that lie inside [t0, t1]."""
+    return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans)
 
 
 METER = StallMeter() if MODE != "c" else None
@@ -329,7 +334,7 @@ def survivors_unrun(r, text):
     t1, most = t0 + rec, 0.0
     for line in re.findall(r"ELASTIC_PROBE stalls rank \d+:([^\n]*)", text):
         spans = [tuple(map(float, x.split(":"))) for x in line.split()]
-        most = max(most, sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans))
+        most = max(most, overlap(spans, t0, t1))
     return most
 
 
