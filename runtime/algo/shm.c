@@ -185,7 +185,7 @@ static hora_result_t shm_barrier(struct hora_shm *s) { return shm_barrier_at(s, 
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-/* Threads this rank splits a piece's work over: HORA_SHM_THREADS (default 1: no helper); 0: its
+/* Threads this rank splits a piece's work over: HORA_SHM_THREADS (1: no helper); 0 (the default): its
  * fair share of the node's CPUs (the union of the local ranks' masks per local rank, at most 8),
  * capped by the CPUs it may run on itself, so one core per rank (Open MPI's binding for up to 2
  * ranks, launch's with as many ranks as cores) still gives 1. Across nodes only hier uses the
