@@ -12,7 +12,6 @@ until the handle completes; the Handle keeps a reference to both, so dropping th
 early is safe.
 """
 import collections
-import contextlib
 import itertools
 import threading
 import weakref
@@ -234,21 +233,6 @@ def alltoall_async(tensor, name=None):
     check(lib.hora_alltoall_async(ctx, _name(name, "alltoall"), b.ptr, o.ptr, rows * row,
                                   b.dtype, b.device, hp), "hora.alltoall_async")
     return Handle(hp[0], (b, o), out)
-
-
-@contextlib.contextmanager
-def _burst(ctx, seconds=0.05):
-    """Submissions inside this block reach the engine's negotiation together, in one cycle
-    (hora_hold_submissions), so that they are fused into one collective instead of being cut by
-    the engine's cycle wherever it falls: DistributedOptimizer.synchronize() starts its
-    remaining buckets this way. A hint only: if the hold cannot be set (the engine stopped), the
-    submissions themselves report why; the hold ends after `seconds` whatever happens here."""
-    held = lib.hora_hold_submissions(ctx, seconds) == lib.HORA_SUCCESS
-    try:
-        yield
-    finally:
-        if held:
-            lib.hora_hold_submissions(ctx, 0.0)
 
 
 def synchronize(handle):

@@ -10,7 +10,6 @@ import numpy as np
 import torch
 
 from . import _buffers as B
-from ._async import _burst
 from ._compression import Compression
 from ._core import Average, Sum, _root, rank, size
 from ._errors import MismatchError, invalid
@@ -478,10 +477,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             p.grad = handle()
         return finish
 
-    def _hora_start_rest(self):
-        """synchronize()'s submissions: every request of this step not started yet (gradients
-        whose hook did not fire, placeholders of frozen members, buckets left incomplete).
-        Returns _hora_trainable_now()."""
+    def synchronize(self):
+        """Wait until every gradient's allreduce is done. Parameters whose gradient was not
+        computed on this rank this step contribute zeros, so that every rank submits the same
+        names (as in Horovod). On a rank outside the optimizer's process set: nothing."""
+        if self._hora_outside:
+            self._hora_synced = True
+            return
         for p in self._hora_names:
             if p.requires_grad and self._hora_delay[p] > 0 and \
                     p not in self._hora_handles and \
@@ -515,17 +517,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._hora_handles[gi] = self._hora_start(
                     [q for q in self._hora_groups[gi] if q in ready], self._hora_group_name(gi),
                     True)
-        return now
-
-    def synchronize(self):
-        """Wait until every gradient's allreduce is done. Parameters whose gradient was not
-        computed on this rank this step contribute zeros, so that every rank submits the same
-        names (as in Horovod). On a rank outside the optimizer's process set: nothing."""
-        if self._hora_outside:
-            self._hora_synced = True
-            return
-        with _burst(self._hora_view.ctx):
-            now = self._hora_start_rest()
         handles, self._hora_handles = self._hora_handles, {}
         self._hora_ready = {}
         try:

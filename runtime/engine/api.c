@@ -302,17 +302,3 @@ HORA_EXPORT hora_result_t hora_join(hora_ctx_t *ctx, int *last_rank) {
   if (rc == HORA_SUCCESS) *last_rank = last;
   return rc;
 }
-
-HORA_EXPORT hora_result_t hora_hold_submissions(hora_ctx_t *ctx, double seconds) {
-  const char *fn = "hora_hold_submissions";
-  HORA_CHECK(hora__ctx_check(ctx, fn));
-  if (!(seconds >= 0 && seconds <= 1)) /* NaN too */
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: seconds is %g, not within 0 .. 1", fn, seconds);
-  hora_engine_t *eng;
-  HORA_CHECK(hora__engine_get(ctx, fn, &eng));
-  pthread_mutex_lock(&eng->mu);
-  eng->hold_until = seconds > 0 ? hora__now_s() + seconds : 0;
-  if (seconds == 0) pthread_cond_signal(&eng->cv); /* a backed-off sleep ends now */
-  pthread_mutex_unlock(&eng->mu);
-  return HORA_SUCCESS;
-}

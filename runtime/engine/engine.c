@@ -214,7 +214,7 @@ static void *engine_main(void *arg) {
     for (;;) {
       double now = hora__now_s();
       if (now >= next || eng->stop_requested || atomic_load(&eng->dead)) break;
-      if (sleep_for > cycle_s && eng->qhead && now >= eng->hold_until) break;
+      if (sleep_for > cycle_s && eng->qhead) break;
       double until = next;
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);

@@ -188,7 +188,6 @@ typedef struct hora_engine {
   pthread_mutex_t mu;  /* guards the queue, stop flag, handle list, wake */
   pthread_cond_t cv;   /* enqueue / stop wakes the thread */
   eng_req_t *qhead, *qtail;
-  double hold_until;   /* hora_hold_submissions: the queue is not drained before this (s), 0: none */
   int stop_requested;
   int exited;          /* the thread has left its loop */
   int peer_stopped;    /* it left because another rank's hora_finalize began (under mu) */

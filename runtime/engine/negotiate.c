@@ -192,11 +192,8 @@ static eng_req_t *hold_incomplete_groups(hora_engine_t *eng, eng_req_t *q, doubl
  * the new request (checked here, on the engine thread, which owns the table). */
 static void drain(hora_engine_t *eng, double now) {
   pthread_mutex_lock(&eng->mu);
-  eng_req_t *q = NULL;
-  if (now >= eng->hold_until || eng->stop_requested) { /* hora_hold_submissions: queued until released */
-    q = eng->qhead;
-    eng->qhead = eng->qtail = NULL;
-  }
+  eng_req_t *q = eng->qhead;
+  eng->qhead = eng->qtail = NULL;
   pthread_mutex_unlock(&eng->mu);
   if (q || eng->held) q = hold_incomplete_groups(eng, q, now);
   while (q) {

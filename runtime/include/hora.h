@@ -598,22 +598,6 @@ hora_result_t hora_wait(hora_handle_t *handle);
  * child of the process that made the object (see fork() above). */
 hora_result_t hora_handle_free(hora_handle_t *handle);
 
-/* hora_hold_submissions: keep the async requests this rank submits on ctx from now on queued,
- * not negotiated, until hora_hold_submissions(ctx, 0) or until `seconds` have passed, whichever
- * comes first; they are then negotiated together, in one engine cycle. For a burst of requests
- * submitted one after another, such as an optimizer's buckets started at once in synchronize():
- * the engine's cycle (HORA_CYCLE_TIME_MS, 1 ms) would otherwise cut the burst wherever the
- * cycle falls, and each part would run as a collective of its own, where one fused group of
- * the whole burst fills the pipeline of the shared-memory algorithm once. Rank-local (the
- * other ranks' engines go on negotiating; a name becomes ready once every rank has sent it),
- * thread-safe, and never needed for correctness. A new hold replaces the one in force. The time
- * limit keeps a hold that is never released from stalling anything for longer than `seconds`,
- * and hora_finalize ends it at once.
- * seconds: 0 releases; otherwise up to 1 (seconds).
- * Errors: HORA_ERR_NOT_INITIALIZED (ctx NULL or finalized), HORA_ERR_INVALID_ARGUMENT (seconds
- * below 0, above 1, or NaN), HORA_ERR_SHUTDOWN (hora_finalize began: the engine is stopped). */
-hora_result_t hora_hold_submissions(hora_ctx_t *ctx, double seconds);
-
 /* hora_join: Horovod's join, for ranks that ran out of data. Collective over the world, but
  * ranks call it at different times: after a rank has called it (and while it blocks), the other
  * ranks' SUM and AVERAGE allreduces (host or device buffers; for device buffers the joined rank

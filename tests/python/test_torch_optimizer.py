@@ -110,41 +110,6 @@ def test_gradient_buckets(monkeypatch, bucket_bytes, sizes):
     assert torch.equal(model.unused.detach(), torch.ones(5, dtype=torch.float64))
 
 
-def test_synchronize_starts_the_remaining_buckets_in_one_held_burst(monkeypatch):
-    """With the gradient hooks removed, synchronize() starts every bucket itself; it does so
-    inside one hold of the engine (hora_hold_submissions), so that the buckets are negotiated
-    together. The weights still reach the single-process reference, and the hold is released
-    when the block ends, also by an exception: a request after it does not wait out the hold."""
-    monkeypatch.setattr(_torch_optim, "_BUCKET_BYTES", 500)
-    bursts = []
-    real_burst = _torch_optim._burst
-
-    def counting_burst(ctx):
-        bursts.append(ctx)
-        return real_burst(ctx)
-    monkeypatch.setattr(_torch_optim, "_burst", counting_burst)
-    model, ref = make_model(seed=7), make_model(seed=7)
-    opt = ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                  named_parameters=model.named_parameters())
-    assert [len(b) for b in opt._hora_groups] == [2, 1, 1, 1]
-    for h in opt._hora_hooks.values():
-        h.remove()
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    train_steps(model, opt, ref, ref_opt, 3)
-    assert len(bursts) == 3
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-9, atol=1e-10, msg=name)
-    from hora._async import _burst
-    from hora._core import _ctx
-    with pytest.raises(RuntimeError, match="inside"):
-        with _burst(_ctx(), 1.0):
-            raise RuntimeError("inside the hold")
-    t0 = time.perf_counter()
-    out = ht.allreduce(torch.ones(3), op=ht.Sum, name="after.burst")
-    assert time.perf_counter() - t0 < 0.9
-    assert torch.equal(out, torch.full((3,), float(rank_size()[1])))
-
-
 def test_backward_passes_per_step_and_errors():
     r, n = rank_size()
     model = make_model(seed=7)
