@@ -99,6 +99,12 @@ typedef struct {
 } hora_shm_opts_t;
 hora_result_t hora__shm_run_opts(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
                                  hora_op_t op, const hora_shm_opts_t *o);
+/* algo/shm.c: the threads a rank takes by default (HORA_SHM_THREADS=0): its fair share of the
+ * node's CPUs, node_cpus (the union of the local ranks' affinity masks) / local_size, at least 1
+ * and at most 8, and at most own_cpus, the CPUs its own mask allows (at least 1). So one core per
+ * rank (Open MPI's binding for up to 2 ranks, launch's with as many ranks as cores) gives 1, and
+ * launch's split of 16 cores among 2 ranks gives 8. */
+int hora__shm_auto_threads(int node_cpus, int local_size, int own_cpus);
 /* algo/pool.c: helper threads for a fork-join per piece of the shm allreduce. A run calls
  * fn(arg, part, nparts) exactly once for every part in [0, nparts), each on the caller or on a
  * helper thread, whichever claims it first (a helper the scheduler has not run yet takes none),

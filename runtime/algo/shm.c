@@ -185,22 +185,24 @@ static hora_result_t shm_barrier(struct hora_shm *s) { return shm_barrier_at(s, 
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-/* Threads this rank splits a piece's work over: HORA_SHM_THREADS (1: no helper); 0 (the default): its
- * fair share of the node's CPUs (the union of the local ranks' masks per local rank, at most 8),
- * capped by the CPUs it may run on itself, so one core per rank (Open MPI's binding for up to 2
- * ranks, launch's with as many ranks as cores) still gives 1. Across nodes only hier uses the
- * window, whose hook keeps one thread: 1. */
 #define MAX_AUTO_THREADS 8
+int hora__shm_auto_threads(int node_cpus, int local_size, int own_cpus) {
+  int share = node_cpus / (local_size > 0 ? local_size : 1);
+  share = share < 1 ? 1 : share > MAX_AUTO_THREADS ? MAX_AUTO_THREADS : share;
+  return own_cpus < share ? (own_cpus < 1 ? 1 : own_cpus) : share;
+}
+
+/* Threads this rank splits a piece's work over: HORA_SHM_THREADS (1: no helper), or for 0 (the
+ * default) hora__shm_auto_threads of this node. Across nodes only hier uses the window, whose hook
+ * keeps one thread: 1. */
 static int shm_threads(const hora_ctx_t *ctx) {
   int64_t want = hora__params()->shm_threads;
   if (ctx->cross_size > 1) return 1;
   if (want > 0) return (int)want;
-  int share = ctx->local_cpus / (ctx->local_size > 0 ? ctx->local_size : 1);
-  share = share < 1 ? 1 : share > MAX_AUTO_THREADS ? MAX_AUTO_THREADS : share;
   cpu_set_t set;
   CPU_ZERO(&set);
   int own = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-  return own < share ? (own < 1 ? 1 : own) : share;
+  return hora__shm_auto_threads(ctx->local_cpus, ctx->local_size, own);
 }
 
 /* Create the window (collective over ctx->local). */
