@@ -17,7 +17,8 @@
 # Environment: ROOT, BUILD (set by the device check), HORA_PROBE_NP (rank counts, default "2 4"),
 # HORA_PROBE_PARTS (which of "bench alone steps" to run, default all), HORA_PROBE_STEPS_NP (rank
 # counts of the training steps, default the largest of HORA_PROBE_NP), HORA_PROBE_REPEAT (repeats
-# of the training steps, default 3).
+# of the training steps, default 3), HORA_PROBE_CHUNKS (HORA_SHM_CHUNK_BYTES values for the averaging
+# alone with the default threads, default "0", the automatic chunk; e.g. "0 1M 2M").
 set -uo pipefail
 cd "${ROOT:?}"
 export PYTHONPATH=$ROOT/${BUILD:?}/python${PYTHONPATH:+:$PYTHONPATH} HORA_LOG=WARN PMIX_MCA_pcompress_base_silence_warning=1
@@ -30,8 +31,8 @@ run() {
   shift 2
   [ "$pe" -gt 8 ] && pe=8
   [ "$pe" -lt 1 ] && pe=1
-  HORA_SHM_THREADS=$t mpirun -np "$np" --map-by "slot:PE=$pe" --bind-to core -x PYTHONPATH -x HORA_LOG \
-    -x HORA_SHM_THREADS -x PMIX_MCA_pcompress_base_silence_warning "$@" 2>&1 |
+  HORA_SHM_THREADS=$t HORA_SHM_CHUNK_BYTES=${CHUNK:-0} mpirun -np "$np" --map-by "slot:PE=$pe" --bind-to core \
+    -x PYTHONPATH -x HORA_LOG -x HORA_SHM_THREADS -x HORA_SHM_CHUNK_BYTES -x PMIX_MCA_pcompress_base_silence_warning "$@" 2>&1 |
     grep -v -E 'pmix_mca|dlopen error|Perhaps a missing'
 }
 echo "## machine"
@@ -45,11 +46,13 @@ lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Core|Socket|NUMA node\(s\)|L1d|L2|L
 done
 [[ $PARTS == *" alone "* ]] && echo "## the averaging alone (bench_ddp.py --alone 10 --block 5)"
 [[ $PARTS == *" alone "* ]] && for np in $NPS; do
-  for t in 1 0; do
-    echo "ranks $np HORA_SHM_THREADS=$t"
-    run "$np" "$t" python3 python/bench/bench_ddp.py --modes "" --alone 10 --block 5 | grep -E '^\| (hora|gloo)'
+  for tc in 1:0 $(for c in ${HORA_PROBE_CHUNKS:-0}; do echo "0:$c"; done); do
+    t=${tc%%:*} CHUNK=${tc#*:}
+    echo "ranks $np HORA_SHM_THREADS=$t HORA_SHM_CHUNK_BYTES=$CHUNK"
+    CHUNK=$CHUNK run "$np" "$t" python3 python/bench/bench_ddp.py --modes "" --alone 10 --block 5 | grep -E '^\| (hora|gloo)'
   done
 done
+CHUNK=0
 [[ $PARTS == *" steps "* ]] || exit 0
 REPEAT=${HORA_PROBE_REPEAT:-3}
 for np in ${HORA_PROBE_STEPS_NP:-${NPS##* }}; do
