@@ -20,7 +20,7 @@ reports=$(mktemp -d "${TMPDIR:-/tmp}/hora-tsan.XXXXXX")
 trap 'rm -rf "$reports"' EXIT
 export TSAN_OPTIONS="suppressions=$src/tests/engine/tsan.supp halt_on_error=1 exitcode=66 report_signal_unsafe=0 history_size=7 log_path=$reports/report"
 status=0
-ctest --test-dir "$b" --output-on-failure -R 'test_engine_(random|random_cache|ops|mismatch|stall|timeline|timeline_dynamic|fusion|fusion_packed)_np[23]$|^test_coll_threads_np[23]$|^test_shm_sg_threads_np2$' || status=1
+ctest --test-dir "$b" --output-on-failure -R 'test_engine_(random|random_cache|ops|mismatch|stall|timeline|timeline_dynamic|fusion|fusion_packed|fusion_threads)_np[23]$|^test_coll_threads_np[23]$|^test_shm_sg_threads_np2$' || status=1
 for f in "$reports"/report.*; do
   [ -e "$f" ] || continue
   echo "== ThreadSanitizer report ($(basename "$f"), pid of the rank):"
