@@ -167,7 +167,7 @@ hora_result_t hora__reducescatter_host(hora_ctx_t *ctx, const void *sendbuf, voi
  * number: the context stays usable). A call is done when no rank needs this one any more: it
  * succeeded, or the check ended it on every rank (HORA_ERR_MISMATCH, or this rank's own invalid
  * arguments, which the others learn as a mismatch). */
-static void mark_done(hora_ctx_t *ctx) {
+void hora__call_ended_everywhere(hora_ctx_t *ctx) {
   if (ctx->calls)
     __atomic_store_n(&ctx->calls->done, __atomic_load_n(&ctx->calls->entered, __ATOMIC_RELAXED), __ATOMIC_RELEASE);
 }
@@ -178,7 +178,7 @@ static void enter(hora_ctx_t *ctx) {
 
 /* The end of a counted call whose agreement returned rc (or the whole call's rc). */
 static hora_result_t leave(hora_ctx_t *ctx, hora_result_t rc) {
-  if (rc == HORA_SUCCESS || rc == HORA_ERR_MISMATCH) mark_done(ctx);
+  if (rc == HORA_SUCCESS || rc == HORA_ERR_MISMATCH) hora__call_ended_everywhere(ctx);
   if (rc == HORA_ERR_TIMEOUT && ctx->calls && !hora__ctx_failed(ctx))
     __atomic_sub_fetch(&ctx->calls->entered, 1, __ATOMIC_RELEASE);
   return rc;
@@ -191,7 +191,7 @@ static hora_result_t agree(hora_ctx_t *ctx, const char *fn, const hora_call_desc
 }
 
 static hora_result_t done(hora_ctx_t *ctx, hora_result_t rc) {
-  if (rc == HORA_SUCCESS) mark_done(ctx);
+  if (rc == HORA_SUCCESS) hora__call_ended_everywhere(ctx);
   return rc;
 }
 
@@ -211,7 +211,7 @@ static hora_result_t refuse(hora_ctx_t *ctx, const char *fn, hora_call_desc_t *d
   d->kind = HORA_CALL_INVALID;
   d->count = 0, d->dtype = 0, d->op = 0, d->root = 0, d->device = 0, d->shape = 0, d->algo = 0;
   hora_result_t arc = agree(ctx, fn, d);
-  if (arc != HORA_ERR_TIMEOUT && !hora__ctx_failed(ctx)) mark_done(ctx); /* the others got the mismatch */
+  if (arc != HORA_ERR_TIMEOUT && !hora__ctx_failed(ctx)) hora__call_ended_everywhere(ctx); /* the others got the mismatch */
   return HORA_ERR(rc, "%s", msg);
 }
 

@@ -81,6 +81,10 @@ uint64_t hora__call_shape_take(const hora_ctx_t *ctx);
 void hora__call_group_take(const hora_ctx_t *ctx, uint64_t *key, uint32_t *size);
 /* HORA_CHECK != 0. */
 int hora__call_check_on(void);
+/* algo/coll.c: the blocking call in progress on ctx ended alike on every rank (it succeeded, or
+ * the call check or a decision all ranks shared ended it), so the call counts that the heartbeat
+ * reads mark it done: a peer's hora_finalize after it is not taken for one that skipped it. */
+void hora__call_ended_everywhere(hora_ctx_t *ctx);
 const char *hora__call_kind_name(int kind);
 
 /* ---- allreduce (dispatch.c) ---- */

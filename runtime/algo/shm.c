@@ -72,10 +72,12 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "algo/algo.h"
+#include "algo/coll.h"
 #include "algo/futex.h"
 #include "hora_kernels.h"
 
@@ -205,6 +207,79 @@ static int shm_threads(const hora_ctx_t *ctx) {
   return hora__shm_auto_threads(ctx->local_cpus, ctx->local_size, own);
 }
 
+/* Room for the window. Open MPI's osc/sm puts a shared window in a file of its
+ * osc_sm_backing_directory (/dev/shm on Linux), which a container often holds to 64 MiB (Docker's
+ * default --shm-size). When the file does not fit, MPI_Win_allocate_shared fails on the rank that
+ * makes it while its peers wait inside the call for ever (seen with a 8 MiB /dev/shm: a hang and
+ * one "MPI_ERR_INTERN"). So every local rank measures the free room before the call, the ranks
+ * agree on the smallest in the window's watched creation, and the chunk shrinks until the window
+ * fits, alike on every rank; if even MIN_FIT_CHUNK does not fit, every local rank fails before the
+ * call. MPI_T reads the directory (Open MPI's control variable; /dev/shm where it has none). */
+#define MIN_FIT_CHUNK ((uint64_t)64 << 10)
+static void backing_dir(char *dir, size_t n) {
+  snprintf(dir, n, "/dev/shm");
+  int provided, idx, count;
+  if (MPI_T_init_thread(MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) return;
+  MPI_T_cvar_handle h;
+  if (MPI_T_cvar_get_index("osc_sm_backing_directory", &idx) == MPI_SUCCESS &&
+      MPI_T_cvar_handle_alloc(idx, NULL, &h, &count) == MPI_SUCCESS) {
+    char buf[4096];
+    if (count > 0 && (size_t)count <= sizeof buf && MPI_T_cvar_read(h, buf) == MPI_SUCCESS && buf[0])
+      snprintf(dir, n, "%.*s", (int)strnlen(buf, sizeof buf), buf);
+    MPI_T_cvar_handle_free(&h);
+  }
+  MPI_T_finalize();
+}
+
+/* Bytes free in dir for this process; INT64_MAX when unknown (no such directory: MPI uses
+ * another place, and MPI_Win_allocate_shared reports its own errors). */
+static int64_t room_in(const char *dir) {
+  struct statvfs v;
+  if (statvfs(dir, &v) != 0) return INT64_MAX;
+  long double b = (long double)v.f_bavail * (long double)v.f_frsize;
+  return b >= (long double)INT64_MAX ? INT64_MAX : (int64_t)b;
+}
+
+/* The window's bytes on the node for L ranks with this chunk: each rank's header and two slots on
+ * pages of their own, plus a margin for MPI's own per-rank state and the file's rounding. */
+static uint64_t window_bytes(uint64_t chunk, int L) {
+  uint64_t slot = round_up((size_t)((chunk + (uint64_t)L - 1) / (uint64_t)L), SLICE_ALIGN) * (uint64_t)L;
+  return (uint64_t)L * (round_up((size_t)(HDR_BYTES + 2 * slot), 4096) + ((uint64_t)64 << 10)) + ((uint64_t)1 << 20);
+}
+
+/* The largest chunk from `chunk` down, halving, whose window fits in `room`; 0 when none down to
+ * MIN_FIT_CHUNK does (a chunk set below it is kept when it fits). */
+static uint64_t fit_chunk(uint64_t chunk, int L, int64_t room) {
+  while (window_bytes(chunk, L) > (uint64_t)room && chunk > MIN_FIT_CHUNK)
+    chunk = chunk / 2 > MIN_FIT_CHUNK ? chunk / 2 : MIN_FIT_CHUNK;
+  return window_bytes(chunk, L) <= (uint64_t)room ? chunk : 0;
+}
+
+/* The chunk, the same on every local rank: HORA_SHM_CHUNK_BYTES, or the default for the local rank
+ * with the most threads, shrunk to fit the smallest room any local rank found (`room`). */
+static hora_result_t pick_chunk(const hora_ctx_t *ctx, int threads_most, int64_t room, const char *dir,
+                                uint64_t *out) {
+  uint64_t want = hora__params()->shm_chunk_bytes;
+  if (want == 0) want = ctx->local_size > ctx->local_cpus ? ((uint64_t)4 << 20) : ((uint64_t)threads_most << 20);
+  if (want < 64) want = 64;
+  if (want > ((uint64_t)1 << 30)) want = (uint64_t)1 << 30;
+  uint64_t chunk = fit_chunk(want, ctx->local_size, room);
+  if (chunk == 0)
+    return HORA_ERR(HORA_ERR_NO_MEMORY,
+                    "shm allreduce: the shared-memory window needs %.1f MiB in %s on this node (%d local ranks, "
+                    "two pieces of at least %llu KiB each), and a local rank found only %.1f MiB free there: "
+                    "free some, or give the job more (a container's --shm-size)",
+                    (double)window_bytes(want < MIN_FIT_CHUNK ? want : MIN_FIT_CHUNK, ctx->local_size) / 1048576.0,
+                    dir, ctx->local_size, (unsigned long long)((want < MIN_FIT_CHUNK ? want : MIN_FIT_CHUNK) >> 10),
+                    (double)room / 1048576.0);
+  if (chunk != want && ctx->local_rank == 0)
+    HORA_WARN(SHM, "shm allreduce: %s has %.1f MiB free on this node: pieces of %llu KiB instead of %llu KiB "
+              "(slower for large messages; a container's --shm-size gives more room)",
+              dir, (double)room / 1048576.0, (unsigned long long)(chunk >> 10), (unsigned long long)(want >> 10));
+  *out = chunk;
+  return HORA_SUCCESS;
+}
+
 /* Create the window (collective over ctx->local). */
 static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
   struct hora_shm *s = calloc(1, sizeof *s);
@@ -230,22 +305,31 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
    * is a watched wait, so that a local rank that stopped or hangs before its first such call ends
    * the others' with the verdict naming it instead of keeping them in MPI. Its buffer is on the
    * heap: a wait abandoned on a verdict leaves it to MPI (leaked). */
-  int *most = malloc(sizeof *most);
+  /* most[0]: the most threads of a local rank; most[1]: minus the least room (see pick_chunk). */
+  int64_t *most = malloc(2 * sizeof *most);
   if (!most) {
     rc = HORA_ERR(HORA_ERR_NO_MEMORY, "shm allreduce: out of memory");
     goto fail;
   }
-  *most = s->threads < MAX_AUTO_THREADS ? s->threads : MAX_AUTO_THREADS;
+  char dir[1024];
+  backing_dir(dir, sizeof dir);
+  most[0] = s->threads < MAX_AUTO_THREADS ? s->threads : MAX_AUTO_THREADS;
+  most[1] = -room_in(dir);
   MPI_Request req;
-  rc = hora__ctx_wait(ctx, MPI_Iallreduce(MPI_IN_PLACE, most, 1, MPI_INT, MPI_MAX, ctx->local, &req), &req,
+  rc = hora__ctx_wait(ctx, MPI_Iallreduce(MPI_IN_PLACE, most, 2, MPI_INT64_T, MPI_MAX, ctx->local, &req), &req,
                       "shm allreduce (creating the shared window)", 0);
   if (rc != HORA_SUCCESS) goto fail;
-  int threads_most = *most;
+  int threads_most = (int)most[0];
+  int64_t room = -most[1];
   free(most);
-  uint64_t chunk = hora__params()->shm_chunk_bytes;
-  if (chunk == 0) chunk = ctx->local_size > ctx->local_cpus ? ((uint64_t)4 << 20) : ((uint64_t)threads_most << 20);
-  if (chunk < 64) chunk = 64;
-  if (chunk > ((uint64_t)1 << 30)) chunk = (uint64_t)1 << 30;
+  uint64_t chunk = 0;
+  rc = pick_chunk(ctx, threads_most, room, dir, &chunk);
+  if (rc != HORA_SUCCESS) {
+    /* Every local rank failed here alike; on one node that is every rank of the call, which is
+     * then over for all of them (hier's other nodes still wait for this one: not there). */
+    if (ctx->cross_size == 1) hora__call_ended_everywhere(ctx);
+    goto fail;
+  }
   /* Slice j of a piece always lives at j*region in a slot, whatever the piece's length, so that
    * pieces of different lengths (the last one, the next call's) never overlap a region that a
    * peer may still be reading. */
@@ -259,8 +343,16 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
                                     &mine, &s->win);
   MPI_Info_free(&info);
   if (mrc != MPI_SUCCESS) {
+    /* The other local ranks may be left inside the call for ever (it is collective and blocking):
+     * this rank's context fails, so that its later calls return this error at once instead of
+     * making a window again, and its heartbeats stop, so that ranks elsewhere hear of it. */
     s->win = MPI_WIN_NULL;
     rc = hora__mpi_error(mrc, "MPI_Win_allocate_shared", __FILE__, __LINE__);
+    char msg[256];
+    snprintf(msg, sizeof msg, "shm allreduce: MPI_Win_allocate_shared failed on local rank %d (%.*s); the other "
+             "local ranks may be stuck inside it: end the job", s->l, 120, hora_last_error());
+    hora__ctx_fail_job(ctx, rc, msg);
+    rc = HORA_ERR(rc, "%s", msg);
     goto fail;
   }
   for (int j = 0; j < s->L; j++) {
