@@ -214,21 +214,16 @@ static int shm_threads(const hora_ctx_t *ctx) {
  * one "MPI_ERR_INTERN"). So every local rank measures the free room before the call, the ranks
  * agree on the smallest in the window's watched creation, and the chunk shrinks until the window
  * fits, alike on every rank; if even MIN_FIT_CHUNK does not fit, every local rank fails before the
- * call. MPI_T reads the directory (Open MPI's control variable; /dev/shm where it has none). */
+ * call.
+ * The directory: Open MPI's setting as its ranks see it (mpirun's --mca and the environment both
+ * arrive as OMPI_MCA_osc_sm_backing_directory), else /dev/shm, Open MPI's default on Linux and
+ * where MPICH's shared memory lives too. Not through MPI_T: in Open MPI 4.1 each
+ * MPI_T_init_thread/MPI_T_finalize pair opens and closes every component, 208 ms here per window,
+ * which slowed the whole test suite by two minutes. */
 #define MIN_FIT_CHUNK ((uint64_t)64 << 10)
-static void backing_dir(char *dir, size_t n) {
-  snprintf(dir, n, "/dev/shm");
-  int provided, idx, count;
-  if (MPI_T_init_thread(MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) return;
-  MPI_T_cvar_handle h;
-  if (MPI_T_cvar_get_index("osc_sm_backing_directory", &idx) == MPI_SUCCESS &&
-      MPI_T_cvar_handle_alloc(idx, NULL, &h, &count) == MPI_SUCCESS) {
-    char buf[4096];
-    if (count > 0 && (size_t)count <= sizeof buf && MPI_T_cvar_read(h, buf) == MPI_SUCCESS && buf[0])
-      snprintf(dir, n, "%.*s", (int)strnlen(buf, sizeof buf), buf);
-    MPI_T_cvar_handle_free(&h);
-  }
-  MPI_T_finalize();
+static const char *backing_dir(void) {
+  const char *d = getenv("OMPI_MCA_osc_sm_backing_directory");
+  return d && d[0] ? d : "/dev/shm";
 }
 
 /* Bytes free in dir for this process; INT64_MAX when unknown (no such directory: MPI uses
@@ -311,8 +306,7 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
     rc = HORA_ERR(HORA_ERR_NO_MEMORY, "shm allreduce: out of memory");
     goto fail;
   }
-  char dir[1024];
-  backing_dir(dir, sizeof dir);
+  const char *dir = backing_dir();
   most[0] = s->threads < MAX_AUTO_THREADS ? s->threads : MAX_AUTO_THREADS;
   most[1] = -room_in(dir);
   MPI_Request req;
