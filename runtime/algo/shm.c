@@ -258,15 +258,14 @@ static hora_result_t pick_chunk(const hora_ctx_t *ctx, int threads_most, int64_t
   if (want == 0) want = ctx->local_size > ctx->local_cpus ? ((uint64_t)4 << 20) : ((uint64_t)threads_most << 20);
   if (want < 64) want = 64;
   if (want > ((uint64_t)1 << 30)) want = (uint64_t)1 << 30;
-  uint64_t chunk = fit_chunk(want, ctx->local_size, room);
+  uint64_t chunk = fit_chunk(want, ctx->local_size, room), least = want < MIN_FIT_CHUNK ? want : MIN_FIT_CHUNK;
   if (chunk == 0)
     return HORA_ERR(HORA_ERR_NO_MEMORY,
                     "shm allreduce: the shared-memory window needs %.1f MiB in %s on this node (%d local ranks, "
                     "two pieces of at least %llu KiB each), and a local rank found only %.1f MiB free there: "
                     "free some, or give the job more (a container's --shm-size)",
-                    (double)window_bytes(want < MIN_FIT_CHUNK ? want : MIN_FIT_CHUNK, ctx->local_size) / 1048576.0,
-                    dir, ctx->local_size, (unsigned long long)((want < MIN_FIT_CHUNK ? want : MIN_FIT_CHUNK) >> 10),
-                    (double)room / 1048576.0);
+                    (double)window_bytes(least, ctx->local_size) / 1048576.0, dir, ctx->local_size,
+                    (unsigned long long)(least >> 10), (double)room / 1048576.0);
   if (chunk != want && ctx->local_rank == 0)
     HORA_WARN(SHM, "shm allreduce: %s has %.1f MiB free on this node: pieces of %llu KiB instead of %llu KiB "
               "(slower for large messages; a container's --shm-size gives more room)",
