@@ -235,10 +235,15 @@ static int64_t room_in(const char *dir) {
   return b >= (long double)INT64_MAX ? INT64_MAX : (int64_t)b;
 }
 
+/* The region of one slice in a slot for this chunk and L local ranks (a slot holds L regions). */
+static size_t region_of(uint64_t chunk, int L) {
+  return round_up(((size_t)chunk + (size_t)L - 1) / (size_t)L, SLICE_ALIGN);
+}
+
 /* The window's bytes on the node for L ranks with this chunk: each rank's header and two slots on
  * pages of their own, plus a margin for MPI's own per-rank state and the file's rounding. */
 static uint64_t window_bytes(uint64_t chunk, int L) {
-  uint64_t slot = round_up((size_t)((chunk + (uint64_t)L - 1) / (uint64_t)L), SLICE_ALIGN) * (uint64_t)L;
+  uint64_t slot = (uint64_t)region_of(chunk, L) * (uint64_t)L;
   return (uint64_t)L * (round_up((size_t)(HDR_BYTES + 2 * slot), 4096) + ((uint64_t)64 << 10)) + ((uint64_t)1 << 20);
 }
 
@@ -326,7 +331,7 @@ static hora_result_t shm_create(hora_ctx_t *ctx, struct hora_shm **out) {
   /* Slice j of a piece always lives at j*region in a slot, whatever the piece's length, so that
    * pieces of different lengths (the last one, the next call's) never overlap a region that a
    * peer may still be reading. */
-  s->region = round_up(((size_t)chunk + (size_t)s->L - 1) / (size_t)s->L, SLICE_ALIGN);
+  s->region = region_of(chunk, s->L);
   s->slot_bytes = s->region * (size_t)s->L;
   MPI_Info info;
   MPI_Info_create(&info);
