@@ -140,6 +140,11 @@ typedef struct {
   /* A rank that called hora_join, in the others' device allreduce of `count` elements: zeros in
    * from a device buffer of its own, the result discarded (the async engine's run_device). */
   hora_result_t (*allreduce_zeros)(hora_ctx_t *, size_t, hora_dtype_t, hora_op_t, double, double);
+  /* The async engine's fused group of device allreduces (one dtype, op and scale factors): the
+   * segments reduced as one buffer, in order. A NULL src adds zeros (a rank that has joined), a
+   * NULL dst discards that segment's result. Collective like allreduce of the segments' total. */
+  hora_result_t (*allreduce_segs)(hora_ctx_t *, const hora_seg_t *, size_t, hora_dtype_t, hora_op_t, double,
+                                  double);
 } hora_gpu_hooks_t;
 extern hora_gpu_hooks_t hora__gpu_hooks;
 

@@ -163,6 +163,7 @@ static void state_free(hora_gpu_t *g) {
   if (g->d_tmp) cudaFree(g->d_tmp);
   if (g->d_scratch) cudaFree(g->d_scratch);
   if (g->d_join) cudaFree(g->d_join);
+  if (g->d_fusion) cudaFree(g->d_fusion);
   if (g->stream) cudaStreamDestroy(g->stream);
   if (g->d2h) cudaStreamDestroy(g->d2h);
   if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
@@ -336,9 +337,11 @@ static hora_result_t reduce_path(hora_ctx_t *ctx, hora_gpu_t *g, const void *src
   return hora__staged_allreduce(ctx, g, dst, count, dtype, op);
 }
 
-static hora_result_t gpu_allreduce_body(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf, void *recvbuf,
-                                        size_t count, hora_dtype_t dtype, hora_op_t op,
-                                        double prescale, double postscale) {
+/* The allreduce of one device buffer, enqueued on g->stream (the staged and naive paths and integer
+ * averages complete inside); the caller waits. */
+static hora_result_t allreduce_enqueue(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf, void *recvbuf,
+                                       size_t count, hora_dtype_t dtype, hora_op_t op,
+                                       double prescale, double postscale) {
   const hora_op_t wire_op = op == HORA_AVERAGE ? HORA_SUM : op;
   const char *comp = hora__params()->compression;
   hora_dtype_t wire = dtype;
@@ -360,7 +363,13 @@ static hora_result_t gpu_allreduce_body(hora_ctx_t *ctx, hora_gpu_t *g, const vo
   } else {
     HORA_CHECK(reduce_path(ctx, g, src, recvbuf, count, dtype, wire_op));
   }
-  HORA_CHECK(finish_scale(ctx, g, recvbuf, count, dtype, op, postscale));
+  return finish_scale(ctx, g, recvbuf, count, dtype, op, postscale);
+}
+
+static hora_result_t gpu_allreduce_body(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf, void *recvbuf,
+                                        size_t count, hora_dtype_t dtype, hora_op_t op,
+                                        double prescale, double postscale) {
+  HORA_CHECK(allreduce_enqueue(ctx, g, sendbuf, recvbuf, count, dtype, op, prescale, postscale));
   return hora__gpu_wait(ctx, g, g->stream, "hora_allreduce");
 }
 
@@ -584,6 +593,86 @@ static hora_result_t hook_allreduce_zeros(hora_ctx_t *ctx, size_t count, hora_dt
   LEAVE();
 }
 
+/* The device fusion buffer: FUSION_ALIGN zero bytes (the source of the padding), then the
+ * members at 16-byte offsets (a multiple of every element size), so that the batched copy moves
+ * 16-byte words, as Horovod pads its fused GPU entries. The padding is zeroed, reduced with the
+ * rest and never read: zeros keep an integer sum from overflowing. Returns the bytes reduced
+ * (from offset FUSION_ALIGN); off[i] is member i's offset in the buffer. */
+#define FUSION_ALIGN 16
+static size_t fusion_layout(const hora_seg_t *seg, size_t nseg, size_t es, size_t *off) {
+  size_t total = 0;
+  for (size_t i = 0; i < nseg; i++) {
+    off[i] = FUSION_ALIGN + total;
+    total += (seg[i].count * es + FUSION_ALIGN - 1) / FUSION_ALIGN * FUSION_ALIGN;
+  }
+  return total;
+}
+
+/* Pack the members into the fusion buffer (zeros where a source is NULL, and in the padding):
+ * one batched-copy launch on g->stream and one or two memsets. d has room for 2 * nseg. */
+static hora_result_t fusion_pack(hora_gpu_t *g, const hora_seg_t *seg, size_t nseg, size_t es, const size_t *off,
+                                 size_t total, hora_copy_desc_t *d) {
+  char *fb = g->d_fusion;
+  int any_null = 0;
+  for (size_t i = 0; i < nseg; i++) any_null |= !seg[i].src && seg[i].count;
+  /* A rank that has joined: every byte zero first, the members it has copied over them. */
+  HORA_CUDA_CHECK(cudaMemsetAsync(fb, 0, any_null ? FUSION_ALIGN + total : FUSION_ALIGN, g->stream));
+  size_t nd = 0;
+  for (size_t i = 0; i < nseg; i++) {
+    size_t b = seg[i].count * es, pad = (FUSION_ALIGN - b % FUSION_ALIGN) % FUSION_ALIGN;
+    if (b && seg[i].src) d[nd++] = (hora_copy_desc_t){fb + off[i], seg[i].src, b};
+    if (pad && !any_null) d[nd++] = (hora_copy_desc_t){fb + off[i] + b, fb, pad};
+  }
+  return hora__batched_copy_cuda(d, nd, g->stream);
+}
+
+/* Unpack the reduced fusion buffer into the destinations that are not NULL: one launch. */
+static hora_result_t fusion_unpack(hora_gpu_t *g, const hora_seg_t *seg, size_t nseg, size_t es, const size_t *off,
+                                   hora_copy_desc_t *d) {
+  size_t nd = 0;
+  for (size_t i = 0; i < nseg; i++)
+    if (seg[i].count && seg[i].dst) d[nd++] = (hora_copy_desc_t){seg[i].dst, (char *)g->d_fusion + off[i], seg[i].count * es};
+  return hora__batched_copy_cuda(d, nd, g->stream);
+}
+
+static hora_result_t fused_body(hora_ctx_t *ctx, hora_gpu_t *g, const hora_seg_t *seg, size_t nseg,
+                                hora_dtype_t dtype, hora_op_t op, double prescale, double postscale) {
+  size_t es = hora__dtype_size(dtype);
+  size_t *off = malloc(nseg * sizeof *off);
+  hora_copy_desc_t *d = malloc(2 * nseg * sizeof *d);
+  hora_result_t rc = off && d ? HORA_SUCCESS : HORA_ERR(HORA_ERR_NO_MEMORY, "hora_allreduce_async: out of memory "
+                                                        "(%zu members of a fused device group)", nseg);
+  size_t total = rc == HORA_SUCCESS ? fusion_layout(seg, nseg, es, off) : 0;
+  if (rc == HORA_SUCCESS && total) rc = hora__gpu_dev_buf(g, &g->d_fusion, &g->d_fusion_bytes, FUSION_ALIGN + total);
+  if (rc == HORA_SUCCESS && total) rc = fusion_pack(g, seg, nseg, es, off, total, d);
+  void *fb = total ? (char *)g->d_fusion + FUSION_ALIGN : NULL;
+  if (rc == HORA_SUCCESS && total) rc = allreduce_enqueue(ctx, g, fb, fb, total / es, dtype, op, prescale, postscale);
+  if (rc == HORA_SUCCESS && total) rc = fusion_unpack(g, seg, nseg, es, off, d);
+  if (rc == HORA_SUCCESS && total) rc = hora__gpu_wait(ctx, g, g->stream, "hora_allreduce_async (fused device group)");
+  free(off);
+  free(d);
+  return rc;
+}
+
+/* The async engine's fused group of device allreduces (engine/fusion.c), Horovod's fusion buffer
+ * on the GPU: the members packed in order into a device buffer of hora's (one batched-copy
+ * kernel), the buffer reduced in place as one tensor (prescale, compression, the context's path,
+ * average and postscale as for one), unpacked by a second batched copy, and one wait for the GPU,
+ * where reducing them one by one costs a collective and a wait each. Every rank forms the same
+ * groups, so the buffers agree in layout. A NULL src (a rank that has joined) adds zeros, a NULL
+ * dst discards. */
+static hora_result_t hook_allreduce_segs(hora_ctx_t *ctx, const hora_seg_t *seg, size_t nseg, hora_dtype_t dtype,
+                                         hora_op_t op, double prescale, double postscale) {
+  ENTER("hora_allreduce_async");
+  size_t es = hora__dtype_size(dtype);
+  for (size_t i = 0; i < nseg; i++) {
+    if (seg[i].src) CHECK_DEV("hora_allreduce_async", "sendbuf", seg[i].src, seg[i].count * es);
+    if (seg[i].dst) CHECK_DEV("hora_allreduce_async", "recvbuf", seg[i].dst, seg[i].count * es);
+  }
+  rc_ = nseg ? fused_body(ctx, g, seg, nseg, dtype, op, prescale, postscale) : HORA_SUCCESS;
+  LEAVE();
+}
+
 static hora_result_t hook_broadcast(hora_ctx_t *ctx, void *buf, size_t count, hora_dtype_t dtype, int root) {
   ENTER("hora_broadcast");
   CHECK_DEV("hora_broadcast", "buf", buf, count * hora__dtype_size(dtype));
@@ -719,6 +808,7 @@ hora_gpu_hooks_t hora__gpu_hooks = {
     .alltoall = hook_alltoall,
     .alltoallv = hook_alltoallv,
     .allreduce_zeros = hook_allreduce_zeros,
+    .allreduce_segs = hook_allreduce_segs,
 };
 
 hora_result_t hora__gpu_on_init(hora_ctx_t *ctx) {

@@ -62,6 +62,10 @@ typedef struct hora_gpu {
   /* A joined rank's zeros and discarded result (hook allreduce_zeros), grown on demand. */
   void *d_join;
   size_t d_join_bytes;
+  /* The async engine's device fusion buffer (hook allreduce_segs), grown on demand to the
+   * largest fused group: at most HORA_FUSION_THRESHOLD bytes plus 16 per member. */
+  void *d_fusion;
+  size_t d_fusion_bytes;
 #if HORA_HAVE_NCCL
   ncclComm_t nccl; /* NULL until first use */
   int nccl_dead;   /* aborted after an error or timeout: every later NCCL call fails */

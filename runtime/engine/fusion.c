@@ -26,9 +26,12 @@
  * saves. On the scatter-gather path there are no copies and they join the group: one run of
  * pieces and barriers for everything (both measured with `hora-bench fusion`, docs/benchmarks.md).
  * A rank that has joined (hora_join) contributes zeros.
+ * Device allreduces form groups the same way (tensors of any size, up to the threshold) and go to
+ * the GPU path as one (run_fused_device: a device fusion buffer, one collective, one wait, as
+ * Horovod fuses on the GPU); single device tensors go to run_device().
  * Other collectives run one by one, through the algorithm layer's host bodies (algo/coll.h): the
- * engine calls no MPI for data. Device buffers go to run_device(), the one place where the GPU
- * path plugs in. A failed collective may leave the ranks out of step, so it fails the
+ * engine calls no MPI for data. run_device() and run_fused_device() are where the GPU path plugs
+ * in. A failed collective may leave the ranks out of step, so it fails the
  * whole engine (every handle gets the error) rather than risk a hang. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -236,6 +239,49 @@ static hora_result_t run_fused_sg(hora_engine_t *eng, eng_resp_t **m, size_t k) 
   return rc;
 }
 
+/* Members [0, k) of a group of device allreduces reduced as one by the GPU path (hook
+ * allreduce_segs, runtime/comm/gpu.c: packed into its device fusion buffer, one collective,
+ * unpacked, one wait). A member of a joined rank has no buffers: zeros in, result discarded. */
+static hora_result_t run_fused_device(hora_engine_t *eng, eng_resp_t **m, size_t k) {
+  const eng_params_t *p = &m[0]->p;
+  hora_seg_t *seg = malloc(k * sizeof *seg);
+  if (!seg) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
+  for (size_t i = 0; i < k; i++) {
+    eng_req_t *r = m[i]->req;
+    seg[i] = (hora_seg_t){r ? r->send : NULL, r ? r->recv : NULL, (size_t)m[i]->p.count};
+  }
+  double t0 = hora__now_s();
+  hora_result_t rc = hora__gpu_hooks.allreduce_segs(eng->shadow, seg, k, (hora_dtype_t)p->dtype, (hora_op_t)p->op,
+                                                    p->prescale, p->postscale);
+  double t1 = hora__now_s();
+  free(seg);
+  for (size_t i = 0; i < k; i++) {
+    spans_before(eng, m[i], t0);
+    span(eng, m[i], "ALLREDUCE", t0, t1);
+  }
+  return rc;
+}
+
+/* Device allreduces after list[i] that fuse with it (same dtype, op, scale factors, device), in
+ * list order while the group fits in `threshold` bytes; marks them used. Returns the members,
+ * list[i] first, in m. Device tensors of any size join: a device-to-device pack costs
+ * microseconds, a collective and a wait for the GPU each much more. */
+static size_t group_device(eng_resp_t *list, size_t n, size_t i, uint8_t *used, size_t threshold, eng_resp_t **m) {
+  size_t k = 1, total = resp_bytes(&list[i]);
+  m[0] = &list[i];
+  if (list[i].p.kind != ENG_ALLREDUCE || list[i].p.op == HORA_ADASUM || !hora__gpu_hooks.allreduce_segs ||
+      threshold == 0 || total > threshold)
+    return 1;
+  for (size_t j = i + 1; j < n; j++) {
+    size_t bj = resp_bytes(&list[j]);
+    if (used[j] || !fusable(&list[i], &list[j]) || total + bj > threshold) continue;
+    used[j] = 1;
+    m[k++] = &list[j];
+    total += bj;
+  }
+  return k;
+}
+
 static void finish(hora_engine_t *eng, eng_resp_t *x, hora_result_t rc) {
   if (!x->req) return;
   hora__req_finish(eng, x->req, rc, rc == HORA_SUCCESS ? NULL : hora_last_error());
@@ -265,14 +311,20 @@ hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
     eng_resp_t *x = &list[i];
     size_t b = resp_bytes(x);
     if (x->p.device == HORA_DEVICE_CUDA) {
-      double t0 = hora__now_s();
-      spans_before(eng, x, t0);
-      rc = run_device(eng, x);
-      span(eng, x, hora__eng_kind_name(x->p.kind), t0, hora__now_s());
+      size_t k = group_device(list, n, i, used, threshold, m);
+      if (k > 1) {
+        atomic_fetch_add(&eng->stat_fused_groups, 1);
+        rc = run_fused_device(eng, m, k);
+      } else {
+        double t0 = hora__now_s();
+        spans_before(eng, x, t0);
+        rc = run_device(eng, x);
+        span(eng, x, hora__eng_kind_name(x->p.kind), t0, hora__now_s());
+      }
       hora_result_t frc = rc;
       /* NOT_SUPPORTED happens on every rank alike: report it, keep the engine. */
       if (rc == HORA_ERR_NOT_SUPPORTED) rc = HORA_SUCCESS;
-      finish(eng, x, frc);
+      for (size_t q = 0; q < k; q++) finish(eng, m[q], frc);
       continue;
     }
     size_t k = 1, total = b;

@@ -505,7 +505,10 @@ typedef struct hora_handle hora_handle_t;
  * device; the reduction is the host algorithm of hora_allreduce (HORA_ALLREDUCE_ALGO) run on the
  * group: on one node with the shared-memory algorithm directly on the tensors' buffers (tensors of
  * 1 MiB and more are fused too), otherwise on a fusion buffer (tensors of 1 MiB and more are then
- * reduced on their own). Ranks that called hora_join contribute zeros (SUM and AVERAGE only).
+ * reduced on their own). Device tensors (HORA_DEVICE_CUDA) of any size are fused the same way
+ * into a device fusion buffer of hora's (16-byte aligned members), reduced by one device
+ * collective and copied back (runtime/comm/gpu.c). Ranks that called hora_join contribute zeros
+ * (SUM and AVERAGE only).
  * Errors: the common ones above. */
 hora_result_t hora_allreduce_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
                                    void *recvbuf, size_t count, hora_dtype_t dtype, hora_op_t op,

@@ -14,6 +14,7 @@
 
 #include "comm/gpu.h"
 #include "core/ctx.h"
+#include "engine/engine.h"
 #include "hora_kernels.h"
 #include "hora_test.h"
 
@@ -317,6 +318,64 @@ static void test_engine(void) {
   EXPECT(bad == 0, "engine alltoall: %ld wrong", bad);
 }
 
+/* One grouped allreduce of device tensors through the async engine, which fuses it (one device
+ * fusion buffer, one collective): member k has counts[k] elements of dtype d, input(d, op, rank,
+ * i) at element i; odd members are out of place. Each member is checked against the reference,
+ * and the engine must have counted a fused group. */
+static void fused_group(const char *prefix, hora_dtype_t d, hora_op_t op, double pre, double post,
+                        const size_t *ns, int k) {
+  enum { MAXK = 8 };
+  size_t es = esize(d);
+  void *src[MAXK], *dst[MAXK];
+  const char *names[MAXK];
+  char nbuf[MAXK][32];
+  for (int j = 0; j < k; j++) {
+    for (size_t i = 0; i < ns[j]; i++) hora__elem_store(h_a, d, i, input(d, op, rank, i));
+    CK(cudaMalloc(&src[j], ns[j] * es + 1));
+    to_dev(src[j], h_a, ns[j] * es);
+    dst[j] = src[j];
+    if (j % 2) {
+      CK(cudaMalloc(&dst[j], ns[j] * es + 1));
+      poison(dst[j], ns[j] * es);
+    }
+    snprintf(nbuf[j], sizeof nbuf[j], "%s.%d", prefix, j);
+    names[j] = nbuf[j];
+  }
+  uint64_t cyc, slow, hits, fused0, fused1;
+  EXPECT_OK(hora__engine_stats(ctx, &cyc, &slow, &hits, &fused0));
+  hora_handle_t *h = NULL;
+  EXPECT_OK(hora_grouped_allreduce_async(ctx, names, (const void *const *)src, dst, ns, (size_t)k, d, op, pre, post,
+                                         HORA_DEVICE_CUDA, &h));
+  if (h) {
+    EXPECT_OK(hora_wait(h));
+    hora_handle_free(h);
+  }
+  EXPECT_OK(hora__engine_stats(ctx, &cyc, &slow, &hits, &fused1));
+  EXPECT(fused1 > fused0, "%s: the grouped device allreduce of %d tensors was not fused (%llu fused groups before "
+         "and after)", prefix, k, (unsigned long long)fused0);
+  for (int j = 0; j < k; j++) {
+    to_host(h_b, dst[j], ns[j] * es);
+    char what[96];
+    snprintf(what, sizeof what, "fused device group %s member %d (count %zu, dtype %d, op %d)", prefix, j, ns[j],
+             (int)d, (int)op);
+    check_reduced(what, h_b, d, op, 0, ns[j], pre, post);
+    if (dst[j] != src[j]) cudaFree(dst[j]);
+    cudaFree(src[j]);
+  }
+}
+
+/* The async engine's fused device groups: float32 with scale factors and members of odd sizes
+ * (the fusion buffer's 16-byte padding between them), an integer average (the host division of
+ * the fused buffer), float16. */
+static void test_engine_fused(void) {
+  const size_t a[] = {1, 1000, 3, 70001, 0, 17};
+  fused_group("fused.f32", HORA_FLOAT32, HORA_SUM, 2.0, 0.5, a, 6);
+  const size_t b[] = {5, 4097, 1};
+  fused_group("fused.i32", HORA_INT32, HORA_AVERAGE, 1.0, 1.0, b, 3);
+  const size_t c[] = {7, 2049};
+  fused_group("fused.f16", HORA_FLOAT16, HORA_MAX, 1.0, 1.0, c, 2);
+}
+
 /* hora_join with device tensors (Horovod's join(device) for ranks that ran out of data): the last
  * rank joins first; the others' SUM and AVERAGE allreduces of device buffers then complete with
  * zeros from it (AVERAGE still divides by the world size), and every rank's join returns the same
@@ -354,6 +413,33 @@ static void test_engine_join(void) {
       }
       EXPECT(bad == 0, "engine allreduce with rank %d joined (op %d): %ld wrong", joined, (int)ops[k], bad);
       cudaFree(d[k]);
+    }
+    /* A grouped SUM, fused on every rank: the joined rank's fusion buffer is all zeros. */
+    enum { G = 3 };
+    const size_t gn[G] = {1000, 3, 70001};
+    void *gd[G];
+    const char *gnames[G] = {"joined.group.0", "joined.group.1", "joined.group.2"};
+    for (int k = 0; k < G; k++) {
+      for (size_t i = 0; i < gn[k]; i++) ((float *)h_a)[i] = jv(rank, i) * (float)(k + 1);
+      gd[k] = dev_floats(gn[k]);
+    }
+    hora_handle_t *gh = NULL;
+    EXPECT_OK(hora_grouped_allreduce_async(ctx, gnames, (const void *const *)gd, gd, gn, G, HORA_FLOAT32, HORA_SUM,
+                                           1.0, 1.0, HORA_DEVICE_CUDA, &gh));
+    if (gh) {
+      EXPECT_OK(hora_wait(gh));
+      hora_handle_free(gh);
+    }
+    for (int k = 0; k < G; k++) {
+      to_host(h_b, gd[k], gn[k] * 4);
+      long bad = 0;
+      for (size_t i = 0; i < gn[k]; i++) {
+        double want = 0;
+        for (int r = 0; r < size; r++) want += r == joined ? 0.0 : (double)jv(r, i) * (k + 1);
+        bad += ((float *)h_b)[i] != (float)want;
+      }
+      EXPECT(bad == 0, "fused device group with rank %d joined, member %d: %ld wrong", joined, k, bad);
+      cudaFree(gd[k]);
     }
     EXPECT_OK(hora_join(ctx, &last));
   }
@@ -502,6 +588,7 @@ int main(int argc, char **argv) {
   test_movers();
   test_async();
   test_engine();
+  test_engine_fused();
   test_engine_join();
   test_process_set();
   test_engine_device_mismatch();
