@@ -631,7 +631,8 @@ static hora_result_t fusion_unpack(hora_gpu_t *g, const hora_seg_t *seg, size_t 
                                    hora_copy_desc_t *d) {
   size_t nd = 0;
   for (size_t i = 0; i < nseg; i++)
-    if (seg[i].count && seg[i].dst) d[nd++] = (hora_copy_desc_t){seg[i].dst, (char *)g->d_fusion + off[i], seg[i].count * es};
+    if (seg[i].count && seg[i].dst)
+      d[nd++] = (hora_copy_desc_t){seg[i].dst, (char *)g->d_fusion + off[i], seg[i].count * es};
   return hora__batched_copy_cuda(d, nd, g->stream);
 }
 
