@@ -27,10 +27,10 @@
  * pieces and barriers for everything (both measured with `hora-bench fusion`, docs/benchmarks.md).
  * A rank that has joined (hora_join) contributes zeros.
  * Device allreduces form groups the same way (tensors of any size, up to the threshold) and go to
- * the GPU path as one (run_fused_device: a device fusion buffer, one collective, one wait, as
+ * the GPU path as one (run_fused_sg: a device fusion buffer, one collective, one wait, as
  * Horovod fuses on the GPU); single device tensors go to run_device().
  * Other collectives run one by one, through the algorithm layer's host bodies (algo/coll.h): the
- * engine calls no MPI for data. run_device() and run_fused_device() are where the GPU path plugs
+ * engine calls no MPI for data. run_device() and run_fused_sg() are where the GPU path plugs
  * in. A failed collective may leave the ranks out of step, so it fails the
  * whole engine (every handle gets the error) rather than risk a hang. */
 #include <stdint.h>
@@ -205,18 +205,21 @@ static int sg_possible(hora_engine_t *eng, const eng_params_t *p, size_t bytes, 
          hora__allreduce_segs_direct(eng->shadow, bytes / hora__dtype_size(dt), dt, p->prescale, algo);
 }
 
-/* Members [0, k) reduced in place of their own buffers by the algorithm layer's segmented
- * allreduce (the shared-memory algorithm's scatter-gather form): no fusion buffer, no pack, no
- * unpack. A member of a joined
- * rank (no request) reads zeros and writes into a discard buffer; several such members share both
- * (the zeros are only read, and nothing reads the discarded results). */
-static hora_result_t run_fused_sg(hora_engine_t *eng, eng_resp_t **m, size_t k) {
+/* Members [0, k) reduced where they are, as the segments of one virtual buffer. Host tensors
+ * (device 0): by the algorithm layer's segmented allreduce (the shared-memory algorithm's
+ * scatter-gather form), with no fusion buffer, no pack and no unpack. Device tensors (device 1):
+ * by the GPU path (hook allreduce_segs, runtime/comm/gpu.c: packed into its device fusion buffer,
+ * one collective, unpacked, one wait). A member of a joined rank (no request) reads zeros and its
+ * result is discarded: on the host several such members share one zero buffer and one discard
+ * buffer (the zeros are only read, and nothing reads the discarded results); on the device its
+ * segment is NULL and the GPU path supplies the zeros. */
+static hora_result_t run_fused_sg(hora_engine_t *eng, eng_resp_t **m, size_t k, int device) {
   const eng_params_t *p = &m[0]->p;
   hora_seg_t *seg = malloc(k * sizeof *seg);
   if (!seg) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
   size_t joined_max = 0;
   for (size_t i = 0; i < k; i++)
-    if (!m[i]->req && resp_bytes(m[i]) > joined_max) joined_max = resp_bytes(m[i]);
+    if (!device && !m[i]->req && resp_bytes(m[i]) > joined_max) joined_max = resp_bytes(m[i]);
   hora_result_t rc = HORA_SUCCESS;
   if (joined_max) {
     rc = grow(&eng->zeros, &eng->zeros_bytes, joined_max, 1);
@@ -226,33 +229,14 @@ static hora_result_t run_fused_sg(hora_engine_t *eng, eng_resp_t **m, size_t k) 
   if (rc == HORA_SUCCESS) {
     for (size_t i = 0; i < k; i++) {
       eng_req_t *r = m[i]->req;
-      seg[i] = (hora_seg_t){r ? r->send : eng->zeros, r ? r->recv : eng->fusion, (size_t)m[i]->p.count};
+      size_t n = (size_t)m[i]->p.count;
+      seg[i] = r ? (hora_seg_t){r->send, r->recv, n}
+                 : device ? (hora_seg_t){NULL, NULL, n} : (hora_seg_t){eng->zeros, eng->fusion, n};
     }
-    rc = hora__allreduce_segs(eng->shadow, seg, k, (hora_dtype_t)p->dtype, (hora_op_t)p->op, p->postscale);
+    rc = device ? hora__gpu_hooks.allreduce_segs(eng->shadow, seg, k, (hora_dtype_t)p->dtype, (hora_op_t)p->op,
+                                                 p->prescale, p->postscale)
+                : hora__allreduce_segs(eng->shadow, seg, k, (hora_dtype_t)p->dtype, (hora_op_t)p->op, p->postscale);
   }
-  double t1 = hora__now_s();
-  free(seg);
-  for (size_t i = 0; i < k; i++) {
-    spans_before(eng, m[i], t0);
-    span(eng, m[i], "ALLREDUCE", t0, t1);
-  }
-  return rc;
-}
-
-/* Members [0, k) of a group of device allreduces reduced as one by the GPU path (hook
- * allreduce_segs, runtime/comm/gpu.c: packed into its device fusion buffer, one collective,
- * unpacked, one wait). A member of a joined rank has no buffers: zeros in, result discarded. */
-static hora_result_t run_fused_device(hora_engine_t *eng, eng_resp_t **m, size_t k) {
-  const eng_params_t *p = &m[0]->p;
-  hora_seg_t *seg = malloc(k * sizeof *seg);
-  if (!seg) return HORA_ERR(HORA_ERR_NO_MEMORY, "engine: out of memory");
-  for (size_t i = 0; i < k; i++) {
-    eng_req_t *r = m[i]->req;
-    seg[i] = (hora_seg_t){r ? r->send : NULL, r ? r->recv : NULL, (size_t)m[i]->p.count};
-  }
-  double t0 = hora__now_s();
-  hora_result_t rc = hora__gpu_hooks.allreduce_segs(eng->shadow, seg, k, (hora_dtype_t)p->dtype, (hora_op_t)p->op,
-                                                    p->prescale, p->postscale);
   double t1 = hora__now_s();
   free(seg);
   for (size_t i = 0; i < k; i++) {
@@ -314,7 +298,7 @@ hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
       size_t k = group_device(list, n, i, used, threshold, m);
       if (k > 1) {
         atomic_fetch_add(&eng->stat_fused_groups, 1);
-        rc = run_fused_device(eng, m, k);
+        rc = run_fused_sg(eng, m, k, 1);
       } else {
         double t0 = hora__now_s();
         spans_before(eng, x, t0);
@@ -347,7 +331,7 @@ hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
       atomic_fetch_add(&eng->stat_fused_groups, 1);
       if (sg_possible(eng, &x->p, total, algo)) {
         atomic_fetch_add(&eng->stat_sg_groups, 1);
-        rc = run_fused_sg(eng, m, k);
+        rc = run_fused_sg(eng, m, k, 0);
       } else {
         rc = run_fused(eng, m, k, total, algo);
       }
