@@ -608,15 +608,16 @@ static size_t fusion_layout(const hora_seg_t *seg, size_t nseg, size_t es, size_
   return total;
 }
 
-/* Pack the members into the fusion buffer (zeros where a source is NULL, and in the padding):
- * one batched-copy launch on g->stream and one or two memsets. d has room for 2 * nseg. */
+/* Pack the members into the fusion buffer (zeros where a source is NULL, and in the padding, copied
+ * from the buffer's zero head): one batched-copy launch on g->stream, and a memset of the whole
+ * buffer first on a rank that has joined. d has room for 2 * nseg. */
 static hora_result_t fusion_pack(hora_gpu_t *g, const hora_seg_t *seg, size_t nseg, size_t es, const size_t *off,
                                  size_t total, hora_copy_desc_t *d) {
   char *fb = g->d_fusion;
   int any_null = 0;
   for (size_t i = 0; i < nseg; i++) any_null |= !seg[i].src && seg[i].count;
   /* A rank that has joined: every byte zero first, the members it has copied over them. */
-  HORA_CUDA_CHECK(cudaMemsetAsync(fb, 0, any_null ? FUSION_ALIGN + total : FUSION_ALIGN, g->stream));
+  if (any_null) HORA_CUDA_CHECK(cudaMemsetAsync(fb, 0, FUSION_ALIGN + total, g->stream));
   size_t nd = 0;
   for (size_t i = 0; i < nseg; i++) {
     size_t b = seg[i].count * es, pad = (FUSION_ALIGN - b % FUSION_ALIGN) % FUSION_ALIGN;
@@ -644,7 +645,13 @@ static hora_result_t fused_body(hora_ctx_t *ctx, hora_gpu_t *g, const hora_seg_t
   hora_result_t rc = off && d ? HORA_SUCCESS : HORA_ERR(HORA_ERR_NO_MEMORY, "hora_allreduce_async: out of memory "
                                                         "(%zu members of a fused device group)", nseg);
   size_t total = rc == HORA_SUCCESS ? fusion_layout(seg, nseg, es, off) : 0;
+  size_t had = g->d_fusion_bytes;
   if (rc == HORA_SUCCESS && total) rc = hora__gpu_dev_buf(g, &g->d_fusion, &g->d_fusion_bytes, FUSION_ALIGN + total);
+  /* The zero head, written once per allocation (nothing writes it later). */
+  if (rc == HORA_SUCCESS && total && g->d_fusion_bytes != had) {
+    cudaError_t e = cudaMemsetAsync(g->d_fusion, 0, FUSION_ALIGN, g->stream);
+    if (e != cudaSuccess) rc = hora__cuda_error(e, "cudaMemsetAsync (fusion buffer)", __FILE__, __LINE__);
+  }
   if (rc == HORA_SUCCESS && total) rc = fusion_pack(g, seg, nseg, es, off, total, d);
   void *fb = total ? (char *)g->d_fusion + FUSION_ALIGN : NULL;
   if (rc == HORA_SUCCESS && total) rc = allreduce_enqueue(ctx, g, fb, fb, total / es, dtype, op, prescale, postscale);

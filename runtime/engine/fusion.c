@@ -246,22 +246,24 @@ static hora_result_t run_fused_sg(hora_engine_t *eng, eng_resp_t **m, size_t k, 
   return rc;
 }
 
-/* Device allreduces after list[i] that fuse with it (same dtype, op, scale factors, device), in
- * list order while the group fits in `threshold` bytes; marks them used. Returns the members,
- * list[i] first, in m. Device tensors of any size join: a device-to-device pack costs
- * microseconds, a collective and a wait for the GPU each much more. */
-static size_t group_device(eng_resp_t *list, size_t n, size_t i, uint8_t *used, size_t threshold, eng_resp_t **m) {
-  size_t k = 1, total = resp_bytes(&list[i]);
+/* The group that list[i] starts: list[i] first, then every later unused allreduce that fuses
+ * with it (same dtype, op, scale factors, device) and has fewer than `direct` bytes, in list order
+ * while the group fits in `threshold` bytes; marks them used. Returns the members in m, their
+ * count (1: list[i] alone, also when it cannot fuse) and *total, their bytes. */
+static size_t gather(eng_resp_t *list, size_t n, size_t i, uint8_t *used, size_t threshold, size_t direct,
+                     eng_resp_t **m, size_t *total) {
+  size_t k = 1;
   m[0] = &list[i];
-  if (list[i].p.kind != ENG_ALLREDUCE || list[i].p.op == HORA_ADASUM || !hora__gpu_hooks.allreduce_segs ||
-      threshold == 0 || total > threshold)
+  *total = resp_bytes(&list[i]);
+  if (list[i].p.kind != ENG_ALLREDUCE || list[i].p.op == HORA_ADASUM || threshold == 0 || *total >= direct ||
+      *total > threshold)
     return 1;
   for (size_t j = i + 1; j < n; j++) {
     size_t bj = resp_bytes(&list[j]);
-    if (used[j] || !fusable(&list[i], &list[j]) || total + bj > threshold) continue;
+    if (used[j] || !fusable(&list[i], &list[j]) || bj >= direct || *total + bj > threshold) continue;
     used[j] = 1;
     m[k++] = &list[j];
-    total += bj;
+    *total += bj;
   }
   return k;
 }
@@ -293,9 +295,11 @@ hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
     if (used[i]) continue;
     used[i] = 1;
     eng_resp_t *x = &list[i];
-    size_t b = resp_bytes(x);
+    size_t k, total;
     if (x->p.device == HORA_DEVICE_CUDA) {
-      size_t k = group_device(list, n, i, used, threshold, m);
+      /* Device tensors of any size join: a device-to-device pack costs microseconds, a collective
+       * and a wait for the GPU each much more. */
+      k = gather(list, n, i, used, hora__gpu_hooks.allreduce_segs ? threshold : 0, SIZE_MAX, m, &total);
       if (k > 1) {
         atomic_fetch_add(&eng->stat_fused_groups, 1);
         rc = run_fused_sg(eng, m, k, 1);
@@ -311,22 +315,12 @@ hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
       for (size_t q = 0; q < k; q++) finish(eng, m[q], frc);
       continue;
     }
-    size_t k = 1, total = b;
-    m[0] = x;
     /* Where a group of big tensors would take the scatter-gather path, nothing is copied and big
      * tensors join the group (fewer barriers); elsewhere they are reduced on their own. A group
      * that holds one is at least FUSION_DIRECT_MIN_BYTES long, so it does take that path. */
     int allreduce = x->p.kind == ENG_ALLREDUCE && x->p.op != HORA_ADASUM;
     size_t direct = allreduce && sg_possible(eng, &x->p, FUSION_DIRECT_MIN_BYTES, algo) ? SIZE_MAX : FUSION_DIRECT_MIN_BYTES;
-    if (allreduce && threshold > 0 && b < direct && b <= threshold) {
-      for (size_t j = i + 1; j < n; j++) {
-        size_t bj = resp_bytes(&list[j]);
-        if (used[j] || !fusable(x, &list[j]) || bj >= direct || total + bj > threshold) continue;
-        used[j] = 1;
-        m[k++] = &list[j];
-        total += bj;
-      }
-    }
+    k = gather(list, n, i, used, threshold, direct, m, &total);
     if (k > 1) {
       atomic_fetch_add(&eng->stat_fused_groups, 1);
       if (sg_possible(eng, &x->p, total, algo)) {
