@@ -143,16 +143,17 @@ def _name(name, kind):
 def _submit_allreduce(kind, tensor, out, op, name, prescale_factor, postscale_factor, result,
                       ctx=None):
     ctx = ctx or _ctx()
-    b = B.as_buf(tensor, f"{kind}(tensor)", writable=out is None)
-    o = b if out is None else B.as_buf(out, f"{kind} output", writable=True)
+    b = B.as_buf(tensor, f"{kind}(tensor)", writable=out is None, sync=False)
+    o = b if out is None else B.as_buf(out, f"{kind} output", writable=True, sync=False)
     hp = ffi.new("hora_handle_t **")
     nm = _name(name, "allreduce")
     args = (_op(op), _scale(prescale_factor, "prescale_factor"),
             _scale(postscale_factor, "postscale_factor"), b.device, hp)
     lib.hora_set_call_shape(ctx, _shape_fp(b.shape))  # last, right before the call that takes it
+    ev = B.set_ready(ctx, (b, o))  # CUDA tensors: the engine waits for this event, not we
     check(lib.hora_allreduce_async(ctx, nm, b.ptr, o.ptr, b.count, b.dtype, *args),
           f"hora.{kind}")
-    return Handle(hp[0], (b, o), result)
+    return Handle(hp[0], (b, o, ev), result)
 
 
 def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
@@ -174,13 +175,14 @@ def broadcast_async_(tensor, root_rank, name=None, ctx=None):
     whose wait() returns tensor. Matched across ranks by name, like allreduce_async. `ctx`: a
     process set's context (hora.torch), root_rank then counted within it."""
     ctx = ctx or _ctx()
-    b = B.as_buf(tensor, "broadcast_async_(tensor)", writable=True)
+    b = B.as_buf(tensor, "broadcast_async_(tensor)", writable=True, sync=False)
     hp = ffi.new("hora_handle_t **")
     nm, root = _name(name, "broadcast"), _root(root_rank)
     lib.hora_set_call_shape(ctx, _shape_fp(b.shape))
+    ev = B.set_ready(ctx, (b,))
     check(lib.hora_broadcast_async(ctx, nm, b.ptr, b.count, b.dtype, root, b.device, hp),
           "hora.broadcast_async_")
-    return Handle(hp[0], b, tensor)
+    return Handle(hp[0], (b, ev), tensor)
 
 
 def broadcast_async(tensor, root_rank, name=None):
@@ -259,11 +261,11 @@ def _grouped(kind, tensors, outs, op, name, prescale_factor, postscale_factor):
             from None
     if not tensors:
         raise invalid(f"{kind}: the list of tensors is empty")
-    bufs = [B.as_buf(t, f"{kind}(tensors[{i}])", writable=not outs)
+    bufs = [B.as_buf(t, f"{kind}(tensors[{i}])", writable=not outs, sync=False)
             for i, t in enumerate(tensors)]
     if outs:
         result = [B.empty_like(t) for t in tensors]
-        obufs = [B.as_buf(o, f"{kind} output", writable=True) for o in result]
+        obufs = [B.as_buf(o, f"{kind} output", writable=True, sync=False) for o in result]
     else:
         result = tensors
         obufs = bufs
@@ -281,11 +283,12 @@ def _grouped(kind, tensors, outs, op, name, prescale_factor, postscale_factor):
     c_recv = ffi.new("void *[]", [o.ptr for o in obufs])
     c_counts = ffi.new("size_t[]", [b.count for b in bufs])
     hp = ffi.new("hora_handle_t **")
+    c_op, pre = _op(op), _scale(prescale_factor, "prescale_factor")
+    post = _scale(postscale_factor, "postscale_factor")
+    ev = B.set_ready(ctx, bufs + obufs)  # last before the call that takes it
     check(lib.hora_grouped_allreduce_async(ctx, c_names, c_send, c_recv, c_counts, n, b0.dtype,
-                                           _op(op), _scale(prescale_factor, "prescale_factor"),
-                                           _scale(postscale_factor, "postscale_factor"),
-                                           b0.device, hp), f"hora.{kind}")
-    return Handle(hp[0], (bufs, obufs, names, c_names, c_send, c_recv, c_counts), result)
+                                           c_op, pre, post, b0.device, hp), f"hora.{kind}")
+    return Handle(hp[0], (bufs, obufs, names, c_names, c_send, c_recv, c_counts, ev), result)
 
 
 def grouped_allreduce_async_(tensors, op=Average, name=None, prescale_factor=1.0,

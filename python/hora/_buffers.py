@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from ._errors import invalid
+from ._errors import check, invalid
 from ._hora_cffi import ffi, lib
 
 try:  # bfloat16 for NumPy comes from ml_dtypes (the package JAX and TensorFlow use).
@@ -168,6 +168,11 @@ def _dlpack_buf(x, what, writable):
 
 _torch = [None, None, None]  # torch.Tensor, its dtype map and torch.strided, once imported
 
+# Async submissions of CUDA tensors pass a ready event (set_ready) instead of synchronizing
+# torch's stream. False restores the synchronization; python/bench/bench_gpu_fusion.py's
+# `--ready sync` sets it to measure one against the other. Not a user setting.
+READY_EVENTS = True
+
 
 def _torch_tensor_class():
     mod = sys.modules.get("torch")
@@ -183,9 +188,11 @@ def _torch_tensor_class():
     return t.Tensor
 
 
-def _torch_buf(x, what, writable):
+def _torch_buf(x, what, writable, sync=True):
     """PyTorch tensors directly (data_ptr() and friends cost about 1 us; x.__dlpack__() costs
-    3 us and refuses tensors that require grad). The memory is the same either way."""
+    3 us and refuses tensors that require grad). The memory is the same either way. sync=False:
+    a CUDA tensor's stream is not synchronized here; the caller passes a ready event instead
+    (ready_event)."""
     dt = _torch[1].get(x.dtype)
     if dt is None:
         raise invalid(f"{what}: torch dtype {x.dtype} is not supported by hora (uint8, int8, "
@@ -198,8 +205,10 @@ def _torch_buf(x, what, writable):
     if x.is_cuda:
         dev = CUDA
         # The kernels that produce x may still run on torch's current stream, and hora's C API
-        # takes no stream: wait for them before hora reads or writes the memory.
-        sys.modules["torch"].cuda.current_stream(x.device).synchronize()
+        # takes no stream: wait for them before hora reads or writes the memory (an async
+        # submission records an event instead, which the engine thread waits for).
+        if sync or not READY_EVENTS:
+            sys.modules["torch"].cuda.current_stream(x.device).synchronize()
     elif x.is_cpu:
         dev = HOST
     else:
@@ -209,13 +218,15 @@ def _torch_buf(x, what, writable):
     return Buf(ptr, n, dt, dev, tuple(x.shape), x, x)
 
 
-def as_buf(x, what="tensor", writable=False):
-    """The memory of x as a Buf; InvalidArgumentError naming `what` when x cannot be used."""
+def as_buf(x, what="tensor", writable=False, sync=True):
+    """The memory of x as a Buf; InvalidArgumentError naming `what` when x cannot be used.
+    sync=False (async submissions only): a CUDA torch tensor's stream is left running, and the
+    caller must pass set_ready(ctx, bufs)'s event to the C call that follows."""
     if type(x) is np.ndarray or isinstance(x, np.ndarray):
         return _numpy_buf(x, what, writable)
     tcls = _torch[0] or _torch_tensor_class()
     if tcls is not None and isinstance(x, tcls):
-        return _torch_buf(x, what, writable)
+        return _torch_buf(x, what, writable, sync)
     if isinstance(x, np.generic) and not writable:
         return _numpy_buf(np.asarray(x), what, writable)  # a NumPy scalar: a 0-d array
     if x is None:
@@ -224,6 +235,26 @@ def as_buf(x, what="tensor", writable=False):
         return _dlpack_buf(x, what, writable)
     raise invalid(f"{what}: got {_typename(x)}, expected a NumPy array or an object with "
                   f"__dlpack__ (PyTorch tensor, CuPy array, ...)")
+
+
+def set_ready(ctx, bufs):
+    """Horovod's ready event: when any of bufs (all on one device) is a CUDA torch tensor taken
+    with sync=False, record an event on torch's current stream of its device, after the work
+    that writes the tensors and allocated the outputs, and tag this thread's next async call on
+    ctx with it (hora_set_call_ready: the engine thread waits for it before the data moves, so
+    the submitting thread, often autograd's, does not wait for the GPU). Returns the event,
+    which the handle must keep alive until done, or None."""
+    if not READY_EVENTS:
+        return None
+    for b in bufs:
+        if b.device == CUDA and _torch[0] is not None and isinstance(b.obj, _torch[0]):
+            torch = sys.modules["torch"]
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(b.obj.device))
+            check(lib.hora_set_call_ready(ctx, ffi.cast("void *", ev.cuda_event)),
+                  "hora_set_call_ready")
+            return ev
+    return None
 
 
 def empty_like(x, shape=None):

@@ -483,8 +483,8 @@ def _grouped_submit(kind, tensors, outputs, name, op, pre, post, process_set):
 
 def _grouped_c(kind, srcs, outs, idx, base, op, pre, post, ctx):
     from ._hora_cffi import ffi
-    bufs = [B.as_buf(s, f"{kind}(tensors[{i}])") for s, i in zip(srcs, idx)]
-    obufs = [b if s is o else B.as_buf(o, f"{kind} output", writable=True)
+    bufs = [B.as_buf(s, f"{kind}(tensors[{i}])", sync=False) for s, i in zip(srcs, idx)]
+    obufs = [b if s is o else B.as_buf(o, f"{kind} output", writable=True, sync=False)
              for b, s, o in zip(bufs, srcs, outs)]
     names = [ffi.new("char[]", f"{base}.{i}".encode()) for i in idx]
     c_names = ffi.new("const char *[]", names)
@@ -493,10 +493,12 @@ def _grouped_c(kind, srcs, outs, idx, base, op, pre, post, ctx):
     c_counts = ffi.new("size_t[]", [b.count for b in bufs])
     hp = ffi.new("hora_handle_t **")
     from ._errors import check
+    ev = B.set_ready(ctx, bufs + obufs)  # CUDA: the engine waits for it; last before the call
     check(lib.hora_grouped_allreduce_async(ctx, c_names, c_send, c_recv, c_counts,
                                            len(bufs), bufs[0].dtype, op, pre, post,
                                            bufs[0].device, hp), f"hora.torch.{kind}")
-    return _async.Handle(hp[0], (bufs, obufs, names, c_names, c_send, c_recv, c_counts), outs)
+    return _async.Handle(hp[0], (bufs, obufs, names, c_names, c_send, c_recv, c_counts, ev),
+                         outs)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,

@@ -35,6 +35,8 @@ static _Thread_local struct {
   const hora_ctx_t *gctx; /* hora_set_call_group's tag, taken by the async calls (engine/api.c) */
   uint64_t gkey;
   uint32_t gsize;
+  const hora_ctx_t *rctx; /* hora_set_call_ready's event, taken by the async calls */
+  void *ready;
 } next_shape;
 
 HORA_EXPORT hora_result_t hora_set_call_shape(hora_ctx_t *ctx, uint64_t fingerprint) {
@@ -55,6 +57,22 @@ HORA_EXPORT hora_result_t hora_set_call_group(hora_ctx_t *ctx, uint64_t key, uin
   return HORA_SUCCESS;
 }
 
+HORA_EXPORT hora_result_t hora_set_call_ready(hora_ctx_t *ctx, void *cuda_event) {
+  HORA_CHECK(hora__ctx_check(ctx, "hora_set_call_ready"));
+  if (cuda_event && !HORA_HAVE_CUDA)
+    return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "hora_set_call_ready: a CUDA event needs a CUDA build of hora");
+  next_shape.rctx = cuda_event ? ctx : NULL;
+  next_shape.ready = cuda_event;
+  return HORA_SUCCESS;
+}
+
+void *hora__call_ready_take(const hora_ctx_t *ctx) {
+  void *e = next_shape.rctx == ctx ? next_shape.ready : NULL;
+  next_shape.rctx = NULL;
+  next_shape.ready = NULL;
+  return e;
+}
+
 void hora__call_group_take(const hora_ctx_t *ctx, uint64_t *key, uint32_t *size) {
   int mine = next_shape.gctx == ctx;
   *key = mine ? next_shape.gkey : 0;
@@ -73,6 +91,8 @@ uint64_t hora__call_shape_take(const hora_ctx_t *ctx) {
   next_shape.gctx = NULL;
   next_shape.gkey = 0;
   next_shape.gsize = 0;
+  next_shape.rctx = NULL;
+  next_shape.ready = NULL;
   return s;
 }
 

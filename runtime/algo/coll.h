@@ -75,10 +75,12 @@ void hora__call_pack(const hora_call_desc_t *d, uint64_t w[3]);
  * message naming the collective, the fields, their values and the ranks holding each. */
 hora_result_t hora__call_agree(hora_ctx_t *ctx, const char *fn, const hora_call_desc_t *d);
 /* The fingerprint hora_set_call_shape left for this thread's next call on ctx (0: none); clears it,
- * and hora_set_call_group's tag too. */
+ * and the tags of hora_set_call_group and hora_set_call_ready too. */
 uint64_t hora__call_shape_take(const hora_ctx_t *ctx);
 /* hora_set_call_group's tag for this thread's next call on ctx (0, 0: none), cleared. */
 void hora__call_group_take(const hora_ctx_t *ctx, uint64_t *key, uint32_t *size);
+/* hora_set_call_ready's CUDA event for this thread's next call on ctx (NULL: none), cleared. */
+void *hora__call_ready_take(const hora_ctx_t *ctx);
 /* HORA_CHECK != 0. */
 int hora__call_check_on(void);
 /* algo/coll.c: the blocking call in progress on ctx ended alike on every rank (it succeeded, or
@@ -145,6 +147,11 @@ typedef struct {
    * NULL dst discards that segment's result. Collective like allreduce of the segments' total. */
   hora_result_t (*allreduce_segs)(hora_ctx_t *, const hora_seg_t *, size_t, hora_dtype_t, hora_op_t, double,
                                   double);
+  /* Wait on this thread until the CUDA event `event` (hora_set_call_ready) has completed, polling,
+   * as hora__gpu_wait polls a stream: HORA_ERR_CUDA when the event reports an error,
+   * HORA_ERR_TIMEOUT after HORA_PEER_TIMEOUT_S, the context's verdict once it has failed. Local:
+   * needs no GPU state. `what` names the request in messages. */
+  hora_result_t (*wait_event)(hora_ctx_t *, void *event, const char *what);
 } hora_gpu_hooks_t;
 extern hora_gpu_hooks_t hora__gpu_hooks;
 

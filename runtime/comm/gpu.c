@@ -12,6 +12,7 @@
  * GPU (NCCL refuses that with "Duplicate GPU detected"); then the staged ring. Every rank computes
  * the same choice from values agreed over the world when the state is created. */
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,15 +101,18 @@ hora_result_t hora__gpu_pinned_buf(hora_gpu_t *g, void **buf, size_t *cur, size_
   return HORA_SUCCESS;
 }
 
-hora_result_t hora__gpu_wait(hora_ctx_t *ctx, hora_gpu_t *g, cudaStream_t s, const char *what) {
+/* Poll until stream s (or, with s NULL, event ev) has completed: spin briefly, then yield the
+ * CPU, watching the heartbeat's verdict and HORA_PEER_TIMEOUT_S. With a GPU state g, an NCCL
+ * asynchronous error or a timeout aborts g's communicator (its kernels would wait for ever). */
+static hora_result_t poll_done(hora_ctx_t *ctx, hora_gpu_t *g, cudaStream_t s, cudaEvent_t ev, const char *what) {
   const double timeout = hora__params()->peer_timeout_s;
   double t0 = 0;
   for (unsigned spin = 0;; spin++) {
-    cudaError_t e = cudaStreamQuery(s);
+    cudaError_t e = s ? cudaStreamQuery(s) : cudaEventQuery(ev);
     if (e == cudaSuccess) return HORA_SUCCESS;
     if (e != cudaErrorNotReady) return hora__cuda_error(e, what, __FILE__, __LINE__);
 #if HORA_HAVE_NCCL
-    if (g->nccl) {
+    if (g && g->nccl) {
       ncclResult_t ae = ncclSuccess;
       ncclCommGetAsyncError(g->nccl, &ae);
       if (ae != ncclSuccess && ae != ncclInProgress) {
@@ -125,20 +129,38 @@ hora_result_t hora__gpu_wait(hora_ctx_t *ctx, hora_gpu_t *g, cudaStream_t s, con
     if (spin > 1000 && hora__ctx_failed(ctx)) {
       /* A peer was declared dead or stopped (the heartbeat's verdict): NCCL kernels waiting for
        * it would never finish, so abort the communicator; other queued work finishes alone. */
-      abort_nccl(g);
+      if (g) abort_nccl(g);
       return hora__ctx_verdict(ctx, what);
     }
     if (spin > 1000) {
       if (timeout > 0 && (spin & 255) == 0 && hora__now_s() - t0 > timeout) {
-        abort_nccl(g);
+        if (g) abort_nccl(g);
         return HORA_ERR(HORA_ERR_TIMEOUT,
-                        "%s: the GPU work did not finish within HORA_PEER_TIMEOUT_S=%g s (a peer is "
-                        "dead or stuck)%s", what, timeout,
-                        HORA_HAVE_NCCL ? "; the NCCL communicator was aborted" : "");
+                        "%s: the GPU work did not finish within HORA_PEER_TIMEOUT_S=%g s (%s)%s", what, timeout,
+                        s ? "a peer is dead or stuck" : "the work recorded before the ready event is stuck",
+                        g && HORA_HAVE_NCCL ? "; the NCCL communicator was aborted" : "");
       }
       sched_yield();
     }
   }
+}
+
+hora_result_t hora__gpu_wait(hora_ctx_t *ctx, hora_gpu_t *g, cudaStream_t s, const char *what) {
+  return poll_done(ctx, g, s, NULL, what);
+}
+
+/* hora_set_call_ready's event, waited for on the engine thread before the request's data moves. */
+static hora_result_t hook_wait_event(hora_ctx_t *ctx, void *event, const char *what) {
+  char msg[192];
+  snprintf(msg, sizeof msg, "tensor '%.100s': waiting for its ready event (hora_set_call_ready)", what);
+  /* This rank's GPU current on the engine thread: a CUDA call with none would make GPU 0's
+   * primary context in every rank's process. */
+  int prev = -1;
+  cudaGetDevice(&prev);
+  if (ctx->device >= 0 && prev != ctx->device) HORA_CUDA_CHECK(cudaSetDevice(ctx->device));
+  hora_result_t rc = poll_done(ctx, NULL, NULL, (cudaEvent_t)event, msg);
+  if (ctx->device >= 0 && prev >= 0 && prev != ctx->device) cudaSetDevice(prev);
+  return rc;
 }
 
 /* ---- the state ---- */
@@ -817,6 +839,7 @@ hora_gpu_hooks_t hora__gpu_hooks = {
     .alltoallv = hook_alltoallv,
     .allreduce_zeros = hook_allreduce_zeros,
     .allreduce_segs = hook_allreduce_segs,
+    .wait_event = hook_wait_event,
 };
 
 hora_result_t hora__gpu_on_init(hora_ctx_t *ctx) {

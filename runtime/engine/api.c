@@ -36,20 +36,24 @@ static hora_result_t prologue(hora_ctx_t *ctx, const char *fn, hora_dtype_t dtyp
 }
 
 /* This thread's tags for its next call on ctx, taken (and cleared) by every async call: the
- * shape fingerprint of hora_set_call_shape and the group of hora_set_call_group (0: none). */
+ * shape fingerprint of hora_set_call_shape, the group of hora_set_call_group (0: none) and the
+ * CUDA event of hora_set_call_ready (NULL: none). */
 typedef struct {
   uint64_t shape, group;
   uint32_t gsize;
+  void *ready;
 } call_tags_t;
 
 static call_tags_t take_tags(const hora_ctx_t *ctx) {
   call_tags_t t;
-  hora__call_group_take(ctx, &t.group, &t.gsize); /* first: taking the shape clears it too */
+  t.ready = hora__call_ready_take(ctx);           /* first: taking the shape clears them too */
+  hora__call_group_take(ctx, &t.group, &t.gsize);
   t.shape = hora__call_shape_take(ctx);
   return t;
 }
 
-static eng_req_t *req_new(const char *fn, const char *name, const eng_params_t *p, const void *send, void *recv) {
+static eng_req_t *req_new(const char *fn, const char *name, const eng_params_t *p, const void *send, void *recv,
+                          void *ready) {
   eng_req_t *r = calloc(1, sizeof *r);
   if (r) r->name = strdup(name);
   if (!r || !r->name) {
@@ -60,6 +64,7 @@ static eng_req_t *req_new(const char *fn, const char *name, const eng_params_t *
   r->p = *p;
   r->send = send;
   r->recv = recv;
+  r->ready = ready;
   r->t_enqueue = hora__now_s();
   r->cache_pos = -1;
   return r;
@@ -67,8 +72,9 @@ static eng_req_t *req_new(const char *fn, const char *name, const eng_params_t *
 
 /* Queue one request with a fresh handle; on error nothing stays allocated. */
 static hora_result_t submit_one(hora_engine_t *eng, const char *fn, const char *name, const eng_params_t *p,
-                                const void *send, void *recv, size_t *recvcounts, hora_handle_t **handle) {
-  eng_req_t *r = req_new(fn, name, p, send, recv);
+                                const void *send, void *recv, size_t *recvcounts, void *ready,
+                                hora_handle_t **handle) {
+  eng_req_t *r = req_new(fn, name, p, send, recv, ready);
   if (!r) {
     free(recvcounts);
     return HORA_ERR_NO_MEMORY;
@@ -115,7 +121,7 @@ HORA_EXPORT hora_result_t hora_allreduce_async(hora_ctx_t *ctx, const char *name
   eng_params_t p = {.kind = ENG_ALLREDUCE, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
                     .root = -1, .count = count, .prescale = prescale, .postscale = postscale, .shape = tag.shape,
                     .group = tag.group, .gsize = tag.gsize};
-  return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
+  return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, tag.ready, handle);
 }
 
 HORA_EXPORT hora_result_t hora_grouped_allreduce_async(hora_ctx_t *ctx, const char *const *names,
@@ -125,6 +131,7 @@ HORA_EXPORT hora_result_t hora_grouped_allreduce_async(hora_ctx_t *ctx, const ch
                                                        double postscale, hora_device_t device,
                                                        hora_handle_t **handle) {
   const char *fn = "hora_grouped_allreduce_async";
+  void *ready = hora__call_ready_take(ctx); /* one event for every member */
   (void)hora__call_shape_take(ctx); /* one tag cannot describe several tensors: cleared, unused */
   hora_engine_t *eng;
   HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
@@ -174,7 +181,7 @@ HORA_EXPORT hora_result_t hora_grouped_allreduce_async(hora_ctx_t *ctx, const ch
     eng_params_t p = {.kind = ENG_ALLREDUCE, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
                       .root = -1, .count = counts[i], .prescale = prescale, .postscale = postscale,
                       .group = key, .gsize = (uint32_t)ntensors};
-    eng_req_t *r = req_new(fn, names[i], &p, sendbufs[i], recvbufs[i]);
+    eng_req_t *r = req_new(fn, names[i], &p, sendbufs[i], recvbufs[i], ready);
     if (!r) {
       while (first) {
         eng_req_t *nx = first->qnext;
@@ -215,7 +222,7 @@ HORA_EXPORT hora_result_t hora_allgather_async(hora_ctx_t *ctx, const char *name
   eng_params_t p = {.kind = ENG_ALLGATHER, .dtype = (uint8_t)dtype, .device = (uint8_t)device, .root = -1, .count = count,
                     .prescale = 1, .postscale = 1, .shape = tag.shape,
                     .group = tag.group, .gsize = tag.gsize};
-  return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
+  return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, tag.ready, handle);
 }
 
 HORA_EXPORT hora_result_t hora_allgatherv_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
@@ -237,7 +244,7 @@ HORA_EXPORT hora_result_t hora_allgatherv_async(hora_ctx_t *ctx, const char *nam
                     .count = total, .prescale = 1, .postscale = 1, /* sendcount is recvcounts[rank] */
                     .vhash = hora__eng_hash((const char *)rc_copy, (size_t)ctx->size * sizeof *rc_copy), .shape = tag.shape,
                     .group = tag.group, .gsize = tag.gsize};
-  return submit_one(eng, fn, name, &p, sendbuf, recvbuf, rc_copy, handle);
+  return submit_one(eng, fn, name, &p, sendbuf, recvbuf, rc_copy, tag.ready, handle);
 }
 
 HORA_EXPORT hora_result_t hora_broadcast_async(hora_ctx_t *ctx, const char *name, void *buf, size_t count,
@@ -252,7 +259,7 @@ HORA_EXPORT hora_result_t hora_broadcast_async(hora_ctx_t *ctx, const char *name
   eng_params_t p = {.kind = ENG_BROADCAST, .dtype = (uint8_t)dtype, .device = (uint8_t)device, .root = root,
                     .count = count, .prescale = 1, .postscale = 1, .shape = tag.shape,
                     .group = tag.group, .gsize = tag.gsize};
-  return submit_one(eng, fn, name, &p, buf, buf, NULL, handle);
+  return submit_one(eng, fn, name, &p, buf, buf, NULL, tag.ready, handle);
 }
 
 HORA_EXPORT hora_result_t hora_reducescatter_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
@@ -268,7 +275,7 @@ HORA_EXPORT hora_result_t hora_reducescatter_async(hora_ctx_t *ctx, const char *
   eng_params_t p = {.kind = ENG_REDUCESCATTER, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
                     .root = -1, .count = recvcount, .prescale = 1, .postscale = 1, .shape = tag.shape,
                     .group = tag.group, .gsize = tag.gsize};
-  return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
+  return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, tag.ready, handle);
 }
 
 HORA_EXPORT hora_result_t hora_alltoall_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
@@ -283,7 +290,7 @@ HORA_EXPORT hora_result_t hora_alltoall_async(hora_ctx_t *ctx, const char *name,
   eng_params_t p = {.kind = ENG_ALLTOALL, .dtype = (uint8_t)dtype, .device = (uint8_t)device, .root = -1,
                     .count = count, .prescale = 1, .postscale = 1, .shape = tag.shape,
                     .group = tag.group, .gsize = tag.gsize};
-  return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, handle);
+  return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, tag.ready, handle);
 }
 
 HORA_EXPORT hora_result_t hora_join(hora_ctx_t *ctx, int *last_rank) {
@@ -294,7 +301,7 @@ HORA_EXPORT hora_result_t hora_join(hora_ctx_t *ctx, int *last_rank) {
   HORA_CHECK(hora__engine_get(ctx, fn, &eng));
   eng_params_t p = {.kind = ENG_JOIN, .root = -1};
   hora_handle_t *h;
-  hora_result_t rc = submit_one(eng, fn, "", &p, NULL, NULL, NULL, &h);
+  hora_result_t rc = submit_one(eng, fn, "", &p, NULL, NULL, NULL, NULL, &h);
   if (rc != HORA_SUCCESS) return rc;
   rc = hora_wait(h);
   int last = h->last_rank;

@@ -80,6 +80,7 @@ typedef struct eng_req {
   const void *send;
   void *recv;
   size_t *recvcounts; /* allgatherv: copy of the world-size array */
+  void *ready;        /* hora_set_call_ready's CUDA event (NULL: none), waited for before the data moves */
   hora_handle_t *h;
   double t_enqueue, t_negotiate; /* timeline: queue and negotiation start (s) */
   eng_req_state_t state;

@@ -268,6 +268,24 @@ static size_t gather(eng_resp_t *list, size_t n, size_t i, uint8_t *used, size_t
   return k;
 }
 
+/* hora_set_call_ready: a group's data is ready once every member's CUDA event has completed (the
+ * members of one grouped call share theirs: waited for once). A failed wait fails the group and
+ * the engine, as a failed collective does; the peers learn it from the heartbeat. */
+static hora_result_t wait_ready(hora_engine_t *eng, eng_resp_t **m, size_t k) {
+  void *prev = NULL;
+  for (size_t q = 0; q < k; q++) {
+    eng_req_t *r = m[q]->req;
+    if (!r || !r->ready || r->ready == prev) continue;
+    if (!hora__gpu_hooks.wait_event) /* hora_set_call_ready refuses events without CUDA */
+      return HORA_ERR(HORA_ERR_INTERNAL, "tensor '%s': a ready event in a build without CUDA", m[q]->name);
+    double t0 = hora__now_s();
+    HORA_CHECK(hora__gpu_hooks.wait_event(eng->shadow, r->ready, m[q]->name));
+    span(eng, m[q], "WAIT_FOR_DATA", t0, hora__now_s());
+    prev = r->ready;
+  }
+  return HORA_SUCCESS;
+}
+
 static void finish(hora_engine_t *eng, eng_resp_t *x, hora_result_t rc) {
   if (!x->req) return;
   hora__req_finish(eng, x->req, rc, rc == HORA_SUCCESS ? NULL : hora_last_error());
@@ -300,10 +318,11 @@ hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
       /* Device tensors of any size join: a device-to-device pack costs microseconds, a collective
        * and a wait for the GPU each much more. */
       k = gather(list, n, i, used, hora__gpu_hooks.allreduce_segs ? threshold : 0, SIZE_MAX, m, &total);
-      if (k > 1) {
+      rc = wait_ready(eng, m, k); /* on failure the engine fails as a whole (below) */
+      if (rc == HORA_SUCCESS && k > 1) {
         atomic_fetch_add(&eng->stat_fused_groups, 1);
         rc = run_fused_sg(eng, m, k, 1);
-      } else {
+      } else if (rc == HORA_SUCCESS) {
         double t0 = hora__now_s();
         spans_before(eng, x, t0);
         rc = run_device(eng, x);
@@ -321,7 +340,8 @@ hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
     int allreduce = x->p.kind == ENG_ALLREDUCE && x->p.op != HORA_ADASUM;
     size_t direct = allreduce && sg_possible(eng, &x->p, FUSION_DIRECT_MIN_BYTES, algo) ? SIZE_MAX : FUSION_DIRECT_MIN_BYTES;
     k = gather(list, n, i, used, threshold, direct, m, &total);
-    if (k > 1) {
+    rc = wait_ready(eng, m, k);
+    if (rc == HORA_SUCCESS && k > 1) {
       atomic_fetch_add(&eng->stat_fused_groups, 1);
       if (sg_possible(eng, &x->p, total, algo)) {
         atomic_fetch_add(&eng->stat_sg_groups, 1);
@@ -329,7 +349,7 @@ hora_result_t hora__fusion_run(hora_engine_t *eng, eng_resp_t *list, size_t n) {
       } else {
         rc = run_fused(eng, m, k, total, algo);
       }
-    } else {
+    } else if (rc == HORA_SUCCESS) {
       double t0 = hora__now_s();
       spans_before(eng, x, t0);
       rc = run_one(eng, x, algo);

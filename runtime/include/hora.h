@@ -385,6 +385,28 @@ hora_result_t hora_set_call_shape(hora_ctx_t *ctx, uint64_t fingerprint);
  * with a non-zero key). */
 hora_result_t hora_set_call_group(hora_ctx_t *ctx, uint64_t key, uint32_t size);
 
+/* hora_set_call_ready: tag this thread's NEXT async collective on ctx (any hora_*_async call
+ * below) with a CUDA event (a cudaEvent_t, passed as void *) after which its buffers are ready:
+ * the engine thread waits for the event to complete before that request's collective reads
+ * sendbuf or writes recvbuf, so the caller need not synchronize the stream that produces the data
+ * (Horovod records such a "ready event" for every GPU tensor it enqueues). Record the event on
+ * the stream that writes the buffers (and that allocated recvbuf) after that work, pass it here,
+ * then submit. The event must not be destroyed or recorded again before the handle is done.
+ * hora_grouped_allreduce_async applies one event to all its members. Host buffers wait too (a
+ * pinned buffer written by cudaMemcpyAsync). The wait is polled on the engine thread: it fails
+ * the request with HORA_ERR_CUDA when the event reports a CUDA error, and with HORA_ERR_TIMEOUT
+ * when the event has not completed within HORA_PEER_TIMEOUT_S (the work before it is stuck);
+ * the engine then fails as after any failed collective. The next collective called by this
+ * thread on ctx takes the tag and clears it, whatever its result; blocking collectives clear it
+ * without waiting (they run on the calling thread, which synchronizes the stream itself).
+ * cuda_event NULL clears it. Local; costs nothing but the call. The Python bindings pass one
+ * event per async submission of CUDA tensors (hora.torch's allreduce_async, the grouped form,
+ * broadcast_async and DistributedOptimizer's gradients); their other calls synchronize torch's
+ * current stream instead.
+ * Errors: HORA_ERR_NOT_INITIALIZED (ctx NULL or finalized), HORA_ERR_NOT_SUPPORTED (a non-NULL
+ * event in a build without CUDA). */
+hora_result_t hora_set_call_ready(hora_ctx_t *ctx, void *cuda_event);
+
 /* allreduce: recvbuf[i] = postscale * OP_r(prescale * sendbuf_r[i]) for i in [0, count).
  * HORA_AVERAGE divides the reduced value by the world size (after prescale, before postscale).
  * HORA_ADASUM combines the ranks' whole vectors pairwise in a binary tree of log2(size) levels

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "comm/gpu.h"
 #include "core/ctx.h"
@@ -376,6 +377,85 @@ static void test_engine_fused(void) {
   fused_group("fused.f16", HORA_FLOAT16, HORA_MAX, 1.0, 1.0, c, 2);
 }
 
+/* A host function on the producer's stream: it holds the stream for `ms` milliseconds. */
+static void CUDART_CB hold_stream(void *ms) {
+  struct timespec ts = {0, (long)*(const int *)ms * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* hora_set_call_ready (Horovod's ready event): the data of an async allreduce is still being
+ * written on another stream when it is submitted (the stream is held 150 ms by a host function,
+ * then a copy writes the inputs over a poisoned buffer, then the event is recorded); the engine
+ * must wait for the event, so every result is the reference, never the poison. A single request
+ * and a grouped one (one event for both members), then the tag's rules: NULL clears it, a NULL
+ * context is refused, and the next call takes it (a later request does not wait on it). */
+static void test_engine_ready(void) {
+  static int hold_ms = 150;
+  enum { N0 = 4099, N1 = 70001 };
+  float *pin = NULL, *d0 = NULL, *d1 = NULL;
+  cudaStream_t us;
+  cudaEvent_t ev;
+  CK(cudaMallocHost((void **)&pin, (size_t)(N0 + N1) * 4));
+  CK(cudaMalloc((void **)&d0, (size_t)N0 * 4));
+  CK(cudaMalloc((void **)&d1, (size_t)N1 * 4));
+  CK(cudaStreamCreateWithFlags(&us, cudaStreamNonBlocking));
+  CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  for (size_t i = 0; i < (size_t)(N0 + N1); i++) pin[i] = (float)input(HORA_FLOAT32, HORA_SUM, rank, i);
+  for (int grouped = 0; grouped < 2; grouped++) {
+    poison(d0, (size_t)N0 * 4);
+    poison(d1, (size_t)N1 * 4);
+    CK(cudaLaunchHostFunc(us, hold_stream, &hold_ms));
+    CK(cudaMemcpyAsync(d0, pin, (size_t)N0 * 4, cudaMemcpyHostToDevice, us));
+    CK(cudaMemcpyAsync(d1, pin + N0, (size_t)N1 * 4, cudaMemcpyHostToDevice, us));
+    CK(cudaEventRecord(ev, us));
+    hora_handle_t *h = NULL;
+    EXPECT_OK(hora_set_call_ready(ctx, ev));
+    if (grouped) {
+      const char *names[2] = {"ready.g0", "ready.g1"};
+      const void *send[2] = {d0, d1};
+      void *recv[2] = {d0, d1};
+      const size_t ns[2] = {N0, N1};
+      EXPECT_OK(hora_grouped_allreduce_async(ctx, names, send, recv, ns, 2, HORA_FLOAT32, HORA_SUM, 1.0, 1.0,
+                                             HORA_DEVICE_CUDA, &h));
+    } else {
+      EXPECT_OK(hora_allreduce_async(ctx, "ready.one", d0, d0, N0, HORA_FLOAT32, HORA_SUM, 1.0, 1.0,
+                                     HORA_DEVICE_CUDA, &h));
+    }
+    if (!h) continue;
+    EXPECT_OK(hora_wait(h));
+    hora_handle_free(h);
+    CK(cudaStreamSynchronize(us)); /* the single request left d1's copy to finish on its own */
+    to_host(h_b, d0, (size_t)N0 * 4);
+    check_reduced(grouped ? "ready event, grouped member 0" : "ready event, one request", h_b, HORA_FLOAT32,
+                  HORA_SUM, 0, N0, 1.0, 1.0);
+    if (grouped) {
+      to_host(h_b, d1, (size_t)N1 * 4);
+      check_reduced("ready event, grouped member 1", h_b, HORA_FLOAT32, HORA_SUM, N0, N1, 1.0, 1.0);
+    }
+  }
+  EXPECT_RC(hora_set_call_ready(NULL, ev), HORA_ERR_NOT_INITIALIZED);
+  EXPECT_OK(hora_set_call_ready(ctx, ev));
+  EXPECT_OK(hora_set_call_ready(ctx, NULL)); /* cleared: the request below does not wait */
+  CK(cudaLaunchHostFunc(us, hold_stream, &hold_ms)); /* holds the event's next record */
+  CK(cudaEventRecord(ev, us));
+  hora_handle_t *h = NULL;
+  to_dev(d0, pin, (size_t)N0 * 4);
+  EXPECT_OK(hora_allreduce_async(ctx, "ready.none", d0, d0, N0, HORA_FLOAT32, HORA_SUM, 1.0, 1.0,
+                                 HORA_DEVICE_CUDA, &h));
+  if (h) {
+    EXPECT_OK(hora_wait(h));
+    hora_handle_free(h);
+    to_host(h_b, d0, (size_t)N0 * 4);
+    check_reduced("after hora_set_call_ready(NULL)", h_b, HORA_FLOAT32, HORA_SUM, 0, N0, 1.0, 1.0);
+  }
+  CK(cudaStreamSynchronize(us));
+  cudaEventDestroy(ev);
+  cudaStreamDestroy(us);
+  cudaFree(d0);
+  cudaFree(d1);
+  cudaFreeHost(pin);
+}
+
 /* hora_join with device tensors (Horovod's join(device) for ranks that ran out of data): the last
  * rank joins first; the others' SUM and AVERAGE allreduces of device buffers then complete with
  * zeros from it (AVERAGE still divides by the world size), and every rank's join returns the same
@@ -589,6 +669,7 @@ int main(int argc, char **argv) {
   test_async();
   test_engine();
   test_engine_fused();
+  test_engine_ready();
   test_engine_join();
   test_process_set();
   test_engine_device_mismatch();

@@ -100,6 +100,45 @@ def test_async_grouped_and_compression(dev):
     torch.testing.assert_close(fp16.cpu().to(torch.float64), refs[2], rtol=2e-3, atol=2e-3)
 
 
+def _late(t, src):
+    """On CUDA: t becomes src only after the GPU has spun for about 0.2 s on torch's current
+    stream (torch.cuda._sleep), so an async call submitted right after reads NaN unless it waits
+    for the stream's work (Horovod's ready event; hora_set_call_ready). On the CPU: at once."""
+    t.fill_(float("nan"))
+    if t.is_cuda:
+        torch.cuda._sleep(int(4e8))
+    t.copy_(src)
+    return t
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_async_waits_for_the_stream_that_writes_its_tensors(dev):
+    r, n = rank_size()
+    d = device_of(dev)
+    xs = [rank_data(i, (4099,), torch.float32, seed=40) for i in range(n)]
+    ys = [rank_data(i, (300, 7), torch.float32, seed=41) for i in range(n)]
+    ref_x = torch.stack(xs).to(torch.float64).sum(0)
+    ref_y = torch.stack(ys).to(torch.float64).sum(0)
+    src_x, src_y = xs[r].to(d), ys[r].to(d)
+    if d.type == "cuda":
+        torch.cuda.synchronize()
+    x = torch.empty_like(src_x)
+    y = torch.empty_like(src_y)
+    out = hvd.synchronize(hvd.allreduce_async(_late(x, src_x), op=hvd.Sum,
+                                              name=f"ready.out.{dev}"))
+    torch.testing.assert_close(out.cpu().to(torch.float64), ref_x, rtol=1e-6, atol=1e-5)
+    hvd.synchronize(hvd.allreduce_async_(_late(x, src_x), op=hvd.Sum, name=f"ready.in.{dev}"))
+    torch.testing.assert_close(x.cpu().to(torch.float64), ref_x, rtol=1e-6, atol=1e-5)
+    _late(x, src_x)
+    _late(y, src_y)
+    hvd.synchronize(hvd.grouped_allreduce_async_([x, y], op=hvd.Sum, name=f"ready.grp.{dev}"))
+    torch.testing.assert_close(x.cpu().to(torch.float64), ref_x, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(y.cpu().to(torch.float64), ref_y, rtol=1e-6, atol=1e-5)
+    root = n - 1
+    got = hvd.synchronize(hvd.broadcast_async_(_late(y, src_y), root, name=f"ready.bc.{dev}"))
+    torch.testing.assert_close(got.cpu(), ys[root])
+
+
 @pytest.mark.parametrize("dev", DEVICES)
 def test_broadcast_allgather_alltoall_reducescatter(dev):
     r, n = rank_size()
