@@ -251,8 +251,10 @@ def set_ready(ctx, bufs):
             torch = sys.modules["torch"]
             ev = torch.cuda.Event()
             ev.record(torch.cuda.current_stream(b.obj.device))
-            check(lib.hora_set_call_ready(ctx, ffi.cast("void *", ev.cuda_event)),
-                  "hora_set_call_ready")
+            rc = lib.hora_set_call_ready(ctx, ffi.cast("void *", ev.cuda_event))
+            if rc == lib.HORA_ERR_NOT_SUPPORTED:
+                return None  # libhora without CUDA: the call itself names what is wrong
+            check(rc, "hora_set_call_ready")
             return ev
     return None
 
