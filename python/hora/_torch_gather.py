@@ -7,7 +7,7 @@ import torch
 
 from . import _async
 from . import _buffers as B
-from ._core import Average, _root, _shape_key
+from ._core import Average, Sum, _root, _shape_fp, _shape_key
 from ._core import rank as _rank
 from ._core import size as _size
 from ._errors import MismatchError, check, invalid
@@ -162,7 +162,34 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     return h
 
 
+class _GroupedAllgatherFn(torch.autograd.Function):
+    """Horovod 0.28's HorovodGroupedAllgather: the gradient of each member is its rows of the
+    average over ranks of the incoming gradients (as for allgather)."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.dims = [t.shape[0] for t in tensors]
+        ctx.ps = process_set
+        return tuple(grouped_allgather_async(list(tensors), name, process_set).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        from ._torch_ops import grouped_allreduce
+        g = grouped_allreduce([x.contiguous() for x in grads], op=Average, process_set=ctx.ps)
+        dims = allgather(torch.tensor([ctx.dims], dtype=torch.int64), process_set=ctx.ps)
+        offs = dims[:_view_rank(_check_set(ctx.ps, "grouped_allgather"))].sum(0).tolist()
+        return (None, None, *[x.narrow(0, int(o), d) for x, o, d in zip(g, offs, ctx.dims)])
+
+
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """The allgather of each tensor of a list (differentiable, as allgather)."""
+    tensors = list(tensors)
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in tensors):
+        _check_set(process_set, "grouped_allgather")
+        if not tensors:
+            raise invalid("grouped_allgather: the list of tensors is empty")
+        return list(_GroupedAllgatherFn.apply(name, process_set, *tensors))
     return grouped_allgather_async(tensors, name, process_set).wait()
 
 
@@ -390,6 +417,9 @@ def _reducescatter_part(view, h, tensor, name, op, pre, post, kind, group=None):
     b = B.as_buf(send, kind)
     o = B.as_buf(out, f"{kind} output", writable=True)
     hp = ffi.new("hora_handle_t **")
+    # Ranks must agree on the whole shape, as in Horovod ("Mismatched REDUCESCATTER tensor
+    # shapes"), not only on the count: [17, 1311] against [17, 23, 57] is a MismatchError.
+    lib.hora_set_call_shape(view.ctx, _shape_fp(tuple(tensor.shape)))
     _set_group(view, group, kind)  # a grouped member (see _meta): last, right before the call
     check(lib.hora_reducescatter_async(view.ctx, nm.encode(), b.ptr, o.ptr, m * _row(tensor),
                                        b.dtype, op, b.device, hp), f"hora.torch.{kind}")
@@ -418,21 +448,27 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     return h
 
 
+def _reducescatter_grad_scale(op, pre, post, ps):
+    """Horovod 0.28's factor on a reducescatter's incoming gradient before the allgather
+    (HorovodReducescatter.backward): the set size for Sum (and 1 for Average: no division),
+    times prescale, times postscale."""
+    scale = float(_view_size(_check_set(ps, "reducescatter"))) if op == Sum else 1.0
+    return scale * pre * post
+
+
 class _ReducescatterFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, pre, post, process_set):
-        ctx.args = (op, pre * post, process_set)
+        ctx.args = (_reducescatter_grad_scale(op, pre, post, process_set), process_set)
         return reducescatter_async(tensor, name, op, process_set, pre, post).wait()
 
     @staticmethod
     def backward(ctx, grad):
-        op, scale, ps = ctx.args
-        g = allgather(grad.contiguous(), process_set=ps)
-        if op == Average:
-            g = g / _view_size(_check_set(ps, "reducescatter"))
+        scale, ps = ctx.args
+        g = grad.contiguous()
         if scale != 1.0:
             g = g * scale
-        return g, None, None, None, None, None
+        return allgather(g, process_set=ps), None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=None, op=Average,
@@ -479,9 +515,30 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
                           postscale_factor=1.0):
     comp = _compressor(compression)
     pairs = [comp.compress(t) for t in tensors]
-    outs = grouped_reducescatter_async([p[0].contiguous() for p in pairs], name, op, process_set,
-                                       prescale_factor, postscale_factor).wait()
+    sent = [p[0].contiguous() for p in pairs]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in sent):
+        outs = _GroupedReducescatterFn.apply(name, op, float(prescale_factor),
+                                             float(postscale_factor), process_set, *sent)
+    else:
+        outs = grouped_reducescatter_async(sent, name, op, process_set, prescale_factor,
+                                           postscale_factor).wait()
     return [comp.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+class _GroupedReducescatterFn(torch.autograd.Function):
+    """Horovod 0.28's HorovodGroupedReducescatter: each member's gradient as reducescatter's."""
+
+    @staticmethod
+    def forward(ctx, name, op, pre, post, process_set, *tensors):
+        ctx.args = (_reducescatter_grad_scale(op, pre, post, process_set), process_set)
+        return tuple(grouped_reducescatter_async(list(tensors), name, op, process_set, pre,
+                                                 post).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        scale, ps = ctx.args
+        g = [x.contiguous() * scale if scale != 1.0 else x.contiguous() for x in grads]
+        return (None, None, None, None, None, *grouped_allgather(g, process_set=ps))
 
 
 # ---- barrier, join --------------------------------------------------------------------------
