@@ -418,8 +418,12 @@ def _reducescatter_part(view, h, tensor, name, op, pre, post, kind, group=None):
     o = B.as_buf(out, f"{kind} output", writable=True)
     hp = ffi.new("hora_handle_t **")
     # Ranks must agree on the whole shape, as in Horovod ("Mismatched REDUCESCATTER tensor
-    # shapes"), not only on the count: [17, 1311] against [17, 23, 57] is a MismatchError.
-    lib.hora_set_call_shape(view.ctx, _shape_fp(tuple(tensor.shape)))
+    # shapes"), not only on the count ([17, 1311] against [17, 23, 57]), and on the scale
+    # factors ("Mismatched prescale and/or postscale factors"), which hora.torch applies itself
+    # (hora_reducescatter_async has none): both go into the shape fingerprint.
+    note = (f"reducescatter's shape field also covers the scale factors; this rank has shape "
+            f"{tuple(tensor.shape)}, prescale_factor {pre:g}, postscale_factor {post:g}")
+    lib.hora_set_call_shape(view.ctx, _shape_fp(tuple(tensor.shape) + (pre, post)))
     _set_group(view, group, kind)  # a grouped member (see _meta): last, right before the call
     check(lib.hora_reducescatter_async(view.ctx, nm.encode(), b.ptr, o.ptr, m * _row(tensor),
                                        b.dtype, op, b.device, hp), f"hora.torch.{kind}")
@@ -432,7 +436,30 @@ def _reducescatter_part(view, h, tensor, name, op, pre, post, kind, group=None):
         if is_int:
             return _apply_post(res, ipost)
         return res.mul_(ipost)
-    return _async.Handle(hp[0], (b, o, send), out), finish
+    return _ShapeNote(_async.Handle(hp[0], (b, o, send), out), note), finish
+
+
+class _ShapeNote:
+    """An engine handle whose MismatchError on the shape field gets `note` (this rank's shape
+    and what else the fingerprint covers) appended: the fingerprint is a digest, so the engine
+    can print only hex values, and each rank can print only its own."""
+
+    __slots__ = ("_h", "_note")
+
+    def __init__(self, h, note):
+        self._h = h
+        self._note = note
+
+    def done(self):
+        return self._h.done()
+
+    def wait(self):
+        try:
+            return self._h.wait()
+        except MismatchError as e:
+            if "disagree on shape" not in e.message:
+                raise
+            raise MismatchError(f"{e.message} ({self._note})", e.code) from None
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,

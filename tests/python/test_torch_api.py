@@ -584,8 +584,17 @@ def test_reducescatter_shapes_that_differ_with_one_count_are_an_error_on_every_r
     with pytest.raises(hvd.MismatchError, match="shape") as e:
         hvd.reducescatter(x, name="rs.shape")
     assert isinstance(e.value, RuntimeError) and isinstance(e.value, ValueError)
+    assert "this rank has shape " + str(tuple(x.shape)) in str(e.value)
     with pytest.raises(hvd.MismatchError, match="shape"):
         hvd.grouped_reducescatter([torch.ones(2 * n), x], name="rs.gshape")
+    # Scale factors that differ between ranks (Horovod: "Mismatched prescale and/or postscale
+    # factors"), for floats and for integers (which hora.torch scales itself).
+    for dt in (torch.float32, torch.int32):
+        y = torch.ones(2 * n, dtype=dt)
+        with pytest.raises(hvd.MismatchError, match=f"prescale_factor {1 + r:g}"):
+            hvd.reducescatter(y, name=f"rs.pre.{dt}", prescale_factor=1.0 + r)
+        with pytest.raises(hvd.MismatchError, match=f"postscale_factor {1 + r:g}"):
+            hvd.reducescatter(y, name=f"rs.post.{dt}", postscale_factor=1.0 + r)
     y = torch.ones(2 * n, 3)  # the next call is unaffected
     assert torch.equal(hvd.reducescatter(y, op=hvd.Sum, name="rs.after"), torch.full((2, 3), float(n)))
 
