@@ -12,7 +12,6 @@ until the handle completes; the Handle keeps a reference to both, so dropping th
 early is safe.
 """
 import collections
-import itertools
 import threading
 import weakref
 
@@ -22,7 +21,43 @@ from ._core import size as _size
 from ._errors import check, invalid, make_error
 from ._hora_cffi import ffi, lib
 
-_noname = itertools.count()
+
+
+class NameCounter:
+    """The number of the next unnamed request ("<kind>.noname.<n>"), one counter per module
+    (slot 0: hora, slot 1: hora.torch), as Horovod numbers unnamed requests. Ranks agree on
+    unnamed names only while they make the same unnamed calls; a rank that has joined skips the
+    others' calls, so join() sets every counter to the largest value across ranks (resync)."""
+
+    SLOTS = 2
+    _all = [None] * SLOTS
+    _lock = threading.Lock()
+
+    def __init__(self, slot):
+        self.n = 0
+        NameCounter._all[slot] = self
+
+    def __next__(self):
+        with NameCounter._lock:
+            n = self.n
+            self.n += 1
+            return n
+
+    @classmethod
+    def resync(cls, ctx):
+        """Collective over ctx (every rank, at the same point: right after hora_join): every
+        counter becomes the largest value any rank has, so later unnamed requests match."""
+        with cls._lock:
+            v = ffi.new("int64_t[]", [c.n if c else 0 for c in cls._all])
+        check(lib.hora_allreduce(ctx, v, v, cls.SLOTS, lib.HORA_INT64, lib.HORA_MAX, 1.0, 1.0,
+                                 lib.HORA_DEVICE_HOST), "hora.join (the unnamed-request numbers)")
+        with cls._lock:
+            for c, n in zip(cls._all, v):
+                if c is not None and n > c.n:
+                    c.n = n
+
+
+_noname = NameCounter(0)
 # Handles still holding a C handle, weakly: shutdown() completes them before hora_finalize.
 _live = weakref.WeakValueDictionary()
 _live_lock = threading.Lock()
@@ -322,7 +357,9 @@ def join():
     ranks' allreduces proceed with zeros from the joined ranks (Sum/Average). Returns the rank
     that joined last, on every rank, once all ranks have joined. Collective."""
     last = ffi.new("int *")
-    check(lib.hora_join(_ctx(), last), "hora.join")
+    ctx = _ctx()
+    check(lib.hora_join(ctx, last), "hora.join")
+    NameCounter.resync(ctx)
     return last[0]
 
 

@@ -6,7 +6,6 @@ input's dtype and device. Operations whose output size depends on other ranks (a
 alltoall) first exchange their shapes through the engine under `<name>.meta`; a helper thread
 submits the data phase once the shapes are known, so ranks may submit and wait in any order.
 """
-import itertools
 import os
 import queue
 import sys
@@ -86,7 +85,7 @@ class _Claim:
 _inflight = {}
 _inflight_lock = threading.Lock()
 _sweep = {"at": 256}  # drop completed claims when the table grows past this
-_counter = itertools.count()
+_counter = _async.NameCounter(1)  # join() resyncs it across ranks
 # Unnamed requests from two threads at once: the thread ident -> the claim of its last unnamed
 # request, and whether the warning (once per process) was given.
 _unnamed_last = {}

@@ -803,6 +803,32 @@ def test_join_returns_the_last_rank():
         assert hvd.join(device=-1) in range(n)
 
 
+def test_unnamed_requests_match_again_after_join():
+    """Unnamed requests are numbered per process ("allreduce.noname.<n>", as Horovod names
+    them). The joined rank does not make the unnamed allreduces the others make meanwhile, so
+    its numbers fall behind; join() brings every rank to the same number, and the next
+    unnamed calls match instead of waiting for each other for ever. Also Horovod's
+    test_horovod_join_allgather at 3 ranks: a refused allgather, then join, by each rank in turn."""
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    if r != n - 1:  # the last rank has run out of data; the others take two more steps
+        for k in range(2):
+            got = hvd.allreduce(torch.ones(3), op=hvd.Sum)
+            assert got.tolist() == [float(n - 1)] * 3  # the joined rank adds zeros
+            hvd.allreduce_(torch.ones(2), op=hvd.Sum)
+    assert hvd.join() in range(n - 1)  # the last rank joined first
+    got = hvd.allreduce(torch.full((3,), float(r)), op=hvd.Sum)
+    assert got.tolist() == [float(sum(range(n)))] * 3
+    assert hvd.allgather(torch.tensor([r])).tolist() == list(range(n))
+    for first in range(n):
+        if r != first:
+            with pytest.raises(ValueError, match="have joined"):
+                hvd.allgather(torch.ones(2, 2))
+        assert hvd.join() != first
+        assert hvd.allgather_object(r) == list(range(n))
+
+
 @pytest.mark.parametrize("shape", [(3, 4), (2, 4, 5, 3)], ids=["1d", "2d"])
 def test_sync_batch_norm_matches_one_process_on_the_whole_batch(shape):
     r, n = rank_size()
