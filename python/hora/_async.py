@@ -33,9 +33,12 @@ class NameCounter:
     _all = [None] * SLOTS
     _lock = threading.Lock()
 
-    def __init__(self, slot):
+    def __init__(self, slot=None):
+        """slot: 0 or 1 for the job-wide counters that join() resyncs; None for a process
+        set's own (hora.torch numbers each set's unnamed calls apart)."""
         self.n = 0
-        NameCounter._all[slot] = self
+        if slot is not None:
+            NameCounter._all[slot] = self
 
     def __next__(self):
         with NameCounter._lock:

@@ -91,7 +91,7 @@ def _allgather_part(view, h, tensor, name, kind, group=None):
     if tensor.dim() == 0:
         raise invalid(f"{kind}(tensor): a 0-d tensor has no first dimension to concatenate; "
                       "pass tensor.reshape(1)")
-    nm = h._claim(name, "allgather")
+    nm = h._claim(name, "allgather", view)
     src = tensor.detach()
     row = _row(tensor)
 
@@ -154,7 +154,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
         raise invalid("grouped_allgather_async: the list of tensors is empty")
     _check_members(tensors, "grouped_allgather_async", "has no first dimension to concatenate")
     h = TorchHandle(lambda outs: list(outs))
-    base = h._claim(name, "grouped_allgather")
+    base = h._claim(name, "grouped_allgather", view)
     group = _group_tag([f"{base}.{i}.meta" for i in range(len(tensors))])
     for i, t in enumerate(tensors):
         h._parts.append(_allgather_part(view, h, t, f"{base}.{i}", "grouped_allgather_async",
@@ -200,7 +200,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
     _check_tensor(tensor, "broadcast_async_(tensor)")
     root = view.root(_root(root_rank), "broadcast_async_")
     h = TorchHandle(lambda outs: tensor)
-    nm = h._claim(name, "broadcast")
+    nm = h._claim(name, "broadcast", view)
     h._parts.append(_async.broadcast_async_(tensor.detach(), root, name=nm, ctx=view.ctx))
     return h
 
@@ -293,7 +293,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         raise invalid("alltoall_async(tensor): a 0-d tensor cannot be split across ranks")
     n, me = _view_size(view), _view_rank(view)
     h = TorchHandle(lambda outs: outs[0])
-    nm = h._claim(name, "alltoall")
+    nm = h._claim(name, "alltoall", view)
     try:
         sp = _splits_of(splits, n, tensor.shape[0], "alltoall")
     except ValueError:
@@ -388,7 +388,7 @@ def _reducescatter_part(view, h, tensor, name, op, pre, post, kind, group=None):
         raise invalid(f"{kind}(tensor): a 0-d tensor cannot be split across ranks")
     op = _check_op(op, kind, adasum=False)
     pre, post = float(pre), float(post)
-    nm = h._claim(name, "reducescatter")
+    nm = h._claim(name, "reducescatter", view)
     n, me = _view_size(view), _view_rank(view)
     rows = tensor.shape[0]
     sizes = [rows // n + (1 if p < rows % n else 0) for p in range(n)]
@@ -525,7 +525,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     _check_members(tensors, "grouped_reducescatter_async", "cannot be split across ranks")
     _check_op(op, "grouped_reducescatter_async", adasum=False)
     h = TorchHandle()
-    base = h._claim(name, "grouped_reducescatter")
+    base = h._claim(name, "grouped_reducescatter", view)
     group = _group_tag([f"{base}.{i}" for i in range(len(tensors))])
     fins = []
     for i, t in enumerate(tensors):

@@ -29,7 +29,8 @@ _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, t
 
 
 from ._torch_psets import (  # noqa: E402,F401
-    ProcessSet, _check_set, _view_size, add_process_set, global_process_set, remove_process_set,
+    ProcessSet, _check_set, _set_noname, _view_size, add_process_set, global_process_set,
+    remove_process_set,
 )
 
 
@@ -92,13 +93,13 @@ _unnamed_last = {}
 _unnamed_warned = [False]
 
 
-def _claim(name, kind, parts):
+def _claim(name, kind, parts, view=None):
     """The engine's name of a request: "<kind>.<name>", or "<kind>.noname.<n>" without a name,
     as Horovod's torch ops name theirs (GetOpName): an allreduce and an allgather may carry the
     same user name at once, and the timeline's rows read "allreduce.<name>" as in Horovod's."""
     user = name
     if name is None:
-        name = f"{kind}.noname.{next(_counter)}"
+        name = f"{kind}.noname.{next(_set_noname(view) or _counter)}"
     elif not isinstance(name, str):
         raise invalid(f"{kind}: name must be a str, got {type(name).__name__}")
     else:
@@ -176,8 +177,10 @@ class TorchHandle:
         self._waited = False
         self._names = []
 
-    def _claim(self, name, kind):
-        name, claim = _claim(name, kind, self._parts)
+    def _claim(self, name, kind, view=None):
+        """The request's engine name; `view`: its process set (unnamed requests are numbered
+        per set)."""
+        name, claim = _claim(name, kind, self._parts, view)
         self._names.append((name, claim))
         return name
 
@@ -336,7 +339,7 @@ def _adasum_part(kind, view, tensor, output, name, pre, post):
 
 def _adasum_submit(kind, view, tensor, output, name, pre, post):
     h = TorchHandle()
-    nm = h._claim(name, "allreduce")
+    nm = h._claim(name, "allreduce", view)
     part, fin = _adasum_part(kind, view, tensor, output, nm, pre, post)
     h._parts.append(part)
     h._finish = lambda outs: fin()
@@ -350,7 +353,7 @@ def _allreduce_submit(kind, tensor, output, name, op, pre, post, process_set):
     if op == Adasum:
         return _adasum_submit(kind, view, tensor, output, name, pre, post)
     h = TorchHandle()
-    nm = h._claim(name, "allreduce")
+    nm = h._claim(name, "allreduce", view)
     src = tensor
     c_op, ipost = op, None
     if tensor.dtype in _INT_DTYPES:
@@ -438,7 +441,7 @@ def _grouped_submit(kind, tensors, outputs, name, op, pre, post, process_set):
         _check_tensor(t, f"{kind}(tensors[{i}])")
     if op == Adasum:  # one Adasum per tensor (each has its own dot products)
         h = TorchHandle()
-        base = h._claim(name, "grouped_allreduce")
+        base = h._claim(name, "grouped_allreduce", view)
         fins = []
         for i, (t, o) in enumerate(zip(tensors, outputs)):
             part, fin = _adasum_part(kind, view, t, o, f"{base}.{i}", pre, post)
@@ -447,7 +450,7 @@ def _grouped_submit(kind, tensors, outputs, name, op, pre, post, process_set):
         h._finish = lambda outs: [f() for f in fins]
         return h
     h = TorchHandle()
-    base = h._claim(name, "grouped_allreduce")
+    base = h._claim(name, "grouped_allreduce", view)
     posts = [None] * len(tensors)
     # One engine request per (dtype, device) subgroup; members keep their index in the names.
     groups = {}

@@ -9,6 +9,7 @@ and removal are collective over every rank of the job, ranks outside the set inc
 """
 import threading
 
+from ._async import NameCounter
 from ._core import _add_finalizer, _ctx
 from ._core import rank as _rank
 from ._core import size as _size
@@ -76,6 +77,10 @@ global_process_set.process_set_id = 0
 
 _lock = threading.Lock()
 _by_id = {0: [global_process_set]}  # id -> the ProcessSet objects registered under it
+# id -> the number of the set's next unnamed request. Each set numbers its own: a set's members
+# make the same unnamed calls on it, but ranks outside it make none, so one job-wide number would
+# drift apart between ranks (odd and even ranks in two sets of different sizes).
+_noname_by_id = {}
 
 
 def _next_id():
@@ -116,6 +121,7 @@ def add_process_set(process_set):
         process_set._hora = out[0]
         process_set.process_set_id = _next_id()
         _by_id[process_set.process_set_id] = [process_set]
+        _noname_by_id[process_set.process_set_id] = NameCounter()
     return process_set
 
 
@@ -132,6 +138,7 @@ def remove_process_set(process_set):
         if pid is None or pid == 0 or pid not in _by_id:
             return False
         objs = _by_id.pop(pid)
+        _noname_by_id.pop(pid, None)
         handle = objs[0]._hora
         for ps in objs:
             ps._invalidate()
@@ -143,6 +150,7 @@ def _forget_all():
     """shutdown(): hora_finalize destroys the sets; the objects become unregistered."""
     with _lock:
         for pid in [i for i in _by_id if i != 0]:
+            _noname_by_id.pop(pid, None)
             for ps in _by_id.pop(pid):
                 ps._invalidate()
 
@@ -201,6 +209,14 @@ def _check_set(process_set, what):
         raise invalid(f"{what}: this rank ({me}) is not in the process set of ranks {ranks}: "
                       "only its members may use it")
     return _SetView(process_set._hora, len(ranks), ranks.index(me), ranks, process_set)
+
+
+def _set_noname(v):
+    """The unnamed-request counter of view v's process set, or None for the global set."""
+    if v is None or v.ranks is None:
+        return None
+    with _lock:
+        return _noname_by_id.get(v.ps.process_set_id)
 
 
 def _view_size(v):

@@ -803,6 +803,31 @@ def test_join_returns_the_last_rank():
         assert hvd.join(device=-1) in range(n)
 
 
+def test_unnamed_requests_are_numbered_per_process_set():
+    """Rank 0 makes three unnamed allreduces on its own set, the others one on theirs (Horovod's
+    test_horovod_broadcast_grad_process_sets at 3 ranks: even and odd sets of different sizes);
+    the next unnamed calls on the global set still match (with one number for all sets they
+    waited for each other for ever), and so do the sets' own."""
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    a = hvd.add_process_set([0])
+    b = hvd.add_process_set(list(range(1, n)))
+    try:
+        mine = a if r == 0 else b
+        for _ in range(3 if r == 0 else 1):
+            got = hvd.allreduce(torch.ones(2), op=hvd.Sum, process_set=mine)
+            assert got.tolist() == [float(mine.size())] * 2
+        got = hvd.allreduce(torch.full((2,), float(r)), op=hvd.Sum)
+        assert got.tolist() == [float(sum(range(n)))] * 2
+        assert hvd.broadcast(torch.tensor([r]), n - 1).tolist() == [n - 1]
+        got = hvd.allgather(torch.tensor([r]), process_set=mine)
+        assert got.tolist() == ([0] if r == 0 else list(range(1, n)))
+    finally:
+        hvd.remove_process_set(a)
+        hvd.remove_process_set(b)
+
+
 def test_unnamed_requests_match_again_after_join():
     """Unnamed requests are numbered per process ("allreduce.noname.<n>", as Horovod names
     them). The joined rank does not make the unnamed allreduces the others make meanwhile, so
