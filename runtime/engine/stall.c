@@ -30,6 +30,15 @@ static void missing_ranks(hora_engine_t *eng, const eng_coord_t *c, char *out, s
   free(ok);
 }
 
+/* Unnamed requests ("<op>.noname.<n>", as the Python bindings and Horovod name them) are numbered
+ * by each rank in the order it makes them: one rank that skipped or added an unnamed call numbers
+ * every later one differently, and the stall then names numbers that only look unrelated. */
+#define NONAME_HINT                                                                                      \
+  " (unnamed requests are numbered by each rank in the order it makes them: a rank that skipped or "     \
+  "added an unnamed call numbers the later ones differently; give the collectives names)"
+
+static int unnamed(const char *name) { return strstr(name, ".noname.") != NULL; }
+
 void hora__stall_check(hora_engine_t *eng, double now) {
   double warn = eng->prm.stall_warning_s, shut = eng->prm.stall_shutdown_s;
   if (warn <= 0 && shut <= 0) return;
@@ -37,7 +46,7 @@ void hora__stall_check(hora_engine_t *eng, double now) {
   eng->last_stall_check = now;
   char line[4096];
   size_t off = 0;
-  int nwarn = 0;
+  int nwarn = 0, nunnamed = 0;
   for (eng_coord_t **pp = &eng->coord; *pp;) {
     eng_coord_t *c = *pp;
     double age = now - c->first_seen;
@@ -47,10 +56,10 @@ void hora__stall_check(hora_engine_t *eng, double now) {
       uint8_t *have = c->have;
       char got[256];
       hora__rank_list(have, eng->size, 1, got, sizeof got);
-      char msg[1024];
+      char msg[1280];
       snprintf(msg, sizeof msg,
                "tensor '%.300s': rank(s) %s did not submit it within %g s (HORA_STALL_SHUTDOWN_S); "
-               "submitted by rank(s) %s", c->name, miss, shut, got);
+               "submitted by rank(s) %s%s", c->name, miss, shut, got, unnamed(c->name) ? NONAME_HINT : "");
       int first = 0;
       while (!c->have[first]) first++;
       if (hora__coord_respond(eng, c->name, &c->p[first], HORA_ERR_TIMEOUT, msg) != HORA_SUCCESS) return;
@@ -65,10 +74,12 @@ void hora__stall_check(hora_engine_t *eng, double now) {
                                 nwarn ? "; " : "", c->name, strchr(miss, ',') || strchr(miss, '-') ? "s" : "", miss);
       }
       nwarn++;
+      nunnamed += unnamed(c->name);
     }
     pp = &c->next;
   }
   if (nwarn)
     HORA_WARN(ENGINE, "stall: %d tensor(s) submitted by some ranks but not by others for more than %g s "
-              "(HORA_STALL_WARNING_S): %s%s", nwarn, warn, line, nwarn > STALL_LIST_MAX ? "; ..." : "");
+              "(HORA_STALL_WARNING_S): %s%s%s", nwarn, warn, line, nwarn > STALL_LIST_MAX ? "; ..." : "",
+              nunnamed ? NONAME_HINT : "");
 }

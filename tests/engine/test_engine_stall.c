@@ -1,5 +1,6 @@
 /* Stall inspector: the last rank withholds two tensors (one new, one already in the response
- * cache). Run with HORA_STALL_WARNING_S=0.5 HORA_STALL_SHUTDOWN_S=2: rank 0 must log a warning
+ * cache), and the others submit an unnamed one ("allreduce.noname.7") whose number the last
+ * rank has not reached (both messages must say how unnamed requests are numbered). Run with HORA_STALL_WARNING_S=0.5 HORA_STALL_SHUTDOWN_S=2: rank 0 must log a warning
  * naming both tensors and the missing rank, and the other ranks' handles must fail with
  * HORA_ERR_TIMEOUT (message naming the tensor and the rank) in a few seconds. Rank 0 captures its
  * own stderr in a temporary file to check the warning text. */
@@ -51,12 +52,20 @@ int main(int argc, char **argv) {
     double t0 = MPI_Wtime();
     EXPECT_OK(hora_allreduce_async(ctx, "stall/withheld", x, y, 4, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &a));
     EXPECT_OK(hora_allreduce_async(ctx, "stall/cached", x, z, 4, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &b));
+    hora_handle_t *u;
+    float w[4];
+    EXPECT_OK(hora_allreduce_async(ctx, "allreduce.noname.7", x, w, 4, HORA_FLOAT32, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &u));
     char want[32];
     snprintf(want, sizeof want, "rank(s) %d", L);
     EXPECT_RC(hora_wait(a), HORA_ERR_TIMEOUT);
     EXPECT(strstr(hora_last_error(), "stall/withheld") && strstr(hora_last_error(), want), "message: %s", hora_last_error());
     EXPECT_RC(hora_wait(b), HORA_ERR_TIMEOUT);
     EXPECT(strstr(hora_last_error(), "stall/cached") && strstr(hora_last_error(), want), "message: %s", hora_last_error());
+    EXPECT(!strstr(hora_last_error(), "unnamed requests are numbered"), "named tensor, hint: %s", hora_last_error());
+    EXPECT_RC(hora_wait(u), HORA_ERR_TIMEOUT);
+    EXPECT(strstr(hora_last_error(), "allreduce.noname.7") && strstr(hora_last_error(), "unnamed requests are numbered"),
+           "message: %s", hora_last_error());
+    hora_handle_free(u);
     double dt = MPI_Wtime() - t0;
     EXPECT(dt >= 1.9 && dt < 8.0, "timeout after %.2f s, want about 2 s (HORA_STALL_SHUTDOWN_S)", dt);
     hora_handle_free(a);
@@ -84,6 +93,8 @@ int main(int argc, char **argv) {
     EXPECT(strstr(log, "stall:") && strstr(log, "HORA_STALL_WARNING_S"), "no stall warning in rank 0's log");
     EXPECT(strstr(log, want1), "warning does not say %s", want1);
     EXPECT(strstr(log, want2), "warning does not say %s", want2);
+    EXPECT(strstr(log, "'allreduce.noname.7' missing") && strstr(log, "unnamed requests are numbered"),
+           "warning does not explain the unnamed request");
   }
   int rc = hora_test_finish_mpi("test_engine_stall");
   MPI_Finalize();
