@@ -37,16 +37,21 @@ hora_result_t hora__cuda_error(cudaError_t e, const char *what, const char *file
                      cudaGetErrorName(e));
 }
 
-hora_result_t hora__gpu_enter(hora_gpu_t *g, int *prev) {
-  *prev = g->device;
+/* Make GPU `dev` current on this thread; *prev receives the one to restore (device_leave). */
+static hora_result_t device_enter(int dev, int *prev) {
+  *prev = dev;
   cudaGetDevice(prev);
-  if (*prev != g->device) HORA_CUDA_CHECK(cudaSetDevice(g->device));
+  if (*prev != dev) HORA_CUDA_CHECK(cudaSetDevice(dev));
   return HORA_SUCCESS;
 }
 
-static void gpu_leave(hora_gpu_t *g, int prev) {
-  if (prev != g->device) cudaSetDevice(prev);
+static void device_leave(int dev, int prev) {
+  if (prev != dev) cudaSetDevice(prev);
 }
+
+hora_result_t hora__gpu_enter(hora_gpu_t *g, int *prev) { return device_enter(g->device, prev); }
+
+static void gpu_leave(hora_gpu_t *g, int prev) { device_leave(g->device, prev); }
 
 hora_result_t hora__gpu_dev_buf(hora_gpu_t *g, void **buf, size_t *cur, size_t bytes) {
   if (*cur >= bytes && *buf) return HORA_SUCCESS;
@@ -155,11 +160,10 @@ static hora_result_t hook_wait_event(hora_ctx_t *ctx, void *event, const char *w
   snprintf(msg, sizeof msg, "tensor '%.100s': waiting for its ready event (hora_set_call_ready)", what);
   /* This rank's GPU current on the engine thread: a CUDA call with none would make GPU 0's
    * primary context in every rank's process. */
-  int prev = -1;
-  cudaGetDevice(&prev);
-  if (ctx->device >= 0 && prev != ctx->device) HORA_CUDA_CHECK(cudaSetDevice(ctx->device));
+  int prev = ctx->device;
+  if (ctx->device >= 0) HORA_CHECK(device_enter(ctx->device, &prev));
   hora_result_t rc = poll_done(ctx, NULL, NULL, (cudaEvent_t)event, msg);
-  if (ctx->device >= 0 && prev >= 0 && prev != ctx->device) cudaSetDevice(prev);
+  if (ctx->device >= 0) device_leave(ctx->device, prev);
   return rc;
 }
 
