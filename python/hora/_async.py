@@ -244,18 +244,21 @@ def _rows(b, kind, n):
     return b.shape[0] // n, row
 
 
-def reducescatter_async(tensor, op=Average, name=None):
+def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Start a reduce-scatter of equal blocks of rows (the first dimension must divide by the
-    world size); wait() returns this rank's block of the reduction, a new array."""
+    world size): wait() returns this rank's block of postscale * OP over ranks of
+    (prescale * tensor), a new array. Ranks must agree on count, dtype, op and scale factors."""
     ctx = _ctx()
     n = _size()
     b = B.as_buf(tensor, "reducescatter_async(tensor)")
     rows, row = _rows(b, "reducescatter_async", n)
+    pre = _scale(prescale_factor, "prescale_factor")
+    post = _scale(postscale_factor, "postscale_factor")
     out = B.empty_like(tensor, (rows,) + tuple(b.shape[1:]))
     o = B.as_buf(out, "reducescatter_async output", writable=True)
     hp = ffi.new("hora_handle_t **")
     check(lib.hora_reducescatter_async(ctx, _name(name, "reducescatter"), b.ptr, o.ptr,
-                                       rows * row, b.dtype, _op(op), b.device, hp),
+                                       rows * row, b.dtype, _op(op), pre, post, b.device, hp),
           "hora.reducescatter_async")
     return Handle(hp[0], (b, o), out)
 

@@ -399,28 +399,30 @@ def _split_sizes(n, parts):
     return [n // parts + (1 if r < n % parts else 0) for r in range(parts)]
 
 
-def reducescatter(tensor, op=Average, name=None):
+def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce over ranks, then scatter along the first dimension: rank r gets its block of
-    rows (the first dim % size ranks get one row more, as in Horovod). Same shape and dtype on
-    every rank. When the first dimension divides evenly this is hora's reduce-scatter; otherwise
-    it is an allreduce of the whole tensor followed by a slice (correct, twice the traffic).
-    Collective. Returns a new array."""
+    rows (the first dim % size ranks get one row more, as in Horovod) of
+    postscale * OP over ranks of (prescale * tensor). Same shape and dtype on every rank (the
+    shape is checked, not only the count), and the same scale factors (floating dtypes only,
+    as in allreduce). When the first dimension divides evenly this is hora's reduce-scatter;
+    otherwise it is an allreduce of the whole tensor followed by a slice (correct, twice the
+    traffic). Collective. Returns a new array."""
     ctx = _ctx()
     b = B.as_buf(tensor, "reducescatter(tensor)")
     if len(b.shape) == 0:
         raise invalid("reducescatter(tensor): a 0-d tensor cannot be split across ranks")
+    pre = _scale(prescale_factor, "prescale_factor")
+    post = _scale(postscale_factor, "postscale_factor")
     n, me = _layout(lib.hora_size), _layout(lib.hora_rank)
-    row = 1
-    for s in b.shape[1:]:
-        row *= s
     sizes = _split_sizes(b.shape[0], n)
     out = B.empty_like(tensor, (sizes[me],) + tuple(b.shape[1:]))
     o = B.as_buf(out, "reducescatter output", writable=True)
     if b.shape[0] % n == 0:
-        check(lib.hora_reducescatter(ctx, b.ptr, o.ptr, o.count, b.dtype, _op(op), b.device),
-              "hora.reducescatter")
+        lib.hora_set_call_shape(ctx, _shape_fp(b.shape))
+        check(lib.hora_reducescatter(ctx, b.ptr, o.ptr, o.count, b.dtype, _op(op), pre, post,
+                                     b.device), "hora.reducescatter")
         return out
-    full = allreduce(tensor, op=op)
+    full = allreduce(tensor, op=op, prescale_factor=pre, postscale_factor=post)
     start = sum(sizes[:me])
     B.copy_into(out, full[start:start + sizes[me]])
     return out

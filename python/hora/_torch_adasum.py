@@ -16,9 +16,32 @@ import weakref
 
 import torch
 
-from ._errors import invalid
+from ._errors import check, invalid
+from ._hora_cffi import ffi, lib
 from ._torch_ops import Adasum, grouped_allreduce_async_, synchronize
 from ._torch_psets import _view_size
+
+
+def _adasum_layout_problem(view, params):
+    """What keeps op=Adasum from running on these parameters in this process set, or None; the
+    same answer on every rank (hora.h, HORA_ADASUM): CPU tensors need a power-of-two number of
+    ranks; GPU tensors (averaged within each node, Adasum between nodes, as Horovod's GPU Adasum)
+    the same number of ranks on every node and a power-of-two number of nodes."""
+    n = _view_size(view)
+    if any(not p.is_cuda for p in params) and n & (n - 1):
+        return f"Adasum needs a power-of-two number of ranks, the process set has {n}"
+    if not any(p.is_cuda for p in params):
+        return None
+    out = ffi.new("int *")
+    check(lib.hora_is_homogeneous(view.ctx, out))
+    if not out[0]:
+        return ("Adasum of GPU tensors needs the same number of ranks on every node, as "
+                "Horovod's GPU Adasum does")
+    check(lib.hora_cross_size(view.ctx, out))
+    if out[0] & (out[0] - 1):
+        return (f"Adasum of GPU tensors needs a power-of-two number of nodes, the process set "
+                f"spans {out[0]}")
+    return None
 
 
 def _count_backward_pass(delay, p):
@@ -77,11 +100,10 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, names, compression, backward_passes_per_step, process_set, view):
         super(self.__class__, self).__init__(params)
-        n = _view_size(view)
-        if n & (n - 1):
-            raise invalid(f"DistributedOptimizer(op=Adasum): Adasum needs a power-of-two number "
-                          f"of ranks, the process set has {n}")
         all_params = [p for g in self.param_groups for p in g["params"]]
+        why = _adasum_layout_problem(view, all_params)
+        if why:
+            raise invalid(f"DistributedOptimizer(op=Adasum): {why}")
         self._hora_names = {p: "adasum.delta." + names[id(p)] for p in all_params}
         self._parameter_names = {p: names[id(p)] for p in all_params}  # Horovod's attribute
         self._hora_compression = compression

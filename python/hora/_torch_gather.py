@@ -404,38 +404,36 @@ def _reducescatter_part(view, h, tensor, name, op, pre, post, kind, group=None):
                 send[p * m:p * m + sizes[p]] = tensor[off:off + sizes[p]]
                 off += sizes[p]
         ipost = None
+        cpre, cpost = pre, post  # floating dtypes: hora_reducescatter_async scales, as Horovod
         if tensor.dtype in _INT_DTYPES:
+            cpre = cpost = 1.0  # integers: scaled here the way Horovod does (_int_scaling)
             if op == Average or pre != 1.0 or post != 1.0:
                 if rows % n == 0:
                     send = send.clone()  # scaled in place below: never the caller's tensor
                 op, ipost = _int_scaling(send, op, pre, post, n)
-        else:
-            if pre != 1.0:
-                send = send * pre
-            ipost = post if post != 1.0 else None
     out = torch.empty((m,) + trail, dtype=tensor.dtype, device=tensor.device)
     b = B.as_buf(send, kind)
     o = B.as_buf(out, f"{kind} output", writable=True)
     hp = ffi.new("hora_handle_t **")
     # Ranks must agree on the whole shape, as in Horovod ("Mismatched REDUCESCATTER tensor
-    # shapes"), not only on the count ([17, 1311] against [17, 23, 57]), and on the scale
-    # factors ("Mismatched prescale and/or postscale factors"), which hora.torch applies itself
-    # (hora_reducescatter_async has none): both go into the shape fingerprint.
-    note = (f"reducescatter's shape field also covers the scale factors; this rank has shape "
-            f"{tuple(tensor.shape)}, prescale_factor {pre:g}, postscale_factor {post:g}")
-    lib.hora_set_call_shape(view.ctx, _shape_fp(tuple(tensor.shape) + (pre, post)))
+    # shapes"), not only on the count ([17, 1311] against [17, 23, 57]): the shape fingerprint.
+    # The engine compares the scale factors it applies; those of integer tensors, applied here,
+    # ride in the fingerprint ("Mismatched prescale and/or postscale factors").
+    fp = tuple(tensor.shape) + ((pre, post) if tensor.dtype in _INT_DTYPES else ())
+    note = f"this rank's tensor has shape {tuple(tensor.shape)}"
+    if tensor.dtype in _INT_DTYPES:
+        note = (f"for an integer tensor the shape field also covers the scale factors; {note}, "
+                f"prescale_factor {pre:g}, postscale_factor {post:g}")
+    lib.hora_set_call_shape(view.ctx, _shape_fp(fp))
     _set_group(view, group, kind)  # a grouped member (see _meta): last, right before the call
     check(lib.hora_reducescatter_async(view.ctx, nm.encode(), b.ptr, o.ptr, m * _row(tensor),
-                                       b.dtype, op, b.device, hp), f"hora.torch.{kind}")
-    is_int = tensor.dtype in _INT_DTYPES
+                                       b.dtype, op, cpre, cpost, b.device, hp), f"hora.torch.{kind}")
 
     def finish(res):
         res = res[:sizes[me]]
         if ipost is None:
             return res
-        if is_int:
-            return _apply_post(res, ipost)
-        return res.mul_(ipost)
+        return _apply_post(res, ipost)
     return _ShapeNote(_async.Handle(hp[0], (b, o, send), out), note), finish
 
 

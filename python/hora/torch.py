@@ -155,8 +155,8 @@ def rocm_built():
 
 
 def is_homogeneous():
-    """True when every node runs the same number of ranks."""
-    return size() == local_size() * cross_size()
+    """True when every node runs the same number of ranks (the same answer on every rank)."""
+    return bool(_core._layout(lib.hora_is_homogeneous))
 
 
 def start_timeline(file_path, mark_cycles=False):

@@ -36,8 +36,8 @@
 /* Send `sbytes` at sbuf to partner and receive `rbytes` into rbuf (either may be 0). The wait
  * watches the heartbeat's verdict (algo/state.c): a dead or stopped partner ends it with
  * HORA_ERR_REMOTE instead of a hang. */
-static hora_result_t swap(hora_ctx_t *ctx, int partner, const void *sbuf, size_t sbytes, void *rbuf,
-                          size_t rbytes) {
+static hora_result_t swap(hora_ctx_t *ctx, MPI_Comm comm, int partner, const void *sbuf, size_t sbytes,
+                          void *rbuf, size_t rbytes) {
   MPI_Datatype st, rt;
   int sown = 0, rown = 0;
   HORA_CHECK(hora__mpi_bytes_type(sbytes, &st, &sown));
@@ -47,8 +47,8 @@ static hora_result_t swap(hora_ctx_t *ctx, int partner, const void *sbuf, size_t
     return rc;
   }
   MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  int mrc = MPI_Irecv(rbuf, rbytes ? 1 : 0, rt, partner, ADASUM_TAG, ctx->world, &req[0]);
-  if (mrc == MPI_SUCCESS) mrc = MPI_Isend(sbuf, sbytes ? 1 : 0, st, partner, ADASUM_TAG, ctx->world, &req[1]);
+  int mrc = MPI_Irecv(rbuf, rbytes ? 1 : 0, rt, partner, ADASUM_TAG, comm, &req[0]);
+  if (mrc == MPI_SUCCESS) mrc = MPI_Isend(sbuf, sbytes ? 1 : 0, st, partner, ADASUM_TAG, comm, &req[1]);
   if (sown) MPI_Type_free(&st); /* MPI keeps a type alive until the requests using it end */
   if (rown) MPI_Type_free(&rt);
   if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Isend/Irecv(adasum)", __FILE__, __LINE__);
@@ -73,16 +73,16 @@ static hora_result_t swap(hora_ctx_t *ctx, int partner, const void *sbuf, size_t
 DOTS(float)
 DOTS(double)
 
-/* Sum 3 doubles over the 2d ranks of this rank's group (aligned, ranks g*2d .. g*2d+2d-1). The
- * received partials live in a per-thread buffer, not on the stack: after HORA_ERR_REMOTE MPI may
- * still write them. */
-static hora_result_t group_sum(hora_ctx_t *ctx, int rank, int d, double *s) {
+/* Sum 3 doubles over the 2d ranks of this rank's group (aligned, ranks g*2d .. g*2d+2d-1 of comm).
+ * The received partials live in a per-thread buffer, not on the stack: after HORA_ERR_REMOTE MPI
+ * may still write them. */
+static hora_result_t group_sum(hora_ctx_t *ctx, MPI_Comm comm, int rank, int d, double *s) {
   static _Thread_local double r[3];
   for (int dd = 1; dd <= d; dd <<= 1) {
     int partner = rank ^ dd;
     MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    int mrc = MPI_Irecv(r, 3, MPI_DOUBLE, partner, ADASUM_TAG + 1, ctx->world, &req[0]);
-    if (mrc == MPI_SUCCESS) mrc = MPI_Isend(s, 3, MPI_DOUBLE, partner, ADASUM_TAG + 1, ctx->world, &req[1]);
+    int mrc = MPI_Irecv(r, 3, MPI_DOUBLE, partner, ADASUM_TAG + 1, comm, &req[0]);
+    if (mrc == MPI_SUCCESS) mrc = MPI_Isend(s, 3, MPI_DOUBLE, partner, ADASUM_TAG + 1, comm, &req[1]);
     if (mrc != MPI_SUCCESS) return hora__mpi_error(mrc, "MPI_Isend/Irecv(adasum dots)", __FILE__, __LINE__);
     HORA_CHECK(hora__algo_wait(ctx, 2, req, "hora_allreduce (adasum dots)"));
     /* The lower rank's partial first, so both ranks compute the same sum bit for bit. */
@@ -91,24 +91,20 @@ static hora_result_t group_sum(hora_ctx_t *ctx, int rank, int d, double *s) {
   return HORA_SUCCESS;
 }
 
-hora_result_t hora__adasum_host(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
-                                hora_dtype_t dtype, double prescale, double postscale) {
-  const int n = ctx->size, rank = ctx->rank;
-  if (n & (n - 1))
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
-                    "hora_allreduce: HORA_ADASUM needs a power-of-two number of ranks (this context "
-                    "has %d), as Horovod's Adasum does", n);
-  const int is64 = dtype == HORA_FLOAT64;
+static void scale_in_place(void *buf, size_t count, int is64, double f) {
+  if (f == 1.0) return;
+  for (size_t i = 0; i < count; i++)
+    if (is64) ((double *)buf)[i] *= f;
+    else ((float *)buf)[i] = (float)(((float *)buf)[i] * f);
+}
+
+/* The Adasum of buf (count elements) over the n = 2^k ranks of comm (this one is `rank`), in place:
+ * the reduce phase and the allgather phase of the comment at the top. */
+static hora_result_t adasum_comm(hora_ctx_t *ctx, MPI_Comm comm, int rank, int n, char *buf, size_t count,
+                                 int is64) {
   const size_t es = is64 ? sizeof(double) : sizeof(float);
-  if (src != dst && count) memmove(dst, src, count * es);
-  if (prescale != 1.0) {
-    for (size_t i = 0; i < count; i++)
-      if (is64) ((double *)dst)[i] *= prescale;
-      else ((float *)dst)[i] = (float)(((float *)dst)[i] * prescale);
-  }
   void *tmp = NULL;
   if (n > 1) HORA_CHECK(hora__algo_scratch(ctx, (count / 2 + 1) * es, &tmp));
-  char *buf = dst;
   size_t off[MAX_LEVELS + 1], len[MAX_LEVELS + 1];
   off[0] = 0, len[0] = count;
   int level = 0;
@@ -118,13 +114,13 @@ hora_result_t hora__adasum_host(hora_ctx_t *ctx, const void *src, void *dst, siz
     size_t left = len[level] / 2, right = len[level] - left;
     size_t koff = lower ? off[level] : off[level] + left, klen = lower ? left : right;
     size_t soff = lower ? off[level] + left : off[level], slen = lower ? right : left;
-    HORA_CHECK(swap(ctx, partner, buf + soff * es, slen * es, tmp, klen * es));
+    HORA_CHECK(swap(ctx, comm, partner, buf + soff * es, slen * es, tmp, klen * es));
     const void *mine = buf + koff * es;
     const void *lo = lower ? mine : tmp, *hi = lower ? tmp : mine;
     double s[3];
     if (is64) dots_double(lo, hi, klen, s);
     else dots_float(lo, hi, klen, s);
-    HORA_CHECK(group_sum(ctx, rank, d, s));
+    HORA_CHECK(group_sum(ctx, comm, rank, d, s));
     double ca = s[1] >= ADASUM_EPS ? 1.0 - s[0] / (2.0 * s[1]) : 1.0;
     double cb = s[2] >= ADASUM_EPS ? 1.0 - s[0] / (2.0 * s[2]) : 1.0;
     if (is64) combine_double((double *)(buf + koff * es), lo, hi, klen, ca, cb);
@@ -137,13 +133,52 @@ hora_result_t hora__adasum_host(hora_ctx_t *ctx, const void *src, void *dst, siz
     int partner = rank ^ d, lower = !(rank & d);
     size_t left = len[level] / 2;
     size_t poff = lower ? off[level] + left : off[level], plen = len[level] - len[level + 1];
-    HORA_CHECK(swap(ctx, partner, buf + off[level + 1] * es, len[level + 1] * es, buf + poff * es,
+    HORA_CHECK(swap(ctx, comm, partner, buf + off[level + 1] * es, len[level + 1] * es, buf + poff * es,
                     plen * es));
   }
-  if (postscale != 1.0) {
-    for (size_t i = 0; i < count; i++)
-      if (is64) ((double *)dst)[i] *= postscale;
-      else ((float *)dst)[i] = (float)(((float *)dst)[i] * postscale);
-  }
+  return HORA_SUCCESS;
+}
+
+hora_result_t hora__adasum_host(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
+                                hora_dtype_t dtype, double prescale, double postscale) {
+  const int n = ctx->size;
+  if (n & (n - 1))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
+                    "hora_allreduce: HORA_ADASUM needs a power-of-two number of ranks (this context "
+                    "has %d), as Horovod's Adasum does", n);
+  const int is64 = dtype == HORA_FLOAT64;
+  if (src != dst && count) memmove(dst, src, count * (is64 ? sizeof(double) : sizeof(float)));
+  scale_in_place(dst, count, is64, prescale);
+  HORA_CHECK(adasum_comm(ctx, ctx->world, ctx->rank, n, dst, count, is64));
+  scale_in_place(dst, count, is64, postscale);
+  return HORA_SUCCESS;
+}
+
+/* Horovod 0.28's Adasum of device tensors in its NCCL builds (AdasumGpuAllreduceOp, and the
+ * postscale divided by the local size in EnqueueTensorAllreduces): within each node the ranks'
+ * prescaled vectors are summed (there: ncclReduceScatter; here: the ring over ctx->local), the
+ * node sums are combined by Adasum across nodes (there: from level local_size of the global
+ * tree, each local rank on its slice; here: every local rank over ctx->cross on the whole vector,
+ * the same inputs and steps on every local rank, so the same bits), and the result is multiplied
+ * by postscale / local size: an average within the node, Adasum between nodes. One node: the
+ * average. Needs the same number of ranks on every node and a power-of-two number of nodes, as
+ * Horovod's checks in horovod/torch/mpi_ops.py do. */
+hora_result_t hora__adasum_nodes_host(hora_ctx_t *ctx, void *buf, size_t count, hora_dtype_t dtype,
+                                      double prescale, double postscale) {
+  const int C = ctx->cross_size;
+  if (!ctx->uniform_local_size)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
+                    "hora_allreduce: HORA_ADASUM on device buffers needs the same number of ranks on every "
+                    "node (this context's nodes differ), as Horovod's GPU Adasum does");
+  if (C & (C - 1))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
+                    "hora_allreduce: HORA_ADASUM on device buffers needs a power-of-two number of nodes (this "
+                    "context spans %d), as Horovod's GPU Adasum does", C);
+  const int is64 = dtype == HORA_FLOAT64;
+  scale_in_place(buf, count, is64, prescale);
+  if (ctx->local_size > 1 && count)
+    HORA_CHECK(hora__ring_allreduce(ctx, ctx->local, buf, buf, count, dtype, HORA_SUM));
+  if (C > 1) HORA_CHECK(adasum_comm(ctx, ctx->cross, ctx->cross_rank, C, buf, count, is64));
+  scale_in_place(buf, count, is64, postscale / (double)ctx->local_size);
   return HORA_SUCCESS;
 }

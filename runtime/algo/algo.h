@@ -130,6 +130,12 @@ hora_result_t hora__call_compare(hora_ctx_t *ctx, const char *fn, const uint64_t
  * HORA_ERR_INVALID_ARGUMENT when the world size is not a power of two (on every rank). */
 hora_result_t hora__adasum_host(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
                                 hora_dtype_t dtype, double prescale, double postscale);
+/* algo/adasum.c: HORA_ADASUM of device buffers staged in host memory (buf, count elements, in
+ * place), as Horovod 0.28's GPU Adasum: postscale / local size * Adasum over nodes of the sum over
+ * each node's ranks of prescale * buf. HORA_ERR_INVALID_ARGUMENT (on every rank) when the nodes
+ * hold different numbers of ranks or their number is not a power of two. */
+hora_result_t hora__adasum_nodes_host(hora_ctx_t *ctx, void *buf, size_t count, hora_dtype_t dtype,
+                                      double prescale, double postscale);
 /* algo/hier.c: needs ctx->uniform_local_size. */
 hora_result_t hora__hier_allreduce(hora_ctx_t *ctx, const void *src, void *dst, size_t count,
                                    hora_dtype_t dtype, hora_op_t op);
@@ -140,7 +146,7 @@ hora_result_t hora__hier_allreduce(hora_ctx_t *ctx, const void *src, void *dst, 
  * ctx->local). Collective over ctx->local. Errors: HORA_ERR_REMOTE (the heartbeat's verdict);
  * HORA_ERR_TIMEOUT when a live rank has not come within HORA_STALL_SHUTDOWN_S (named in the
  * message, as `fn`; after HORA_STALL_WARNING_S a warning names it). */
-#define HORA_SHM_WORDS 3
+#define HORA_SHM_WORDS 5
 hora_result_t hora__shm_exchange_words(hora_ctx_t *ctx, const uint64_t *mine, uint64_t *all, const char *fn);
 
 /* shm.c: free the window (collective over ctx->local; called by the state's finalizer). */

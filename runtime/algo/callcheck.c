@@ -1,7 +1,7 @@
 /* The cross-rank call check of the blocking collectives: before a blocking collective moves any
  * data, every rank's call descriptor (which collective, count, dtype, op, root, device and the
- * caller's shape fingerprint, and for allreduce the algorithm it resolved to, packed in 3 uint64
- * words) is agreed:
+ * caller's shape fingerprint, the scale factors of allreduce and reducescatter, and for allreduce the
+ * algorithm it resolved to, packed in HORA_SHM_WORDS uint64 words, W below) is agreed:
  *
  *   one node   : each rank writes its words into its header of the shared-memory window
  *                (algo/shm.c) and passes one of the window's barriers; every rank then reads all
@@ -9,7 +9,7 @@
  *                A host allreduce that runs the shm algorithm (every size with the check on)
  *                writes its words before its first copy-in and compares them after that first
  *                barrier (hora__shm_run_opts, hora__allreduce_checked): no barrier of its own
- *   several    : one MPI_Allreduce (MPI_MAX) of 6 words, the descriptor and its bitwise
+ *   several    : one MPI_Allreduce (MPI_MAX) of 2W words, the descriptor and its bitwise
  *   nodes        complement (max of ~v = ~min of v), so every rank learns the minimum and maximum
  *                of each word; only when they differ (the rare path) an MPI_Allgather of the
  *                descriptors follows so that every rank can name which ranks hold which value
@@ -28,6 +28,8 @@
 #include <string.h>
 
 #include "algo/coll.h"
+
+#define W HORA_SHM_WORDS
 
 static _Thread_local struct {
   const hora_ctx_t *ctx;
@@ -113,13 +115,28 @@ static uint64_t pack0(const hora_call_desc_t *d) {
          (uint64_t)(d->device & 0xf) << 36 | (uint64_t)(d->algo & 0xf) << 32 | (uint32_t)d->root;
 }
 
-void hora__call_pack(const hora_call_desc_t *d, uint64_t w[3]) {
-  w[0] = pack0(d), w[1] = d->count, w[2] = d->shape;
+/* The scale factors travel as their IEEE-754 bits: equal bits, equal factors (a NaN is refused
+ * before, by the local checks). */
+static uint64_t dbits(double v) {
+  uint64_t b;
+  memcpy(&b, &v, sizeof b);
+  return b;
 }
 
-enum { F_KIND, F_COUNT, F_DTYPE, F_OP, F_ROOT, F_DEVICE, F_ALGO, F_SHAPE, F_N };
+static double bits_to_double(uint64_t b) {
+  double v;
+  memcpy(&v, &b, sizeof v);
+  return v;
+}
+
+void hora__call_pack(const hora_call_desc_t *d, uint64_t w[HORA_SHM_WORDS]) {
+  w[0] = pack0(d), w[1] = d->count, w[2] = d->shape, w[3] = dbits(d->prescale), w[4] = dbits(d->postscale);
+}
+
+enum { F_KIND, F_COUNT, F_DTYPE, F_OP, F_ROOT, F_DEVICE, F_ALGO, F_PRESCALE, F_POSTSCALE, F_SHAPE, F_N };
 static const char *const field_names[F_N] = {"collective", "count", "dtype", "op", "root", "device",
-                                             "allreduce algorithm (HORA_ALLREDUCE_ALGO)", "shape"};
+                                             "allreduce algorithm (HORA_ALLREDUCE_ALGO)", "prescale",
+                                             "postscale", "shape"};
 
 static uint64_t field_of(const uint64_t *w, int f) {
   switch (f) {
@@ -130,6 +147,8 @@ static uint64_t field_of(const uint64_t *w, int f) {
     case F_ROOT: return (uint32_t)w[0];
     case F_DEVICE: return (w[0] >> 36) & 0xf;
     case F_ALGO: return (w[0] >> 32) & 0xf;
+    case F_PRESCALE: return w[3];
+    case F_POSTSCALE: return w[4];
     default: return w[2];
   }
 }
@@ -143,6 +162,8 @@ static void format_value(char *out, size_t n, int f, uint64_t v) {
     case F_DEVICE: snprintf(out, n, "%s", v == HORA_DEVICE_CUDA ? "cuda" : "host"); break;
     case F_ALGO: snprintf(out, n, "%s", hora__algo_name((hora_algo_t)v)); break;
     case F_SHAPE: snprintf(out, n, v ? "%#llx" : "unchecked", (unsigned long long)v); break;
+    case F_PRESCALE:
+    case F_POSTSCALE: snprintf(out, n, "%.17g", bits_to_double(v)); break;
     default: snprintf(out, n, "%llu", (unsigned long long)v);
   }
 }
@@ -150,29 +171,29 @@ static void format_value(char *out, size_t n, int f, uint64_t v) {
 /* Appends "value on ranks a,b; value on rank c" for field f of the gathered descriptors. */
 static size_t describe_field(char *msg, size_t cap, size_t len, const uint64_t *all, int size, int f) {
   for (int r = 0; r < size && len < cap; r++) {
-    uint64_t v = field_of(all + 3 * (size_t)r, f);
+    uint64_t v = field_of(all + W * (size_t)r, f);
     int first = 1, count = 0;
-    for (int q = 0; q < r && first; q++) first = field_of(all + 3 * (size_t)q, f) != v;
+    for (int q = 0; q < r && first; q++) first = field_of(all + W * (size_t)q, f) != v;
     if (!first) continue;
-    for (int q = r; q < size; q++) count += field_of(all + 3 * (size_t)q, f) == v;
+    for (int q = r; q < size; q++) count += field_of(all + W * (size_t)q, f) == v;
     char val[64];
     format_value(val, sizeof val, f, v);
     len += (size_t)snprintf(msg + len, cap - len, "%s%s on rank%s", len && msg[len - 1] != ' ' ? "; " : "",
                             val, count > 1 ? "s " : " ");
     for (int q = r, k = 0; q < size && len < cap; q++)
-      if (field_of(all + 3 * (size_t)q, f) == v)
+      if (field_of(all + W * (size_t)q, f) == v)
         len += (size_t)snprintf(msg + len, cap - len, k++ ? ",%d" : "%d", q);
   }
   return len < cap ? len : cap - 1;
 }
 
-/* Whether field f differs between any two ranks' descriptors (`all`: 3 words per rank). For the
+/* Whether field f differs between any two ranks' descriptors (`all`: W words per rank). For the
  * shape, 0 (unchecked) matches anything: only the non-zero values are compared. */
 static int field_differs(const uint64_t *all, int size, int f) {
   uint64_t first = 0;
   int have = 0;
   for (int r = 0; r < size; r++) {
-    uint64_t v = field_of(all + 3 * (size_t)r, f);
+    uint64_t v = field_of(all + W * (size_t)r, f);
     if (f == F_SHAPE && v == 0) continue;
     if (have && v != first) return 1;
     first = v, have = 1;
@@ -180,7 +201,7 @@ static int field_differs(const uint64_t *all, int size, int f) {
   return 0;
 }
 
-/* The message of a disagreement, from every rank's descriptor (`all`: 3 words per rank, in rank
+/* The message of a disagreement, from every rank's descriptor (`all`: W words per rank, in rank
  * order; the same on every rank, apart from the leading function name, which is this rank's own
  * call). */
 static hora_result_t report(const hora_ctx_t *ctx, const char *fn, const uint64_t *all) {
@@ -206,11 +227,11 @@ static hora_result_t report(const hora_ctx_t *ctx, const char *fn, const uint64_
 }
 
 /* The rare path across nodes: gather every rank's descriptor to name who holds what. */
-static hora_result_t gather_and_report(hora_ctx_t *ctx, const char *fn, const uint64_t mine[3]) {
-  uint64_t *all = malloc(3 * (size_t)ctx->size * sizeof *all);
+static hora_result_t gather_and_report(hora_ctx_t *ctx, const char *fn, const uint64_t mine[W]) {
+  uint64_t *all = malloc(W * (size_t)ctx->size * sizeof *all);
   if (!all) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory reporting a mismatch", fn);
   MPI_Request req = MPI_REQUEST_NULL;
-  int rc = MPI_Iallgather(mine, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, ctx->world, &req);
+  int rc = MPI_Iallgather(mine, W, MPI_UINT64_T, all, W, MPI_UINT64_T, ctx->world, &req);
   hora_result_t r = rc == MPI_SUCCESS ? hora__algo_wait(ctx, 1, &req, fn)
                                       : hora__mpi_error(rc, "MPI_Iallgather(call descriptors)", __FILE__, __LINE__);
   /* After HORA_ERR_REMOTE MPI may still write `all`: leaked, as the ring's buffers (ctx.h). */
@@ -226,15 +247,16 @@ static hora_result_t gather_and_report(hora_ctx_t *ctx, const char *fn, const ui
 hora_result_t hora__call_compare(hora_ctx_t *ctx, const char *fn, const uint64_t *all) {
   uint64_t shape = 0; /* the first checked shape; an unchecked one (0) matches anything */
   for (int j = 0; j < ctx->size; j++) {
-    const uint64_t *w = all + 3 * (size_t)j;
-    if (w[0] != all[0] || w[1] != all[1] || (w[2] && shape && w[2] != shape)) return report(ctx, fn, all);
+    const uint64_t *w = all + W * (size_t)j;
+    if (w[0] != all[0] || w[1] != all[1] || w[3] != all[3] || w[4] != all[4] || (w[2] && shape && w[2] != shape))
+      return report(ctx, fn, all);
     if (w[2]) shape = w[2];
   }
   return HORA_SUCCESS;
 }
 
-static hora_result_t agree_node(hora_ctx_t *ctx, const char *fn, const uint64_t mine[3]) {
-  uint64_t stack[3 * 16], *all = ctx->size <= 16 ? stack : malloc(3 * (size_t)ctx->size * sizeof *all);
+static hora_result_t agree_node(hora_ctx_t *ctx, const char *fn, const uint64_t mine[W]) {
+  uint64_t stack[W * 16], *all = ctx->size <= 16 ? stack : malloc(W * (size_t)ctx->size * sizeof *all);
   if (!all) return HORA_ERR(HORA_ERR_NO_MEMORY, "%s: out of memory for the call check", fn);
   hora_result_t r = hora__shm_exchange_words(ctx, mine, all, fn);
   if (r == HORA_SUCCESS) r = hora__call_compare(ctx, fn, all);
@@ -244,19 +266,24 @@ static hora_result_t agree_node(hora_ctx_t *ctx, const char *fn, const uint64_t 
 
 hora_result_t hora__call_agree(hora_ctx_t *ctx, const char *fn, const hora_call_desc_t *d) {
   if (!hora__call_check_on() || ctx->size == 1) return HORA_SUCCESS;
-  uint64_t mine[3];
+  uint64_t mine[W];
   hora__call_pack(d, mine);
   if (ctx->cross_size == 1) return agree_node(ctx, fn, mine);
   /* Max of the values and of their complements; an unchecked shape (0) takes no part in the min. */
   /* Non-blocking and waited on with the heartbeat's verdict watched: a dead or stopped peer ends
    * the check with HORA_ERR_REMOTE like any other wait (algo/state.c). w lives in a static
    * per-thread buffer, not on the stack, so that MPI may still write it after such an abandon. */
-  static _Thread_local uint64_t w[6];
-  w[0] = mine[0], w[1] = mine[1], w[2] = mine[2], w[3] = ~mine[0], w[4] = ~mine[1], w[5] = d->shape ? ~d->shape : 0;
+  static _Thread_local uint64_t w[2 * W];
+  for (int i = 0; i < W; i++) w[i] = mine[i], w[W + i] = ~mine[i];
+  w[W + 2] = d->shape ? ~d->shape : 0;
   MPI_Request req = MPI_REQUEST_NULL;
-  HORA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, w, 6, MPI_UINT64_T, MPI_MAX, ctx->world, &req));
+  HORA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, w, 2 * W, MPI_UINT64_T, MPI_MAX, ctx->world, &req));
   HORA_CHECK(hora__algo_wait_call(ctx, 1, &req, fn)); /* with the stall inspection */
-  uint64_t mx[3] = {w[0], w[1], w[2]}, mn[3] = {~w[3], ~w[4], w[5] ? ~w[5] : 0};
-  if (mx[0] == mn[0] && mx[1] == mn[1] && (mn[2] == 0 || mn[2] == mx[2])) return HORA_SUCCESS;
+  int same = 1;
+  for (int i = 0; i < W; i++) {
+    uint64_t mx = w[i], mn = i == 2 ? (w[W + i] ? ~w[W + i] : 0) : ~w[W + i];
+    if (i == 2 ? mn != 0 && mn != mx : mn != mx) same = 0;
+  }
+  if (same) return HORA_SUCCESS;
   return gather_and_report(ctx, fn, mine);
 }

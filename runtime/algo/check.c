@@ -67,22 +67,26 @@ hora_result_t hora__device_unsupported(const char *fn) {
 #endif
 }
 
-hora_result_t hora__check_allreduce(hora_ctx_t *ctx, const char *fn, const void *sendbuf,
-                                    void *recvbuf, size_t count, hora_dtype_t dtype, hora_op_t op,
-                                    double prescale, double postscale, hora_device_t device) {
-  HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
-  if ((unsigned)op >= HORA_OP_COUNT && op != HORA_ADASUM)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: op %d is not a hora_op_t", fn, (int)op);
-  if (op == HORA_ADASUM && dtype != HORA_FLOAT32 && dtype != HORA_FLOAT64)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: HORA_ADASUM needs HORA_FLOAT32 or HORA_FLOAT64, not %s",
-                    fn, hora__dtype_name(dtype));
-  if (op == HORA_ADASUM && device != HORA_DEVICE_HOST)
-    return HORA_ERR(HORA_ERR_NOT_SUPPORTED, "%s: HORA_ADASUM runs on host buffers only", fn);
-  size_t bytes = 0;
-  HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, count, dtype, &bytes));
-  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, count, dtype, NULL));
-  if (overlaps_partially(sendbuf, bytes, recvbuf, bytes))
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sendbuf and recvbuf overlap partially", fn);
+/* Adasum's size rules (hora.h), part of the local argument checks: every rank reaches the same
+ * verdict (the layout is the same everywhere), the blocking call returns it on every rank through
+ * the call check's "invalid arguments", and the engine never sees a request that would fail it.
+ * Host buffers: a power-of-two number of ranks. Device buffers (averaged within each node, Adasum
+ * between nodes): the same number of ranks on every node and a power-of-two number of nodes. */
+static hora_result_t check_adasum_layout(hora_ctx_t *ctx, const char *fn, hora_device_t device) {
+  if (device != HORA_DEVICE_CUDA && (ctx->size & (ctx->size - 1)))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: HORA_ADASUM needs a power-of-two number of ranks "
+                    "(this context has %d), as Horovod's Adasum does", fn, ctx->size);
+  if (device == HORA_DEVICE_CUDA && !ctx->uniform_local_size)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: HORA_ADASUM on device buffers needs the same number of "
+                    "ranks on every node (this context's nodes differ), as Horovod's GPU Adasum does", fn);
+  if (device == HORA_DEVICE_CUDA && (ctx->cross_size & (ctx->cross_size - 1)))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: HORA_ADASUM on device buffers needs a power-of-two number "
+                    "of nodes (this context spans %d), as Horovod's GPU Adasum does", fn, ctx->cross_size);
+  return HORA_SUCCESS;
+}
+
+/* The op and scale factors of allreduce and reducescatter against the dtype. */
+static hora_result_t check_scale(const char *fn, hora_dtype_t dtype, hora_op_t op, double prescale, double postscale) {
   int is_float = dtype == HORA_FLOAT16 || dtype == HORA_BFLOAT16 || dtype == HORA_FLOAT32 ||
                  dtype == HORA_FLOAT64;
   if (dtype == HORA_BOOL && op == HORA_AVERAGE)
@@ -95,6 +99,24 @@ hora_result_t hora__check_allreduce(hora_ctx_t *ctx, const char *fn, const void 
   if (!(prescale == prescale) || !(postscale == postscale))
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: prescale or postscale is NaN", fn);
   return HORA_SUCCESS;
+}
+
+hora_result_t hora__check_allreduce(hora_ctx_t *ctx, const char *fn, const void *sendbuf,
+                                    void *recvbuf, size_t count, hora_dtype_t dtype, hora_op_t op,
+                                    double prescale, double postscale, hora_device_t device) {
+  HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
+  if ((unsigned)op >= HORA_OP_COUNT && op != HORA_ADASUM)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: op %d is not a hora_op_t", fn, (int)op);
+  if (op == HORA_ADASUM && dtype != HORA_FLOAT32 && dtype != HORA_FLOAT64)
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: HORA_ADASUM needs HORA_FLOAT32 or HORA_FLOAT64, not %s",
+                    fn, hora__dtype_name(dtype));
+  if (op == HORA_ADASUM) HORA_CHECK(check_adasum_layout(ctx, fn, device));
+  size_t bytes = 0;
+  HORA_CHECK(hora__check_buf(fn, "sendbuf", sendbuf, count, dtype, &bytes));
+  HORA_CHECK(hora__check_buf(fn, "recvbuf", recvbuf, count, dtype, NULL));
+  if (overlaps_partially(sendbuf, bytes, recvbuf, bytes))
+    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: sendbuf and recvbuf overlap partially", fn);
+  return check_scale(fn, dtype, op, prescale, postscale);
 }
 
 hora_result_t hora__check_broadcast(hora_ctx_t *ctx, const char *fn, void *buf, size_t count,
@@ -133,10 +155,11 @@ hora_result_t hora__check_allgather(hora_ctx_t *ctx, const char *fn, const void 
 
 hora_result_t hora__check_reducescatter(hora_ctx_t *ctx, const char *fn, const void *sendbuf,
                                         void *recvbuf, size_t recvcount, hora_dtype_t dtype, hora_op_t op,
-                                        hora_device_t device) {
+                                        double prescale, double postscale, hora_device_t device) {
   HORA_CHECK(hora__check_common(ctx, fn, dtype, device));
   if ((unsigned)op >= HORA_OP_COUNT)
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: op %d is not a hora_op_t", fn, (int)op);
+  HORA_CHECK(check_scale(fn, dtype, op, prescale, postscale));
   size_t es = hora__dtype_size(dtype);
   size_t total = 0;
   HORA_CHECK(world_blocks(ctx, fn, "recvcount", recvcount, dtype, &total));

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "algo/coll.h"
+#include "hora_kernels.h"
 
 /* ---- host bodies ---- */
 
@@ -151,13 +152,30 @@ done:
 }
 
 /* Host reduce-scatter: the reduce-scatter phase of the ring (algo/ring.c), which moves
- * (n-1)/n of the buffer per rank instead of the 2(n-1)/n of a full allreduce. */
+ * (n-1)/n of the buffer per rank instead of the 2(n-1)/n of a full allreduce. A prescale other
+ * than 1 reduces a scaled copy (Horovod scales the input before the reduction too, so that a
+ * float16 sum that would overflow unscaled does not). */
 hora_result_t hora__reducescatter_host(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
-                                       size_t recvcount, hora_dtype_t dtype, hora_op_t op) {
+                                       size_t recvcount, hora_dtype_t dtype, hora_op_t op,
+                                       double prescale, double postscale) {
   if (recvcount == 0) return HORA_SUCCESS;
-  HORA_CHECK(hora__ring_reducescatter(ctx, sendbuf, recvbuf, recvcount, dtype,
-                                      op == HORA_AVERAGE ? HORA_SUM : op));
-  return hora__scale_and_average(ctx, recvbuf, recvcount, dtype, op, 1.0);
+  void *scaled = NULL;
+  if (prescale != 1.0) {
+    size_t n = recvcount * (size_t)ctx->size;
+    if (!(scaled = malloc(n * hora__dtype_size(dtype))))
+      return HORA_ERR(HORA_ERR_NO_MEMORY, "hora_reducescatter: out of memory for the prescaled copy (%zu elements)",
+                      n);
+    hora_result_t rc = hora__scale_host(scaled, sendbuf, n, dtype, prescale, NULL);
+    if (rc != HORA_SUCCESS) {
+      free(scaled);
+      return rc;
+    }
+  }
+  hora_result_t rc = hora__ring_reducescatter(ctx, scaled ? scaled : sendbuf, recvbuf, recvcount, dtype,
+                                              op == HORA_AVERAGE ? HORA_SUM : op);
+  free(scaled);
+  HORA_CHECK(rc);
+  return hora__scale_and_average(ctx, recvbuf, recvcount, dtype, op, postscale);
 }
 
 /* The call counts of the context hora_init made (ctx->calls, core/ctx.h), which its heartbeat
@@ -210,6 +228,7 @@ static hora_result_t refuse(hora_ctx_t *ctx, const char *fn, hora_call_desc_t *d
   snprintf(msg, sizeof msg, "%s", hora_last_error());
   d->kind = HORA_CALL_INVALID;
   d->count = 0, d->dtype = 0, d->op = 0, d->root = 0, d->device = 0, d->shape = 0, d->algo = 0;
+  d->prescale = 0, d->postscale = 0;
   hora_result_t arc = agree(ctx, fn, d);
   if (arc != HORA_ERR_TIMEOUT && !hora__ctx_failed(ctx)) hora__call_ended_everywhere(ctx); /* the others got the mismatch */
   return HORA_ERR(rc, "%s", msg);
@@ -224,7 +243,8 @@ HORA_EXPORT hora_result_t hora_allreduce(hora_ctx_t *ctx, const void *sendbuf, v
                                          size_t count, hora_dtype_t dtype, hora_op_t op,
                                          double prescale, double postscale, hora_device_t device) {
   const char *fn = "hora_allreduce";
-  hora_call_desc_t d = {HORA_CALL_ALLREDUCE, count, dtype, op, 0, device, hora__call_shape_take(ctx), 0};
+  hora_call_desc_t d = {HORA_CALL_ALLREDUCE, count,     dtype,    op,       0, device, hora__call_shape_take(ctx),
+                        0,                  prescale, postscale};
   hora_result_t rc = hora__check_allreduce(ctx, fn, sendbuf, recvbuf, count, dtype, op, prescale, postscale, device);
   hora_algo_t algo = HORA_ALGO_AUTO;
   if (rc == HORA_SUCCESS && device != HORA_DEVICE_CUDA) rc = hora__algo_parse(hora__params()->allreduce_algo, &algo);
@@ -243,7 +263,7 @@ HORA_EXPORT hora_result_t hora_allreduce(hora_ctx_t *ctx, const void *sendbuf, v
 HORA_EXPORT hora_result_t hora_broadcast(hora_ctx_t *ctx, void *buf, size_t count,
                                          hora_dtype_t dtype, int root, hora_device_t device) {
   const char *fn = "hora_broadcast";
-  hora_call_desc_t d = {HORA_CALL_BROADCAST, count, dtype, 0, root, device, hora__call_shape_take(ctx), 0};
+  hora_call_desc_t d = {HORA_CALL_BROADCAST, count, dtype, 0, root, device, hora__call_shape_take(ctx), 0, 0, 0};
   size_t bytes = 0;
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_broadcast(ctx, fn, buf, count, dtype, root, device, &bytes)));
   HORA_CHECK(agree(ctx, fn, &d));
@@ -257,7 +277,7 @@ HORA_EXPORT hora_result_t hora_broadcast(hora_ctx_t *ctx, void *buf, size_t coun
 HORA_EXPORT hora_result_t hora_allgather(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                          size_t count, hora_dtype_t dtype, hora_device_t device) {
   const char *fn = "hora_allgather";
-  hora_call_desc_t d = {HORA_CALL_ALLGATHER, count, dtype, 0, 0, device, hora__call_shape_take(ctx), 0};
+  hora_call_desc_t d = {HORA_CALL_ALLGATHER, count, dtype, 0, 0, device, hora__call_shape_take(ctx), 0, 0, 0};
   size_t bytes = 0;
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_allgather(ctx, fn, sendbuf, recvbuf, count, dtype, device, &bytes)));
   HORA_CHECK(agree(ctx, fn, &d));
@@ -281,7 +301,7 @@ HORA_EXPORT hora_result_t hora_allgatherv(hora_ctx_t *ctx, const void *sendbuf, 
                                           hora_dtype_t dtype, hora_device_t device) {
   const char *fn = "hora_allgatherv";
   uint64_t shape = hora__call_shape_take(ctx);
-  hora_call_desc_t d = {HORA_CALL_ALLGATHERV, 0, dtype, 0, 0, device, shape, 0};
+  hora_call_desc_t d = {HORA_CALL_ALLGATHERV, 0, dtype, 0, 0, device, shape, 0, 0, 0};
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_common(ctx, fn, dtype, device)));
   d.count = sum_counts(ctx, recvcounts);
   HORA_CHECK(agree(ctx, fn, &d));
@@ -293,22 +313,25 @@ HORA_EXPORT hora_result_t hora_allgatherv(hora_ctx_t *ctx, const void *sendbuf, 
 
 HORA_EXPORT hora_result_t hora_reducescatter(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                              size_t recvcount, hora_dtype_t dtype, hora_op_t op,
-                                             hora_device_t device) {
+                                             double prescale, double postscale, hora_device_t device) {
   const char *fn = "hora_reducescatter";
-  hora_call_desc_t d = {HORA_CALL_REDUCESCATTER, recvcount, dtype, op, 0, device, hora__call_shape_take(ctx), 0};
-  HORA_CHECK(refuse(ctx, fn, &d, hora__check_reducescatter(ctx, fn, sendbuf, recvbuf, recvcount, dtype, op, device)));
+  hora_call_desc_t d = {HORA_CALL_REDUCESCATTER, recvcount, dtype, op, 0, device, hora__call_shape_take(ctx),
+                        0,                       prescale,  postscale};
+  HORA_CHECK(refuse(ctx, fn, &d,
+                    hora__check_reducescatter(ctx, fn, sendbuf, recvbuf, recvcount, dtype, op, prescale, postscale,
+                                              device)));
   HORA_CHECK(agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
     if (!hora__gpu_hooks.reducescatter) return hora__device_unsupported(fn);
-    return done(ctx, hora__gpu_hooks.reducescatter(ctx, sendbuf, recvbuf, recvcount, dtype, op));
+    return done(ctx, hora__gpu_hooks.reducescatter(ctx, sendbuf, recvbuf, recvcount, dtype, op, prescale, postscale));
   }
-  return done(ctx, hora__reducescatter_host(ctx, sendbuf, recvbuf, recvcount, dtype, op));
+  return done(ctx, hora__reducescatter_host(ctx, sendbuf, recvbuf, recvcount, dtype, op, prescale, postscale));
 }
 
 HORA_EXPORT hora_result_t hora_alltoall(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
                                         size_t count, hora_dtype_t dtype, hora_device_t device) {
   const char *fn = "hora_alltoall";
-  hora_call_desc_t d = {HORA_CALL_ALLTOALL, count, dtype, 0, 0, device, hora__call_shape_take(ctx), 0};
+  hora_call_desc_t d = {HORA_CALL_ALLTOALL, count, dtype, 0, 0, device, hora__call_shape_take(ctx), 0, 0, 0};
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_alltoall(ctx, fn, sendbuf, recvbuf, count, dtype, device)));
   HORA_CHECK(agree(ctx, fn, &d));
   if (device == HORA_DEVICE_CUDA) {
@@ -324,7 +347,7 @@ HORA_EXPORT hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf,
                                          hora_device_t device) {
   const char *fn = "hora_alltoallv";
   uint64_t shape = hora__call_shape_take(ctx);
-  hora_call_desc_t d = {HORA_CALL_ALLTOALLV, 0, dtype, 0, 0, device, shape, 0};
+  hora_call_desc_t d = {HORA_CALL_ALLTOALLV, 0, dtype, 0, 0, device, shape, 0, 0, 0};
   HORA_CHECK(refuse(ctx, fn, &d, hora__check_common(ctx, fn, dtype, device)));
   HORA_CHECK(agree(ctx, fn, &d));
   HORA_CHECK(hora__check_alltoallv(ctx, fn, sendbuf, sendcounts, recvbuf, recvcounts, dtype,
@@ -336,7 +359,7 @@ HORA_EXPORT hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf,
 /* With the check on, the descriptor's allreduce is the barrier (and a rank calling another
  * collective is reported, not paired with it). */
 HORA_EXPORT hora_result_t hora_barrier(hora_ctx_t *ctx) {
-  hora_call_desc_t d = {HORA_CALL_BARRIER, 0, 0, 0, 0, 0, hora__call_shape_take(ctx), 0};
+  hora_call_desc_t d = {HORA_CALL_BARRIER, 0, 0, 0, 0, 0, hora__call_shape_take(ctx), 0, 0, 0};
   HORA_CHECK(hora__ctx_check(ctx, "hora_barrier"));
   if (hora__call_check_on()) return done(ctx, agree(ctx, "hora_barrier", &d));
   if (ctx->calls) __atomic_add_fetch(&ctx->calls->entered, 1, __ATOMIC_RELEASE);

@@ -25,7 +25,7 @@ hora_result_t hora__check_allgather(hora_ctx_t *ctx, const char *fn, const void 
                                     size_t count, hora_dtype_t dtype, hora_device_t device, size_t *bytes);
 hora_result_t hora__check_reducescatter(hora_ctx_t *ctx, const char *fn, const void *sendbuf,
                                         void *recvbuf, size_t recvcount, hora_dtype_t dtype, hora_op_t op,
-                                        hora_device_t device);
+                                        double prescale, double postscale, hora_device_t device);
 hora_result_t hora__check_alltoall(hora_ctx_t *ctx, const char *fn, const void *sendbuf, void *recvbuf,
                                    size_t count, hora_dtype_t dtype, hora_device_t device);
 /* allgatherv's local checks (recvcounts not NULL is the caller's): the sum of recvcounts in
@@ -67,9 +67,10 @@ typedef struct {
   int dtype, op, root, device;
   uint64_t shape; /* hora_set_call_shape's fingerprint, 0: unchecked */
   int algo;       /* allreduce: the algorithm it resolved to (hora_algo_t); 0 otherwise */
+  double prescale, postscale; /* allreduce, reducescatter; 0 otherwise */
 } hora_call_desc_t;
-/* The 3 words (HORA_SHM_WORDS) that carry a descriptor. */
-void hora__call_pack(const hora_call_desc_t *d, uint64_t w[3]);
+/* The HORA_SHM_WORDS words that carry a descriptor. */
+void hora__call_pack(const hora_call_desc_t *d, uint64_t w[HORA_SHM_WORDS]);
 /* Collective over ctx->world, the first communication of every blocking call: HORA_SUCCESS when
  * every rank's descriptor agrees (or HORA_CHECK=0), else HORA_ERR_MISMATCH on every rank with a
  * message naming the collective, the fields, their values and the ranks holding each. */
@@ -125,8 +126,11 @@ hora_result_t hora__allgatherv_host(hora_ctx_t *ctx, const void *sendbuf, void *
 hora_result_t hora__alltoall_host(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t bytes);
 hora_result_t hora__alltoallv_host(hora_ctx_t *ctx, const void *sendbuf, const size_t *sendcounts,
                                    void *recvbuf, const size_t *recvcounts, size_t es);
+/* prescale (into a copy of sendbuf's size x recvcount elements, never into sendbuf) -> the ring's
+ * reduce-scatter -> average and postscale on recvbuf, as hora__allreduce_host_full. */
 hora_result_t hora__reducescatter_host(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
-                                       size_t recvcount, hora_dtype_t dtype, hora_op_t op);
+                                       size_t recvcount, hora_dtype_t dtype, hora_op_t op,
+                                       double prescale, double postscale);
 
 /* Device-buffer collectives, defined by runtime/comm/gpu.c (NULL entries in builds without CUDA).
  * The arguments are already validated; they are blocking like the public calls. */
@@ -136,7 +140,8 @@ typedef struct {
   hora_result_t (*broadcast)(hora_ctx_t *, void *, size_t, hora_dtype_t, int);
   hora_result_t (*allgather)(hora_ctx_t *, const void *, void *, size_t, hora_dtype_t);
   hora_result_t (*allgatherv)(hora_ctx_t *, const void *, size_t, void *, const size_t *, hora_dtype_t);
-  hora_result_t (*reducescatter)(hora_ctx_t *, const void *, void *, size_t, hora_dtype_t, hora_op_t);
+  hora_result_t (*reducescatter)(hora_ctx_t *, const void *, void *, size_t, hora_dtype_t, hora_op_t, double,
+                                 double);
   hora_result_t (*alltoall)(hora_ctx_t *, const void *, void *, size_t, hora_dtype_t);
   hora_result_t (*alltoallv)(hora_ctx_t *, const void *, const size_t *, void *, const size_t *, hora_dtype_t);
   /* A rank that called hora_join, in the others' device allreduce of `count` elements: zeros in

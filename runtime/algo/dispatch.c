@@ -233,7 +233,7 @@ hora_result_t hora__allreduce_checked(hora_ctx_t *ctx, const char *fn, hora_call
     HORA_CHECK(hora__call_agree(ctx, fn, d));
     return hora__allreduce_host_full(ctx, sendbuf, recvbuf, count, dtype, op, prescale, postscale, algo);
   }
-  uint64_t words[3];
+  uint64_t words[HORA_SHM_WORDS];
   hora__call_pack(d, words);
   size_t es = hora__dtype_size(dtype);
   void *scratch = NULL;

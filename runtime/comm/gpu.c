@@ -395,6 +395,8 @@ static hora_result_t allreduce_enqueue(hora_ctx_t *ctx, hora_gpu_t *g, const voi
 static hora_result_t gpu_allreduce_body(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf, void *recvbuf,
                                         size_t count, hora_dtype_t dtype, hora_op_t op,
                                         double prescale, double postscale) {
+  /* Adasum on every GPU path: through host memory (staged.c; NCCL has no such reduction). */
+  if (op == HORA_ADASUM) return hora__staged_adasum(ctx, g, sendbuf, recvbuf, count, dtype, prescale, postscale);
   HORA_CHECK(allreduce_enqueue(ctx, g, sendbuf, recvbuf, count, dtype, op, prescale, postscale));
   return hora__gpu_wait(ctx, g, g->stream, "hora_allreduce");
 }
@@ -460,8 +462,8 @@ hora_result_t hora__gpu_allreduce_start(hora_ctx_t *ctx, const void *sendbuf, vo
   }
   if (count == 0) {
     p->done = 1;
-  } else if (g->path != HORA_GPU_PATH_NCCL || (op == HORA_AVERAGE && !is_float(dtype))) {
-    /* MPI-driven paths and integer averages: complete inside the call. */
+  } else if (g->path != HORA_GPU_PATH_NCCL || (op == HORA_AVERAGE && !is_float(dtype)) || op == HORA_ADASUM) {
+    /* MPI-driven paths, integer averages and Adasum: complete inside the call. */
     rc = gpu_allreduce_body(ctx, g, sendbuf, recvbuf, count, dtype, op, prescale, postscale);
     p->done = 1;
   } else {
@@ -755,19 +757,29 @@ static hora_result_t hook_allgather(hora_ctx_t *ctx, const void *sendbuf, void *
 }
 
 static hora_result_t hook_reducescatter(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf, size_t recvcount,
-                                        hora_dtype_t dtype, hora_op_t op) {
+                                        hora_dtype_t dtype, hora_op_t op, double prescale, double postscale) {
   ENTER("hora_reducescatter");
-  CHECK_DEV("hora_reducescatter", "sendbuf", sendbuf, recvcount * (size_t)ctx->size * hora__dtype_size(dtype));
-  CHECK_DEV("hora_reducescatter", "recvbuf", recvbuf, recvcount * hora__dtype_size(dtype));
+  size_t es = hora__dtype_size(dtype), n = recvcount * (size_t)ctx->size;
+  CHECK_DEV("hora_reducescatter", "sendbuf", sendbuf, n * es);
+  CHECK_DEV("hora_reducescatter", "recvbuf", recvbuf, recvcount * es);
   if (recvcount == 0) rc_ = HORA_SUCCESS;
 #if HORA_HAVE_NCCL
   else if (g->path == HORA_GPU_PATH_NCCL) {
-    rc_ = hora__nccl_reducescatter(ctx, g, sendbuf, recvbuf, recvcount, dtype, op == HORA_AVERAGE ? HORA_SUM : op);
-    if (rc_ == HORA_SUCCESS) rc_ = finish_scale(ctx, g, recvbuf, recvcount, dtype, op, 1.0);
+    /* A prescale reduces a scaled copy in hora's scratch buffer (the caller's sendbuf is const). */
+    const void *src = sendbuf;
+    rc_ = HORA_SUCCESS;
+    if (prescale != 1.0) {
+      rc_ = hora__gpu_dev_buf(g, &g->d_scratch, &g->d_scratch_bytes, n * es);
+      if (rc_ == HORA_SUCCESS) rc_ = hora__scale_cuda(g->d_scratch, sendbuf, n, dtype, prescale, g->stream);
+      src = g->d_scratch;
+    }
+    if (rc_ == HORA_SUCCESS)
+      rc_ = hora__nccl_reducescatter(ctx, g, src, recvbuf, recvcount, dtype, op == HORA_AVERAGE ? HORA_SUM : op);
+    if (rc_ == HORA_SUCCESS) rc_ = finish_scale(ctx, g, recvbuf, recvcount, dtype, op, postscale);
     if (rc_ == HORA_SUCCESS) rc_ = hora__gpu_wait(ctx, g, g->stream, "hora_reducescatter");
   }
 #endif
-  else rc_ = hora__staged_reducescatter(ctx, g, sendbuf, recvbuf, recvcount, dtype, op);
+  else rc_ = hora__staged_reducescatter(ctx, g, sendbuf, recvbuf, recvcount, dtype, op, prescale, postscale);
   LEAVE();
 }
 

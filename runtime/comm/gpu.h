@@ -116,7 +116,10 @@ hora_result_t hora__staged_allgather(hora_ctx_t *ctx, hora_gpu_t *g, const void 
 hora_result_t hora__staged_allgatherv(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf, size_t sendcount,
                                       void *recvbuf, const size_t *recvcounts, hora_dtype_t dtype);
 hora_result_t hora__staged_reducescatter(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf,
-                                         void *recvbuf, size_t recvcount, hora_dtype_t dtype, hora_op_t op);
+                                         void *recvbuf, size_t recvcount, hora_dtype_t dtype, hora_op_t op,
+                                         double prescale, double postscale);
+hora_result_t hora__staged_adasum(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf, void *recvbuf,
+                                  size_t count, hora_dtype_t dtype, double prescale, double postscale);
 hora_result_t hora__staged_alltoallv(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf,
                                      const size_t *sendcounts, void *recvbuf, const size_t *recvcounts,
                                      hora_dtype_t dtype);

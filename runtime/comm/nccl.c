@@ -151,7 +151,7 @@ static ncclRedOp_t nccl_op(hora_op_t op) {
     case HORA_MIN: return ncclMin;
     case HORA_MAX: return ncclMax;
     case HORA_PRODUCT: return ncclProd;
-    case HORA_ADASUM: break; /* host only: refused by the argument checks */
+    case HORA_ADASUM: break; /* never here: device Adasum goes through host memory (staged.c) */
   }
   return ncclSum;
 }

@@ -400,13 +400,28 @@ hora_result_t hora__staged_allgather(hora_ctx_t *ctx, hora_gpu_t *g, const void 
 }
 
 hora_result_t hora__staged_reducescatter(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf,
-                                         void *recvbuf, size_t recvcount, hora_dtype_t dtype, hora_op_t op) {
+                                         void *recvbuf, size_t recvcount, hora_dtype_t dtype, hora_op_t op,
+                                         double prescale, double postscale) {
   size_t es = hora__dtype_size(dtype), total = recvcount * (size_t)ctx->size * es;
   HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, total));
   char *h = g->h_whole, *mine = h + (size_t)ctx->rank * recvcount * es;
   HORA_CHECK(d2h(ctx, g, h, sendbuf, total));
-  HORA_CHECK(hora__reducescatter_host(ctx, h, mine, recvcount, dtype, op));
+  /* The staging copy is hora's: prescaled in place, no second copy. */
+  if (prescale != 1.0) HORA_CHECK(hora__scale_host(h, h, recvcount * (size_t)ctx->size, dtype, prescale, NULL));
+  HORA_CHECK(hora__reducescatter_host(ctx, h, mine, recvcount, dtype, op, 1.0, postscale));
   return h2d(ctx, g, recvbuf, mine, recvcount * es);
+}
+
+/* HORA_ADASUM on device buffers: the vector through hora's pinned host buffer, Horovod 0.28's GPU
+ * Adasum on it (hora__adasum_nodes_host: averaged within each node, Adasum between nodes), and
+ * back into recvbuf. Blocking. */
+hora_result_t hora__staged_adasum(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf, void *recvbuf,
+                                  size_t count, hora_dtype_t dtype, double prescale, double postscale) {
+  size_t bytes = count * hora__dtype_size(dtype);
+  HORA_CHECK(hora__gpu_pinned_buf(g, &g->h_whole, &g->h_whole_bytes, bytes));
+  HORA_CHECK(d2h(ctx, g, g->h_whole, sendbuf, bytes));
+  HORA_CHECK(hora__adasum_nodes_host(ctx, g->h_whole, count, dtype, prescale, postscale));
+  return h2d(ctx, g, recvbuf, g->h_whole, bytes);
 }
 
 hora_result_t hora__staged_alltoallv(hora_ctx_t *ctx, hora_gpu_t *g, const void *sendbuf,

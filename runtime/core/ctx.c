@@ -546,6 +546,7 @@ LAYOUT_GETTER(hora_local_rank, local_rank)
 LAYOUT_GETTER(hora_local_size, local_size)
 LAYOUT_GETTER(hora_cross_rank, cross_rank)
 LAYOUT_GETTER(hora_cross_size, cross_size)
+LAYOUT_GETTER(hora_is_homogeneous, uniform_local_size)
 
 HORA_EXPORT hora_result_t hora_device_index(hora_ctx_t *ctx, int *device) {
   HORA_CHECK(check_known(ctx, "hora_device_index"));

@@ -98,14 +98,6 @@ static hora_result_t submit_one(hora_engine_t *eng, const char *fn, const char *
   return HORA_SUCCESS;
 }
 
-/* Adasum's size rule, checked here: in the engine a failed collective fails the engine. */
-static hora_result_t adasum_check(hora_ctx_t *ctx, const char *fn) {
-  if (ctx->size & (ctx->size - 1))
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: HORA_ADASUM needs a power-of-two number of ranks "
-                    "(this context has %d), as Horovod's Adasum does", fn, ctx->size);
-  return HORA_SUCCESS;
-}
-
 HORA_EXPORT hora_result_t hora_allreduce_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
                                                void *recvbuf, size_t count, hora_dtype_t dtype, hora_op_t op,
                                                double prescale, double postscale, hora_device_t device,
@@ -114,7 +106,6 @@ HORA_EXPORT hora_result_t hora_allreduce_async(hora_ctx_t *ctx, const char *name
   call_tags_t tag = take_tags(ctx);
   hora_engine_t *eng;
   HORA_CHECK(hora__check_allreduce(ctx, fn, sendbuf, recvbuf, count, dtype, op, prescale, postscale, device));
-  if (op == HORA_ADASUM) HORA_CHECK(adasum_check(ctx, fn));
   HORA_CHECK(check_name(fn, name));
   HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
   HORA_CHECK(hora__fault_hit("step", eng->rank));
@@ -135,7 +126,6 @@ HORA_EXPORT hora_result_t hora_grouped_allreduce_async(hora_ctx_t *ctx, const ch
   (void)hora__call_shape_take(ctx); /* one tag cannot describe several tensors: cleared, unused */
   hora_engine_t *eng;
   HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
-  if (op == HORA_ADASUM) HORA_CHECK(adasum_check(ctx, fn));
   if (!names || !sendbufs || !recvbufs || !counts)
     return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
                     !names ? "names" : !sendbufs ? "sendbufs" : !recvbufs ? "recvbufs" : "counts");
@@ -264,16 +254,16 @@ HORA_EXPORT hora_result_t hora_broadcast_async(hora_ctx_t *ctx, const char *name
 
 HORA_EXPORT hora_result_t hora_reducescatter_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
                                                    void *recvbuf, size_t recvcount, hora_dtype_t dtype,
-                                                   hora_op_t op, hora_device_t device,
-                                                   hora_handle_t **handle) {
+                                                   hora_op_t op, double prescale, double postscale,
+                                                   hora_device_t device, hora_handle_t **handle) {
   const char *fn = "hora_reducescatter_async";
   call_tags_t tag = take_tags(ctx);
   hora_engine_t *eng;
   HORA_CHECK(check_name(fn, name));
   HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
-  HORA_CHECK(hora__check_reducescatter(ctx, fn, sendbuf, recvbuf, recvcount, dtype, op, device));
+  HORA_CHECK(hora__check_reducescatter(ctx, fn, sendbuf, recvbuf, recvcount, dtype, op, prescale, postscale, device));
   eng_params_t p = {.kind = ENG_REDUCESCATTER, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
-                    .root = -1, .count = recvcount, .prescale = 1, .postscale = 1, .shape = tag.shape,
+                    .root = -1, .count = recvcount, .prescale = prescale, .postscale = postscale, .shape = tag.shape,
                     .group = tag.group, .gsize = tag.gsize};
   return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, tag.ready, handle);
 }

@@ -111,7 +111,7 @@ static hora_result_t run_device(hora_engine_t *eng, eng_resp_t *x) {
       if (g->allgatherv) return g->allgatherv(s, r->send, p->count, r->recv, r->recvcounts, p->dtype);
       break;
     case ENG_REDUCESCATTER:
-      if (g->reducescatter) return g->reducescatter(s, r->send, r->recv, p->count, p->dtype, p->op);
+      if (g->reducescatter) return g->reducescatter(s, r->send, r->recv, p->count, p->dtype, p->op, p->prescale, p->postscale);
       break;
     case ENG_ALLTOALL:
       if (g->alltoall) return g->alltoall(s, r->send, r->recv, p->count, p->dtype);
@@ -141,7 +141,7 @@ static hora_result_t run_one(hora_engine_t *eng, eng_resp_t *x, hora_algo_t algo
     case ENG_BROADCAST:
       return hora__broadcast_host(s, r->recv, bytes, p->root);
     case ENG_REDUCESCATTER:
-      return hora__reducescatter_host(s, r->send, r->recv, p->count, p->dtype, p->op);
+      return hora__reducescatter_host(s, r->send, r->recv, p->count, p->dtype, p->op, p->prescale, p->postscale);
     case ENG_ALLGATHER:
       return hora__allgather_host(s, r->send, r->recv, bytes);
     case ENG_ALLGATHERV:

@@ -229,6 +229,9 @@ hora_result_t hora_local_rank(hora_ctx_t *ctx, int *local_rank); /* rank among t
 hora_result_t hora_local_size(hora_ctx_t *ctx, int *local_size); /* ranks on this node */
 hora_result_t hora_cross_rank(hora_ctx_t *ctx, int *cross_rank); /* index of this node */
 hora_result_t hora_cross_size(hora_ctx_t *ctx, int *cross_size); /* number of nodes */
+/* 1 when every node holds the same number of this context's ranks (Horovod's is_homogeneous),
+ * else 0; the same on every rank. */
+hora_result_t hora_is_homogeneous(hora_ctx_t *ctx, int *homogeneous);
 /* CUDA device ordinal this rank uses (chosen by hora_init: HORA_DEVICE, else local rank modulo
  * the visible GPU count). Local. HORA_ERR_NOT_SUPPORTED when the build has no CUDA or the rank has
  * no GPU (then *device is unchanged). */
@@ -313,6 +316,7 @@ hora_result_t hora_process_set_included(hora_ctx_t *set, int *included);
  *               allgatherv: the sum of recvcounts (then each entry, see hora_allgatherv);
  *               alltoallv: checked pairwise (see hora_alltoallv),
  *   dtype, op   (op: allreduce, reducescatter), root (broadcast), device,
+ *   prescale, postscale  (allreduce, reducescatter; compared bit for bit),
  *   shape       the fingerprint given by hora_set_call_shape (0 or not set: unchecked).
  * A disagreement returns HORA_ERR_MISMATCH on EVERY rank within the call, and nothing is written
  * to any rank's buffers. The message (hora_last_error) names this rank's collective, then either
@@ -322,11 +326,11 @@ hora_result_t hora_process_set_included(hora_ctx_t *set, int *included);
  * communication of every blocking call. For hora_allreduce the resolved algorithm
  * (HORA_ALLREDUCE_ALGO) is compared too ("allreduce algorithm", named only when count and dtype
  * agree). Cost per call (docs/benchmarks.md "Call check"): a host allreduce on one node carries the
- * 24-byte descriptor in the first barrier of the shared-memory algorithm it runs anyway (every
+ * 40-byte descriptor in the first barrier of the shared-memory algorithm it runs anyway (every
  * size, with the check on: messages up to HORA_SHM_FLAT_BYTES take its one-barrier flat form),
  * so the check adds no round trip, only the descriptor's writes and reads; the other collectives
  * on one node pay one barrier of that window (created on the first blocking call); across nodes,
- * one MPI_Allreduce of 48 bytes, plus, only on a mismatch, one MPI_Allgather of 24 bytes per
+ * one MPI_Allreduce of 80 bytes, plus, only on a mismatch, one MPI_Allgather of 40 bytes per
  * rank. HORA_CHECK must be the same on every rank. The local argument checks come first: a rank
  * whose own arguments are invalid returns its HORA_ERR_INVALID_ARGUMENT (or NOT_SUPPORTED), and
  * still takes part in the check as "invalid arguments", so the ranks whose arguments were fine
@@ -413,9 +417,13 @@ hora_result_t hora_set_call_ready(hora_ctx_t *ctx, void *cuda_event);
  * with adasum(a, b) = (1 - a.b/(2|a|^2)) a + (1 - a.b/(2|b|^2)) b (a coefficient is 1 where
  * |x|^2 < sqrt(DBL_MIN) = 1.49e-154, Horovod 0.28's threshold), by recursive vector halving and distance doubling (runtime/algo/adasum.c; at
  * level d rank r pairs with r xor d, lower rank's vector first); dot products in double. It
- * needs HORA_FLOAT32 or HORA_FLOAT64 (else HORA_ERR_INVALID_ARGUMENT), host buffers (else
- * HORA_ERR_NOT_SUPPORTED) and a power-of-two world size (else HORA_ERR_INVALID_ARGUMENT, on
- * every rank). hora_allreduce_async and hora_grouped_allreduce_async take it too (checked at
+ * needs HORA_FLOAT32 or HORA_FLOAT64 (else HORA_ERR_INVALID_ARGUMENT) and a power-of-two world
+ * size (else HORA_ERR_INVALID_ARGUMENT, on every rank). On device buffers it is Horovod 0.28's
+ * GPU Adasum (its NCCL builds): the ranks of each node are averaged (after prescale), the node
+ * averages combined by Adasum across nodes as above, then postscale; on one node that is the
+ * average. It goes through host memory on every GPU path, and needs the same number of ranks on
+ * every node and a power-of-two number of nodes (else HORA_ERR_INVALID_ARGUMENT, on every rank)
+ * instead of a power-of-two world. hora_allreduce_async and hora_grouped_allreduce_async take it too (checked at
  * submission; never fused: each tensor is its own Adasum); hora_reducescatter refuses it
  * (HORA_ERR_INVALID_ARGUMENT).
  * Scale factors apply to floating-point dtypes; for integer dtypes they must be 1.0.
@@ -442,12 +450,18 @@ hora_result_t hora_allgatherv(hora_ctx_t *ctx, const void *sendbuf, size_t sendc
                               hora_device_t device);
 
 /* reducescatter: sendbuf holds size*recvcount elements; rank r receives in recvbuf (recvcount
- * elements) the reduction over ranks of block r. HORA_AVERAGE divides by the world size. In place
- * when recvbuf == sendbuf + rank*recvcount (elements); any other overlap is
- * HORA_ERR_INVALID_ARGUMENT. Algorithm: the reduce-scatter half of hora's ring. */
+ * elements) recvbuf[i] = postscale * OP_p(prescale * sendbuf_p[r*recvcount + i]), the reduction
+ * over ranks p of block r. HORA_AVERAGE divides by the world size (after prescale, before
+ * postscale), as Horovod 0.28's reducescatter does; the prescaled input is a copy, sendbuf is
+ * never written. Scale factors apply to floating-point dtypes; for integer dtypes they must be
+ * 1.0 (HORA_ERR_INVALID_ARGUMENT), and so must they for HORA_BOOL, which also refuses
+ * HORA_AVERAGE. Ranks must agree on both factors (HORA_ERR_MISMATCH, fields "prescale",
+ * "postscale"). In place when recvbuf == sendbuf + rank*recvcount (elements); any other overlap is
+ * HORA_ERR_INVALID_ARGUMENT. Algorithm: the reduce-scatter half of hora's ring (host buffers);
+ * ncclReduceScatter or the staged ring (device buffers). */
 hora_result_t hora_reducescatter(hora_ctx_t *ctx, const void *sendbuf, void *recvbuf,
-                                 size_t recvcount, hora_dtype_t dtype, hora_op_t op,
-                                 hora_device_t device);
+                                 size_t recvcount, hora_dtype_t dtype, hora_op_t op, double prescale,
+                                 double postscale, hora_device_t device);
 
 /* alltoall: sendbuf holds size blocks of `count` elements; block p goes to rank p, and recvbuf
  * (size*count elements) holds at block p what rank p sent to this rank. Not in place. */
@@ -585,13 +599,15 @@ hora_result_t hora_broadcast_async(hora_ctx_t *ctx, const char *name, void *buf,
                                    hora_handle_t **handle);
 
 /* hora_reducescatter_async: the non-blocking hora_reducescatter of `name`: sendbuf holds
- * size*recvcount elements; rank r receives in recvbuf (recvcount elements) the reduction over
- * ranks of block r (HORA_AVERAGE divides by the world size). In place when
- * recvbuf == sendbuf + rank*recvcount (elements). Not fused. Errors: the common ones above. */
+ * size*recvcount elements; rank r receives in recvbuf (recvcount elements)
+ * postscale * OP_p(prescale * block r of rank p) (HORA_AVERAGE divides by the world size after
+ * prescale, before postscale; scale factors 1.0 for integer dtypes). In place when
+ * recvbuf == sendbuf + rank*recvcount (elements). Not fused. Errors: the common ones above
+ * (ranks that disagree on prescale or postscale: HORA_ERR_MISMATCH naming the field). */
 hora_result_t hora_reducescatter_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
                                        void *recvbuf, size_t recvcount, hora_dtype_t dtype,
-                                       hora_op_t op, hora_device_t device,
-                                       hora_handle_t **handle);
+                                       hora_op_t op, double prescale, double postscale,
+                                       hora_device_t device, hora_handle_t **handle);
 
 /* hora_alltoall_async: the non-blocking hora_alltoall of `name`: sendbuf holds size blocks of
  * `count` elements, block p goes to rank p; recvbuf (size*count elements) receives at block p

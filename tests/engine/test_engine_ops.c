@@ -26,10 +26,10 @@ static void test_ops(hora_ctx_t *ctx) {
   for (int i = 0; i <= rank; i++) av_s[i] = rank * 100 + i;
   EXPECT_OK(hora_allgatherv_async(ctx, "ops/allgatherv", av_s, (size_t)rank + 1, av_r, rc, HORA_INT64,
                                   HORA_DEVICE_HOST, &h[2]));
-  /* reducescatter */
+  /* reducescatter, with Horovod's scale factors: 4 * SUM_p(0.5 * x_p) */
   float *rs_s = malloc(n * (size_t)size * sizeof *rs_s), *rs_r = malloc(n * sizeof *rs_r);
   for (size_t i = 0; i < n * (size_t)size; i++) rs_s[i] = (float)(rank + 1) * (float)(i % 13);
-  EXPECT_OK(hora_reducescatter_async(ctx, "ops/reducescatter", rs_s, rs_r, n, HORA_FLOAT32, HORA_SUM,
+  EXPECT_OK(hora_reducescatter_async(ctx, "ops/reducescatter", rs_s, rs_r, n, HORA_FLOAT32, HORA_SUM, 0.5, 4.0,
                                      HORA_DEVICE_HOST, &h[3]));
   /* alltoall */
   int32_t *a2a_s = malloc(n * (size_t)size * sizeof *a2a_s), *a2a_r = malloc(n * (size_t)size * sizeof *a2a_r);
@@ -68,11 +68,16 @@ static void test_ops(hora_ctx_t *ctx) {
   float tri = (float)(size * (size + 1) / 2);
   for (size_t i = 0; i < n; i++) {
     size_t gi = (size_t)rank * n + i;
-    if (rs_r[i] != tri * (float)(gi % 13)) {
-      EXPECT(0, "reducescatter[%zu] = %g want %g", i, rs_r[i], tri * (float)(gi % 13));
+    if (rs_r[i] != 2.0f * tri * (float)(gi % 13)) {
+      EXPECT(0, "reducescatter[%zu] = %g want %g", i, rs_r[i], 2.0f * tri * (float)(gi % 13));
       break;
     }
   }
+  for (size_t i = 0; i < n * (size_t)size; i++) /* the prescale went into a copy */
+    if (rs_s[i] != (float)(rank + 1) * (float)(i % 13)) {
+      EXPECT(0, "reducescatter's sendbuf[%zu] changed to %g", i, rs_s[i]);
+      break;
+    }
   for (int p = 0; p < size; p++)
     for (size_t i = 0; i < n; i++)
       if (a2a_r[(size_t)p * n + i] != p * 1000000 + rank * 1000 + (int32_t)i) {

@@ -1,6 +1,8 @@
 /* Every blocking collective on device buffers (HORA_DEVICE_CUDA), checked element by element on
- * the host: allreduce x dtype x op x count x in/out of place (plus prescale/postscale), reducescatter,
- * broadcast, allgather (in place too), allgatherv (uneven), alltoall, alltoallv. Inputs are small
+ * the host: allreduce x dtype x op x count x in/out of place (plus prescale/postscale), reducescatter
+ * (with scale factors too), op=HORA_ADASUM against a double reference of Horovod's GPU Adasum (on
+ * one node and, with --fake-nodes K, across K fake nodes), broadcast, allgather (in place too),
+ * allgatherv (uneven), alltoall, alltoallv. Inputs are small
  * rank-dependent integers, exact in any reduction order and in f16/bf16 (so also under
  * HORA_COMPRESSION). The receive buffer is poisoned on the device before every call.
  *
@@ -89,15 +91,90 @@ static void test_reducescatter(void) {
         size_t n = counts[ci], es = esize((hora_dtype_t)d), total = n * (size_t)size;
         hora_op_t op = ops[oi];
         if (d == HORA_BOOL || d == HORA_INT16) continue; /* as in test_allreduce */
+        double pre = 1, post = 1;
+        if (is_float((hora_dtype_t)d) && ci == 4) pre = 2.0, post = 0.5; /* as in test_allreduce */
         for (size_t i = 0; i < total; i++) hora__elem_store(h_a, (hora_dtype_t)d, i, input((hora_dtype_t)d, op, rank, i));
         to_dev(d_a, h_a, total * es);
         poison(d_b, n * es);
-        EXPECT_OK(hora_reducescatter(ctx, d_a, d_b, n, (hora_dtype_t)d, op, HORA_DEVICE_CUDA));
+        EXPECT_OK(hora_reducescatter(ctx, d_a, d_b, n, (hora_dtype_t)d, op, pre, post, HORA_DEVICE_CUDA));
         to_host(h_b, d_b, n * es);
-        char what[96];
-        snprintf(what, sizeof what, "reducescatter dtype %d op %d count %zu", d, (int)op, n);
-        check_reduced(what, h_b, (hora_dtype_t)d, op, (size_t)rank * n, n, 1, 1);
+        char what[112];
+        snprintf(what, sizeof what, "reducescatter dtype %d op %d count %zu pre %g post %g", d, (int)op, n, pre, post);
+        check_reduced(what, h_b, (hora_dtype_t)d, op, (size_t)rank * n, n, pre, post);
       }
+}
+
+/* ---- op=HORA_ADASUM on device buffers: Horovod 0.28's GPU Adasum ---- */
+
+/* Element i of rank r's Adasum input: no two ranks' vectors parallel, no node's sum zero. */
+static double ada_in(int r, size_t i) { return (double)((int)((i * 7 + (size_t)r * 3) % 11) - 5) + 0.25 * (r + 1); }
+
+/* a = adasum(a, b) in double (hora.h's formula and threshold). */
+static void ref_adasum(double *a, const double *b, size_t n) {
+  double ab = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < n; i++) ab += a[i] * b[i], aa += a[i] * a[i], bb += b[i] * b[i];
+  double ca = aa >= 1.4916681462400413e-154 ? 1.0 - ab / (2.0 * aa) : 1.0;
+  double cb = bb >= 1.4916681462400413e-154 ? 1.0 - ab / (2.0 * bb) : 1.0;
+  for (size_t i = 0; i < n; i++) a[i] = ca * a[i] + cb * b[i];
+}
+
+/* nodes fake nodes (0: one node), node k holding ranks [k*size/nodes, (k+1)*size/nodes): each
+ * node's ranks summed, the node sums combined by Adasum (node k with k xor d, the lower first),
+ * times post / local size; prescale on the inputs. Blocking and async, float32 and float64; a
+ * layout Horovod refuses (nodes of different sizes, a node count that is not a power of two) is
+ * HORA_ERR_INVALID_ARGUMENT on every rank, the receive buffer untouched. */
+static void test_adasum(int nodes) {
+  int C = nodes ? nodes : 1, L = size / C;
+  int uniform = L * C == size, pow2 = !(C & (C - 1));
+  const size_t n = 1000;
+  const double pre = 2.0, post = 0.5;
+  double *ref = calloc(n * (size_t)C, sizeof *ref);
+  for (int r = 0; r < size; r++)
+    for (size_t i = 0; i < n; i++) ref[(size_t)(r * C / size) * n + i] += pre * ada_in(r, i);
+  for (int d = 1; d < C; d <<= 1)
+    for (int k = 0; k + d < C; k += 2 * d) ref_adasum(ref + (size_t)k * n, ref + (size_t)(k + d) * n, n);
+  for (int dt = 0; dt < 2; dt++)
+    for (int async = 0; async < 2; async++) {
+      hora_dtype_t d = dt ? HORA_FLOAT64 : HORA_FLOAT32;
+      size_t es = esize(d);
+      for (size_t i = 0; i < n; i++) hora__elem_store(h_a, d, i, ada_in(rank, i));
+      to_dev(d_a, h_a, n * es);
+      poison(d_b, n * es);
+      char what[96];
+      snprintf(what, sizeof what, "adasum %s %s, %d node(s) of %d", async ? "async" : "blocking",
+               dt ? "f64" : "f32", C, L);
+      hora_result_t rc;
+      if (async) {
+        hora_handle_t *h = NULL;
+        rc = hora_allreduce_async(ctx, dt ? "adasum.f64" : "adasum.f32", d_a, d_b, n, d, HORA_ADASUM, pre, post,
+                                  HORA_DEVICE_CUDA, &h);
+        if (rc == HORA_SUCCESS) {
+          rc = hora_wait(h);
+          hora_handle_free(h);
+        }
+      } else {
+        rc = hora_allreduce(ctx, d_a, d_b, n, d, HORA_ADASUM, pre, post, HORA_DEVICE_CUDA);
+      }
+      if (!uniform || !pow2) {
+        EXPECT(rc == HORA_ERR_INVALID_ARGUMENT && strstr(hora_last_error(), uniform ? "power-of-two number of nodes"
+                                                                                    : "same number of ranks"),
+               "%s: %s (%s)", what, hora_result_name(rc), hora_last_error());
+        to_host(h_b, d_b, n * es);
+        EXPECT(((unsigned char *)h_b)[0] == 0xa5 && ((unsigned char *)h_b)[n * es - 1] == 0xa5,
+               "%s: recvbuf written", what);
+        continue;
+      }
+      EXPECT(rc == HORA_SUCCESS, "%s: %s (%s)", what, hora_result_name(rc), hora_last_error());
+      to_host(h_b, d_b, n * es);
+      long bad = 0;
+      for (size_t i = 0; i < n; i++) {
+        double want = post / L * ref[i], got = hora__elem_load(h_b, d, i);
+        if (!(fabs(got - want) <= (dt ? 1e-12 : 1e-5) * (1.0 + fabs(want))) && bad++ < 3)
+          EXPECT(0, "%s: element %zu: got %.9g want %.9g", what, i, got, want);
+      }
+      EXPECT(bad == 0, "%s: %ld wrong elements", what, bad);
+    }
+  free(ref);
 }
 
 /* Element i of rank r's contribution to the data movers. */
@@ -626,10 +703,17 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const char *expect_path = NULL;
+  int fake_nodes = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--expect-path") && i + 1 < argc) expect_path = argv[++i];
     else if (!strcmp(argv[i], "--max-count") && i + 1 < argc) max_count = strtoull(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--fake-nodes") && i + 1 < argc) fake_nodes = atoi(argv[++i]);
   }
+  /* --fake-nodes K: node k holds ranks [k*size/K, (k+1)*size/K) (HORA_CROSS_RANK), and only the
+   * Adasum cases run (the rest assumes one node). */
+  char node_id[16];
+  snprintf(node_id, sizeof node_id, "%d", fake_nodes ? rank * fake_nodes / size : 0);
+  if (fake_nodes) setenv("HORA_CROSS_RANK", node_id, 1);
   int ndev = 0, have, all;
   have = cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0;
   MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -657,7 +741,12 @@ int main(int argc, char **argv) {
   CK(cudaMalloc((void **)&d_b, cap_bytes));
   if (!h_a || !h_b) MPI_Abort(MPI_COMM_WORLD, 2);
 
+  if (fake_nodes) {
+    test_adasum(fake_nodes);
+    goto done;
+  }
   test_allreduce();
+  test_adasum(0);
   if (expect_path) {
     hora_gpu_t *g = ctx->gpu;
     static const char *const names[] = {"nccl", "staged", "naive"};
@@ -684,6 +773,7 @@ int main(int argc, char **argv) {
     EXPECT_RC(hora_broadcast(ctx, host, 4, HORA_FLOAT32, 0, HORA_DEVICE_CUDA), HORA_ERR_INVALID_ARGUMENT);
   }
 
+done:
   cudaFree(d_a);
   cudaFree(d_b);
   free(h_a);

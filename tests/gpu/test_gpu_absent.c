@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
     EXPECT_RC(hora_broadcast(ctx, fake, 4, HORA_FLOAT32, 0, HORA_DEVICE_CUDA), HORA_ERR_NOT_SUPPORTED);
     EXPECT_RC(hora_allgather(ctx, fake, fake2, 4, HORA_FLOAT32, HORA_DEVICE_CUDA), HORA_ERR_NOT_SUPPORTED);
     EXPECT_RC(hora_allgatherv(ctx, fake, 4, fake2, counts, HORA_FLOAT32, HORA_DEVICE_CUDA), HORA_ERR_NOT_SUPPORTED);
-    EXPECT_RC(hora_reducescatter(ctx, fake, fake2, 1, HORA_FLOAT32, HORA_SUM, HORA_DEVICE_CUDA), HORA_ERR_NOT_SUPPORTED);
+    EXPECT_RC(hora_reducescatter(ctx, fake, fake2, 1, HORA_FLOAT32, HORA_SUM, 1.0, 1.0, HORA_DEVICE_CUDA), HORA_ERR_NOT_SUPPORTED);
     EXPECT_RC(hora_alltoall(ctx, fake, fake2, 1, HORA_FLOAT32, HORA_DEVICE_CUDA), HORA_ERR_NOT_SUPPORTED);
     EXPECT_RC(hora_alltoallv(ctx, fake, counts, fake2, counts, HORA_FLOAT32, HORA_DEVICE_CUDA), HORA_ERR_NOT_SUPPORTED);
   }

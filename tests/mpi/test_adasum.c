@@ -116,7 +116,8 @@ int main(int argc, char **argv) {
     hora_handle_free(h);
     hora_handle_free(h2);
   }
-  EXPECT_RC(hora_reducescatter(ctx, x, x, 1, HORA_FLOAT64, HORA_ADASUM, HORA_DEVICE_HOST), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT_RC(hora_reducescatter(ctx, x, x, 1, HORA_FLOAT64, HORA_ADASUM, 1.0, 1.0, HORA_DEVICE_HOST),
+            HORA_ERR_INVALID_ARGUMENT);
   EXPECT_OK(hora_finalize(ctx));
   int ret = hora_test_finish_mpi("test_adasum");
   MPI_Finalize();

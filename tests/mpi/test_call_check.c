@@ -15,8 +15,9 @@ static int rank, size, last;
 enum { K_ALLREDUCE = 1, K_BROADCAST, K_ALLGATHER, K_ALLGATHERV, K_REDUCESCATTER, K_ALLTOALL, K_ALLTOALLV, K_BARRIER, K_N };
 static const char *const knames[K_N] = {"", "hora_allreduce", "hora_broadcast", "hora_allgather", "hora_allgatherv",
                                         "hora_reducescatter", "hora_alltoall", "hora_alltoallv", "hora_barrier"};
-enum { F_COUNT, F_DTYPE, F_OP, F_ROOT, F_SHAPE, F_DEVICE, F_KIND, F_N };
-static const char *const fnames[F_N] = {"count", "dtype", "op", "root", "shape", "device", "kind"};
+enum { F_COUNT, F_DTYPE, F_OP, F_ROOT, F_SHAPE, F_DEVICE, F_PRESCALE, F_POSTSCALE, F_KIND, F_N };
+static const char *const fnames[F_N] = {"count", "dtype", "op", "root", "shape", "device", "prescale", "postscale",
+                                        "kind"};
 
 typedef struct {
   int kind;
@@ -26,6 +27,7 @@ typedef struct {
   int root;
   hora_device_t device;
   uint64_t shape;
+  double pre, post; /* allreduce, reducescatter */
 } call_t;
 
 #define A_COUNT 1000
@@ -75,11 +77,12 @@ static hora_result_t run_blocking(hora_ctx_t *ctx, const call_t *c) {
   size_t counts[8];
   for (int r = 0; r < size; r++) counts[r] = c->count;
   switch (c->kind) {
-    case K_ALLREDUCE: return hora_allreduce(ctx, dsend, drecv, c->count, c->dtype, c->op, 1, 1, c->device);
+    case K_ALLREDUCE: return hora_allreduce(ctx, dsend, drecv, c->count, c->dtype, c->op, c->pre, c->post, c->device);
     case K_BROADCAST: return hora_broadcast(ctx, drecv, c->count, c->dtype, c->root, c->device);
     case K_ALLGATHER: return hora_allgather(ctx, dsend, drecv, c->count, c->dtype, c->device);
     case K_ALLGATHERV: return hora_allgatherv(ctx, dsend, c->count, drecv, counts, c->dtype, c->device);
-    case K_REDUCESCATTER: return hora_reducescatter(ctx, dsend, drecv, c->count, c->dtype, c->op, c->device);
+    case K_REDUCESCATTER:
+      return hora_reducescatter(ctx, dsend, drecv, c->count, c->dtype, c->op, c->pre, c->post, c->device);
     case K_ALLTOALL: return hora_alltoall(ctx, dsend, drecv, c->count, c->dtype, c->device);
     case K_ALLTOALLV: return hora_alltoallv(ctx, dsend, counts, drecv, counts, c->dtype, c->device);
     default: return hora_barrier(ctx);
@@ -90,10 +93,15 @@ static hora_result_t run_async(hora_ctx_t *ctx, const call_t *c, const char *nam
   hora_handle_t *h = NULL;
   hora_result_t rc;
   switch (c->kind) {
-    case K_ALLREDUCE: rc = hora_allreduce_async(ctx, name, dsend, drecv, c->count, c->dtype, c->op, 1, 1, c->device, &h); break;
+    case K_ALLREDUCE:
+      rc = hora_allreduce_async(ctx, name, dsend, drecv, c->count, c->dtype, c->op, c->pre, c->post, c->device, &h);
+      break;
     case K_BROADCAST: rc = hora_broadcast_async(ctx, name, drecv, c->count, c->dtype, c->root, c->device, &h); break;
     case K_ALLGATHER: rc = hora_allgather_async(ctx, name, dsend, drecv, c->count, c->dtype, c->device, &h); break;
-    case K_REDUCESCATTER: rc = hora_reducescatter_async(ctx, name, dsend, drecv, c->count, c->dtype, c->op, c->device, &h); break;
+    case K_REDUCESCATTER:
+      rc = hora_reducescatter_async(ctx, name, dsend, drecv, c->count, c->dtype, c->op, c->pre, c->post, c->device,
+                                    &h);
+      break;
     default: rc = hora_alltoall_async(ctx, name, dsend, drecv, c->count, c->dtype, c->device, &h); break;
   }
   if (rc != HORA_SUCCESS) return rc;
@@ -110,6 +118,8 @@ static int applies(int kind, int field, int async) {
     case F_ROOT: return kind == K_BROADCAST;
     case F_SHAPE: return !async && kind != K_BARRIER;
     case F_DEVICE: return !async && kind != K_BARRIER && !on_device; /* host pointers passed as cuda */
+    case F_PRESCALE:
+    case F_POSTSCALE: return kind == K_ALLREDUCE || kind == K_REDUCESCATTER;
     default: return 1;
   }
 }
@@ -133,6 +143,8 @@ static void expected(const call_t *a, const call_t *b, int field, int async, con
     case F_SHAPE: *fname = "shape"; sprintf(va, "%#llx", (unsigned long long)a->shape);
       sprintf(vb, "%#llx", (unsigned long long)b->shape); return;
     case F_DEVICE: *fname = "device"; strcpy(va, "host"); strcpy(vb, "cuda"); return;
+    case F_PRESCALE: *fname = "prescale"; sprintf(va, "%g", a->pre); sprintf(vb, "%g", b->pre); return;
+    case F_POSTSCALE: *fname = "postscale"; sprintf(va, "%g", a->post); sprintf(vb, "%g", b->post); return;
     default:
       *fname = async ? "operation" : "the call sequence";
       strcpy(va, async ? "" : knames[a->kind]);
@@ -149,7 +161,7 @@ static void in_step(hora_ctx_t *ctx, const char *what) {
 }
 
 static int one_case(hora_ctx_t *ctx, const char *algo, int kind, int field, int async, int seq) {
-  call_t a = {kind, a_count, HORA_FLOAT32, HORA_SUM, 0, on_device ? HORA_DEVICE_CUDA : HORA_DEVICE_HOST, 0};
+  call_t a = {kind, a_count, HORA_FLOAT32, HORA_SUM, 0, on_device ? HORA_DEVICE_CUDA : HORA_DEVICE_HOST, 0, 1, 1};
   if (field == F_SHAPE) a.shape = 0x1111;
   call_t b = a;
   switch (field) {
@@ -159,6 +171,8 @@ static int one_case(hora_ctx_t *ctx, const char *algo, int kind, int field, int 
     case F_ROOT: b.root = 1; break;
     case F_SHAPE: b.shape = 0x2222; break;
     case F_DEVICE: b.device = HORA_DEVICE_CUDA; break;
+    case F_PRESCALE: b.pre = 2; break;
+    case F_POSTSCALE: b.post = 0.25; break;
     default: b.kind = async ? (kind == K_ALLREDUCE ? K_BROADCAST : K_ALLREDUCE) : kind % (K_N - 1) + 1;
   }
   const call_t *mine = rank == last ? &b : &a;
@@ -191,7 +205,7 @@ static int one_case(hora_ctx_t *ctx, const char *algo, int kind, int field, int 
  * arguments" instead of waiting for it in the collective it left. */
 static int bad_args_case(hora_ctx_t *ctx, const char *algo, int kind) {
   if (kind == K_BARRIER) return 0; /* no arguments */
-  call_t a = {kind, A_COUNT, HORA_FLOAT32, HORA_SUM, 0, on_device ? HORA_DEVICE_CUDA : HORA_DEVICE_HOST, 0};
+  call_t a = {kind, A_COUNT, HORA_FLOAT32, HORA_SUM, 0, on_device ? HORA_DEVICE_CUDA : HORA_DEVICE_HOST, 0, 1, 1};
   call_t b = a;
   b.dtype = (hora_dtype_t)77;
   char what[160], want[64];
@@ -329,6 +343,12 @@ int main(int argc, char **argv) {
     int cs = 0;
     hora_cross_size(ctx, &cs);
     EXPECT(cs == (fake_nodes ? 2 : 1), "cross size %d", cs);
+    /* Two fake nodes hold (size + 1) / 2 and size / 2 ranks: homogeneous only for an even size,
+     * and every rank says the same. */
+    int homog = -1;
+    EXPECT_OK(hora_is_homogeneous(ctx, &homog));
+    EXPECT(homog == (!fake_nodes || size % 2 == 0), "hora_is_homogeneous %d (%d ranks, %s)", homog, size,
+           fake_nodes ? "2 fake nodes" : "one node");
     EXPECT_OK(hora_finalize(ctx));
   }
   cases += settings_case("HORA_ALLREDUCE_ALGO", "mpi", "ring");

@@ -76,7 +76,7 @@ static hora_result_t call(hora_ctx_t *ctx, const call_t *c, void *send, void *re
     case K_BROADCAST: return hora_broadcast(ctx, recv, c->count, dt, c->root, HORA_DEVICE_HOST);
     case K_ALLGATHER: return hora_allgather(ctx, send, recv, c->count, dt, HORA_DEVICE_HOST);
     case K_ALLGATHERV: return hora_allgatherv(ctx, send, counts[rank], recv, counts, dt, HORA_DEVICE_HOST);
-    case K_REDUCESCATTER: return hora_reducescatter(ctx, send, recv, c->count, dt, ops[c->op], HORA_DEVICE_HOST);
+    case K_REDUCESCATTER: return hora_reducescatter(ctx, send, recv, c->count, dt, ops[c->op], 1.0, 1.0, HORA_DEVICE_HOST);
     case K_ALLTOALL: return hora_alltoall(ctx, send, recv, c->count, dt, HORA_DEVICE_HOST);
     default: return hora_barrier(ctx);
   }

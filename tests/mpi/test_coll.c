@@ -106,29 +106,32 @@ static void test_reducescatter(void) {
   for (int di = 0; di < (int)(sizeof dtypes / sizeof dtypes[0]); di++)
     for (int op = 0; op < HORA_OP_COUNT; op++)
       for (int ci = 0; ci < 6; ci++)
-        for (int inplace = 0; inplace < 2; inplace++) {
-          hora_dtype_t d = dtypes[di];
-          size_t n = counts[ci], es = esize(d), total = n * (size_t)size;
-          if (n > max_count) continue;
-          if (n > 4096 && inplace != (op % 2)) continue;
-          char *send = xmalloc(total * es), *recv = xmalloc(n * es);
-          for (size_t i = 0; i < total; i++) hora__elem_store(send, d, i, input(d, (hora_op_t)op, rank, i));
-          memset(recv, 0x5a, n * es);
-          char *out = inplace ? send + (size_t)rank * n * es : recv;
-          char what[160];
-          snprintf(what, sizeof what, "reducescatter %s %s n=%zu %s", dnames[di], onames[op], n,
-                   inplace ? "in-place" : "out-of-place");
-          hora_result_t rc = hora_reducescatter(ctx, send, out, n, d, (hora_op_t)op, HORA_DEVICE_HOST);
-          EXPECT(rc == HORA_SUCCESS, "%s: %s (%s)", what, hora_result_name(rc), hora_last_error());
-          if (rc == HORA_SUCCESS) check_reduced(what, out, d, (hora_op_t)op, (size_t)rank * n, n, 1, 1);
-          if (!inplace) {
-            long changed = 0;
-            for (size_t i = 0; i < total; i++) changed += hora__elem_load(send, d, i) != input(d, (hora_op_t)op, rank, i);
-            EXPECT(changed == 0, "%s: sendbuf modified (%ld elements)", what, changed);
+        for (int inplace = 0; inplace < 2; inplace++)
+          for (int sc = 0; sc < (is_float(dtypes[di]) ? 2 : 1); sc++) {
+            hora_dtype_t d = dtypes[di];
+            size_t n = counts[ci], es = esize(d), total = n * (size_t)size;
+            if (n > max_count) continue;
+            if (n > 4096 && (inplace != (op % 2) || sc)) continue;
+            double pre = sc ? 0.5 : 1.0, post = sc ? 4.0 : 1.0; /* as in test_allreduce */
+            char *send = xmalloc(total * es), *recv = xmalloc(n * es);
+            for (size_t i = 0; i < total; i++) hora__elem_store(send, d, i, input(d, (hora_op_t)op, rank, i));
+            memset(recv, 0x5a, n * es);
+            char *out = inplace ? send + (size_t)rank * n * es : recv;
+            char what[160];
+            snprintf(what, sizeof what, "reducescatter %s %s n=%zu %s pre=%g post=%g", dnames[di], onames[op], n,
+                     inplace ? "in-place" : "out-of-place", pre, post);
+            hora_result_t rc = hora_reducescatter(ctx, send, out, n, d, (hora_op_t)op, pre, post, HORA_DEVICE_HOST);
+            EXPECT(rc == HORA_SUCCESS, "%s: %s (%s)", what, hora_result_name(rc), hora_last_error());
+            if (rc == HORA_SUCCESS) check_reduced(what, out, d, (hora_op_t)op, (size_t)rank * n, n, pre, post);
+            if (!inplace) {
+              long changed = 0;
+              for (size_t i = 0; i < total; i++)
+                changed += hora__elem_load(send, d, i) != input(d, (hora_op_t)op, rank, i);
+              EXPECT(changed == 0, "%s: sendbuf modified (%ld elements)", what, changed);
+            }
+            free(send);
+            free(recv);
           }
-          free(send);
-          free(recv);
-        }
 }
 
 /* Byte pattern of rank r's element i (any bits: these collectives only move data). */

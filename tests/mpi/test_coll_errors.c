@@ -1,5 +1,6 @@
 /* Error paths of the blocking collectives: each bad input returns the documented code on every
  * rank, with a message naming the bad argument, and leaves the output buffer untouched. */
+#include <math.h>
 #include <stdint.h>
 
 #include "hora_test.h"
@@ -123,17 +124,25 @@ int main(int argc, char **argv) {
   EXPECT_ERR(hora_allgatherv(ctx, in, 4, out, NULL, HORA_FLOAT32, HORA_DEVICE_HOST), HORA_ERR_INVALID_ARGUMENT, "recvcounts");
 
   /* reducescatter */
-  EXPECT_ERR(hora_reducescatter(ctx, NULL, out, N, HORA_FLOAT32, HORA_SUM, HORA_DEVICE_HOST),
+  EXPECT_ERR(hora_reducescatter(ctx, NULL, out, N, HORA_FLOAT32, HORA_SUM, 1.0, 1.0, HORA_DEVICE_HOST),
              HORA_ERR_INVALID_ARGUMENT, "sendbuf");
-  EXPECT_ERR(hora_reducescatter(ctx, in, out, N, HORA_FLOAT32, (hora_op_t)9, HORA_DEVICE_HOST),
+  EXPECT_ERR(hora_reducescatter(ctx, in, out, N, HORA_FLOAT32, (hora_op_t)9, 1.0, 1.0, HORA_DEVICE_HOST),
              HORA_ERR_INVALID_ARGUMENT, "op");
-  EXPECT_ERR(hora_reducescatter(ctx, in, out, SIZE_MAX / 2, HORA_FLOAT32, HORA_SUM, HORA_DEVICE_HOST),
+  EXPECT_ERR(hora_reducescatter(ctx, in, out, SIZE_MAX / 2, HORA_FLOAT32, HORA_SUM, 1.0, 1.0, HORA_DEVICE_HOST),
              HORA_ERR_INVALID_ARGUMENT, "overflows");
+  /* scale factors: floating point only, never NaN; no average of bool */
+  EXPECT_ERR(hora_reducescatter(ctx, in, out, N, HORA_INT32, HORA_SUM, 2.0, 1.0, HORA_DEVICE_HOST),
+             HORA_ERR_INVALID_ARGUMENT, "prescale (2) and postscale (1) must be 1.0 for integer dtype");
+  EXPECT_ERR(hora_reducescatter(ctx, in, out, N, HORA_FLOAT32, HORA_SUM, 1.0, NAN, HORA_DEVICE_HOST),
+             HORA_ERR_INVALID_ARGUMENT, "NaN");
+  EXPECT_ERR(hora_reducescatter(ctx, in, out, N, HORA_BOOL, HORA_AVERAGE, 1.0, 1.0, HORA_DEVICE_HOST),
+             HORA_ERR_INVALID_ARGUMENT, "HORA_AVERAGE is not defined for HORA_BOOL");
   {
     /* overlap that is not the in-place form */
     float *buf = malloc((N * S + 1) * sizeof *buf);
     for (size_t i = 0; i < N * S + 1; i++) buf[i] = 1;
-    EXPECT_ERR(hora_reducescatter(ctx, buf, buf + (size_t)rank * N + 1, N, HORA_FLOAT32, HORA_SUM, HORA_DEVICE_HOST),
+    EXPECT_ERR(hora_reducescatter(ctx, buf, buf + (size_t)rank * N + 1, N, HORA_FLOAT32, HORA_SUM, 1.0, 1.0,
+                                  HORA_DEVICE_HOST),
                HORA_ERR_INVALID_ARGUMENT, "overlaps");
     EXPECT(buf[(size_t)rank * N + 1] == 1, "reducescatter wrote on error");
     free(buf);

@@ -197,6 +197,43 @@ def test_reducescatter(dtype, op):
         assert_matches(out, full[start:start + sizes[r]], dtype, f"reducescatter rows={rows}")
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_reducescatter_scale_factors(dtype):
+    # postscale * OP(prescale * x), blocking and async, even and uneven rows, against NumPy.
+    r, n = rank_size()
+    for rows in (2 * n, 2 * n + 1):
+        x = rank_input(dtype, (rows, 3), r, 90 + rows, -4, 4)
+        inputs = [rank_input(dtype, (rows, 3), p, 90 + rows, -4, 4) for p in range(n)]
+        full = reference(inputs, hora.Average, dtype, pre=0.5, post=4.0)
+        sizes = [rows // n + (1 if p < rows % n else 0) for p in range(n)]
+        start = sum(sizes[:r])
+        got = hora.reducescatter(x, op=hora.Average, prescale_factor=0.5, postscale_factor=4.0)
+        assert_matches(got, full[start:start + sizes[r]], dtype, f"reducescatter rows={rows}")
+        if rows % n == 0:
+            h = hora.reducescatter_async(x, op=hora.Average, name=f"rs.scaled.{dtype}",
+                                         prescale_factor=0.5, postscale_factor=4.0)
+            assert_matches(h.wait(), full[start:start + sizes[r]], dtype, "reducescatter_async")
+
+
+@pytest.mark.parametrize("call", ["allreduce", "reducescatter"])
+def test_blocking_scale_factors_that_differ_raise_on_every_rank(call):
+    # Ranks that disagree on prescale or postscale would mix differently scaled contributions
+    # (Horovod: "Mismatched prescale and/or postscale factors"): MismatchError on every rank,
+    # naming the field and every rank's value, nothing written, the ranks still in step.
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    f = getattr(hora, call)
+    x = np.full((2 * n, 3), r + 1, dtype=np.float32)
+    for field in ("prescale", "postscale"):
+        with pytest.raises(hora.MismatchError, match=f"ranks disagree on {field}: ") as e:
+            f(x, op=hora.Sum, **{f"{field}_factor": 1.0 + r})
+        assert all(f"{1 + q:g} on rank {q}" in e.value.message for q in range(n)), e.value.message
+        assert (x == r + 1).all()
+    out = f(x, op=hora.Sum, prescale_factor=2.0, postscale_factor=0.5)
+    assert (out == n * (n + 1) // 2).all()
+
+
 @pytest.mark.parametrize("dtype", all_dtypes(), ids=str)
 def test_alltoall(dtype):
     r, n = rank_size()

@@ -584,17 +584,22 @@ def test_reducescatter_shapes_that_differ_with_one_count_are_an_error_on_every_r
     with pytest.raises(hvd.MismatchError, match="shape") as e:
         hvd.reducescatter(x, name="rs.shape")
     assert isinstance(e.value, RuntimeError) and isinstance(e.value, ValueError)
-    assert "this rank has shape " + str(tuple(x.shape)) in str(e.value)
+    assert "this rank's tensor has shape " + str(tuple(x.shape)) in str(e.value)
     with pytest.raises(hvd.MismatchError, match="shape"):
         hvd.grouped_reducescatter([torch.ones(2 * n), x], name="rs.gshape")
     # Scale factors that differ between ranks (Horovod: "Mismatched prescale and/or postscale
-    # factors"), for floats and for integers (which hora.torch scales itself).
-    for dt in (torch.float32, torch.int32):
-        y = torch.ones(2 * n, dtype=dt)
-        with pytest.raises(hvd.MismatchError, match=f"prescale_factor {1 + r:g}"):
-            hvd.reducescatter(y, name=f"rs.pre.{dt}", prescale_factor=1.0 + r)
-        with pytest.raises(hvd.MismatchError, match=f"postscale_factor {1 + r:g}"):
-            hvd.reducescatter(y, name=f"rs.post.{dt}", postscale_factor=1.0 + r)
+    # factors"): floats in the engine's own fields, every rank's value named; integers (which
+    # hora.torch scales itself) in the shape fingerprint, this rank's value named.
+    y = torch.ones(2 * n)
+    for field in ("prescale", "postscale"):
+        with pytest.raises(hvd.MismatchError, match=f"disagree on {field}") as e:
+            hvd.reducescatter(y, name=f"rs.{field}.f", **{f"{field}_factor": 1.0 + r})
+        assert all(f"{1 + q:g} on rank {q}" in str(e.value) for q in range(n)), str(e.value)
+    y = torch.ones(2 * n, dtype=torch.int32)
+    with pytest.raises(hvd.MismatchError, match=f"prescale_factor {1 + r:g}"):
+        hvd.reducescatter(y, name="rs.pre.i", prescale_factor=1.0 + r)
+    with pytest.raises(hvd.MismatchError, match=f"postscale_factor {1 + r:g}"):
+        hvd.reducescatter(y, name="rs.post.i", postscale_factor=1.0 + r)
     y = torch.ones(2 * n, 3)  # the next call is unaffected
     assert torch.equal(hvd.reducescatter(y, op=hvd.Sum, name="rs.after"), torch.full((2, 3), float(n)))
 

@@ -170,6 +170,45 @@ def test_broadcast_allgather_alltoall_reducescatter(dev):
     ref = torch.stack(full).to(torch.float64).sum(0)[2 * r:2 * r + 2]
     assert got.device == d
     torch.testing.assert_close(got.cpu().to(torch.float64), ref, rtol=1e-6, atol=1e-6)
+    # with Horovod's scale factors, applied by libhora on the device path too
+    got = hvd.reducescatter(full[r].to(d), op=hvd.Average, prescale_factor=2.0, postscale_factor=0.25,
+                            name=f"cuda.rs.scaled.{dev}")
+    torch.testing.assert_close(got.cpu().to(torch.float64), ref * 2.0 / n * 0.25, rtol=1e-6, atol=1e-6)
+
+
+def _adasum_ref(vs):
+    """Adasum of the vectors vs (float64), pairwise in the tree hora.h describes."""
+    vs = [v.to(torch.float64).flatten() for v in vs]
+    d = 1
+    while d < len(vs):
+        for k in range(0, len(vs), 2 * d):
+            a, b = vs[k], vs[k + d]
+            ab, aa, bb = float(a @ b), float(a @ a), float(b @ b)
+            ca = 1.0 - ab / (2 * aa) if aa >= 1.4916681462400413e-154 else 1.0
+            cb = 1.0 - ab / (2 * bb) if bb >= 1.4916681462400413e-154 else 1.0
+            vs[k] = ca * a + cb * b
+        d *= 2
+    return vs[0]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_adasum_on_device_is_horovods_gpu_adasum(dev):
+    """op=Adasum: of CPU tensors the Adasum over the ranks; of GPU tensors Horovod 0.28's GPU
+    Adasum (its NCCL builds): the average within each node, Adasum between the nodes, so on the
+    one node of this test the average. Scale factors as Horovod applies them."""
+    r, n = rank_size()
+    if n & (n - 1):
+        pytest.skip("Adasum needs a power-of-two number of ranks")
+    d = device_of(dev)
+    xs = [rank_data(i, (5, 7), torch.float32, seed=30) for i in range(n)]
+    got = hvd.allreduce(xs[r].to(d), op=hvd.Adasum, prescale_factor=2.0, postscale_factor=0.5,
+                        name=f"cuda.adasum.{dev}")
+    if dev == "cuda" and hvd.cross_size() == 1:
+        ref = torch.stack(xs).to(torch.float64).mean(0)  # 0.5 * (sum of 2x) / n
+    else:
+        ref = _adasum_ref([2.0 * x for x in xs]).reshape(5, 7) * 0.5
+    assert got.device == d and got.dtype == torch.float32
+    torch.testing.assert_close(got.cpu().to(torch.float64), ref, rtol=1e-5, atol=1e-5)
 
 
 class Net(torch.nn.Module):

@@ -84,7 +84,7 @@ static int mpi_native(hora_dtype_t d, hora_op_t op, MPI_Datatype *t, MPI_Op *o) 
 static hora_result_t run_once(hora_ctx_t *ctx, const algo_sel_t *a, const void *send, void *recv,
                               size_t count, hora_dtype_t d, hora_op_t op) {
   if (a->check) { /* hora_allreduce's path, with the algorithm of this column */
-    hora_call_desc_t desc = {HORA_CALL_ALLREDUCE, count, d, op, 0, HORA_DEVICE_HOST, 0, 0};
+    hora_call_desc_t desc = {HORA_CALL_ALLREDUCE, count, d, op, 0, HORA_DEVICE_HOST, 0, 0, 1.0, 1.0};
     HORA_CHECK(hora__check_allreduce(ctx, "hora_allreduce", send, recv, count, d, op, 1.0, 1.0, HORA_DEVICE_HOST));
     return hora__allreduce_checked(ctx, "hora_allreduce", &desc, send, recv, count, d, op, 1.0, 1.0, a->algo);
   }
