@@ -102,6 +102,8 @@ def test_names_and_signatures_are_horovods():
                  "start_timeline", "stop_timeline", "SyncBatchNorm", "is_homogeneous"]:
         assert hasattr(hvd, name), name
     assert len({hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product, hvd.Adasum}) == 6
+    # one node here (fake nodes of other sizes: tests/mpi/test_call_check.c)
+    assert hvd.is_homogeneous() is True and hvd.cross_size() == 1
     # Horovod's submodules, as programs import them.
     from hora.torch.mpi_ops import synchronize
     from hora.torch.compression import Compression
