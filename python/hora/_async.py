@@ -179,7 +179,7 @@ def _name(name, kind):
 
 
 def _submit_allreduce(kind, tensor, out, op, name, prescale_factor, postscale_factor, result,
-                      ctx=None):
+                      ctx=None, fp_terms=()):
     ctx = ctx or _ctx()
     b = B.as_buf(tensor, f"{kind}(tensor)", writable=out is None, sync=False)
     o = b if out is None else B.as_buf(out, f"{kind} output", writable=True, sync=False)
@@ -187,7 +187,8 @@ def _submit_allreduce(kind, tensor, out, op, name, prescale_factor, postscale_fa
     nm = _name(name, "allreduce")
     args = (_op(op), _scale(prescale_factor, "prescale_factor"),
             _scale(postscale_factor, "postscale_factor"), b.device, hp)
-    lib.hora_set_call_shape(ctx, _shape_fp(b.shape))  # last, right before the call that takes it
+    # last, right before the call that takes it; fp_terms: what else the ranks must agree on
+    lib.hora_set_call_shape(ctx, _shape_fp(tuple(b.shape) + fp_terms if fp_terms else b.shape))
     ev = B.set_ready(ctx, (b, o))  # CUDA tensors: the engine waits for this event, not we
     check(lib.hora_allreduce_async(ctx, nm, b.ptr, o.ptr, b.count, b.dtype, *args),
           f"hora.{kind}")

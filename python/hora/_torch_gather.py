@@ -12,7 +12,7 @@ from ._core import rank as _rank
 from ._core import size as _size
 from ._errors import MismatchError, check, invalid
 from ._hora_cffi import ffi, lib
-from ._torch_ops import (TorchHandle, _Chain, _apply_post, _check_op, _check_tensor,
+from ._torch_ops import (TorchHandle, _Chain, _ShapeNote, _apply_post, _check_op, _check_tensor,
                          _compressor, _int_scaling, _INT_DTYPES, allreduce)
 from ._torch_psets import _check_set, _view_rank, _view_size, global_process_set
 
@@ -435,29 +435,6 @@ def _reducescatter_part(view, h, tensor, name, op, pre, post, kind, group=None):
             return res
         return _apply_post(res, ipost)
     return _ShapeNote(_async.Handle(hp[0], (b, o, send), out), note), finish
-
-
-class _ShapeNote:
-    """An engine handle whose MismatchError on the shape field gets `note` (this rank's shape
-    and what else the fingerprint covers) appended: the fingerprint is a digest, so the engine
-    can print only hex values, and each rank can print only its own."""
-
-    __slots__ = ("_h", "_note")
-
-    def __init__(self, h, note):
-        self._h = h
-        self._note = note
-
-    def done(self):
-        return self._h.done()
-
-    def wait(self):
-        try:
-            return self._h.wait()
-        except MismatchError as e:
-            if "disagree on shape" not in e.message:
-                raise
-            raise MismatchError(f"{e.message} ({self._note})", e.code) from None
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,

@@ -17,13 +17,15 @@ import torch
 
 from . import _async
 from . import _buffers as B
-from ._core import Average, Max, Min, Product, Sum, _add_finalizer
+from ._core import Average, Max, Min, Product, Sum, _add_finalizer, _shape_fp
 from ._core import rank as _rank
 from ._core import size as _size
 from ._errors import MismatchError, NotSupportedError, invalid
 from ._hora_cffi import lib
 
 Adasum = lib.HORA_ADASUM  # Horovod's constant: CPU float tensors (see _adasum_part)
+_OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product",
+             Adasum: "Adasum"}
 _OPS = (Sum, Average, Min, Max, Product, Adasum)
 _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)
 
@@ -317,6 +319,47 @@ def _apply_post(t, post):
     return t
 
 
+class _ShapeNote:
+    """An engine handle whose MismatchError on the shape field gets `note` appended (a string,
+    or a function that makes it, called only on that error): this rank's shape and what else the
+    fingerprint covers. The fingerprint is a digest, so the engine can print only hex values,
+    and each rank can print only its own."""
+
+    __slots__ = ("_h", "_note")
+
+    def __init__(self, h, note):
+        self._h = h
+        self._note = note
+
+    def done(self):
+        return self._h.done()
+
+    def wait(self):
+        try:
+            return self._h.wait()
+        except MismatchError as e:
+            if "disagree on shape" not in e.message:
+                raise
+            note = self._note() if callable(self._note) else self._note
+            raise MismatchError(f"{e.message} ({note})", e.code) from None
+
+
+def _int_terms(dtype, op, pre, post):
+    """What an integer tensor's shape fingerprint covers besides the shape: the op and the scale
+    factors, which hora.torch applies itself for integers (_int_scaling) around a plain Sum, so
+    the engine cannot compare them (ranks passing Average and Sum, or other factors, would
+    otherwise mix silently; Horovod: "Mismatched prescale and/or postscale factors")."""
+    # -1 marks the start of the terms (no dimension is negative); no str: hash() of a str
+    # differs between processes (PYTHONHASHSEED), of ints and floats it does not.
+    return (-1, int(op), float(pre), float(post)) if dtype in _INT_DTYPES else ()
+
+
+def _int_note(shape_text, op, pre, post):
+    return (f"for integer tensors the shape field also covers the op and the scale factors; "
+            f"this rank: {shape_text}, op {_OP_NAMES.get(op, op)}, prescale_factor {pre:g}, "
+            f"postscale_factor {post:g}")
+
+
 def _adasum_part(kind, view, tensor, output, name, pre, post):
     """op=Adasum through the engine (hora's HORA_ADASUM: CPU float32/float64; float16 and
     bfloat16 go through a float32 copy). Returns (engine handle, finish) where finish() writes
@@ -356,6 +399,8 @@ def _allreduce_submit(kind, tensor, output, name, op, pre, post, process_set):
     nm = h._claim(name, "allreduce", view)
     src = tensor
     c_op, ipost = op, None
+    terms = _int_terms(tensor.dtype, op, pre, post)
+    note = _int_note(f"shape {tuple(tensor.shape)}", op, pre, post) if terms else None
     if tensor.dtype in _INT_DTYPES:
         if op == Average or pre != 1.0 or post != 1.0:
             if output is not tensor:
@@ -364,9 +409,9 @@ def _allreduce_submit(kind, tensor, output, name, op, pre, post, process_set):
                 src = output
             c_op, ipost = _int_scaling(src, op, pre, post, _view_size(view))
         pre = post = 1.0
-    h._parts.append(_async._submit_allreduce(kind, src.detach(), None if src is output
-                                             else output.detach(), c_op, nm, pre, post, None,
-                                             ctx=view.ctx))
+    part = _async._submit_allreduce(kind, src.detach(), None if src is output else output.detach(),
+                                    c_op, nm, pre, post, None, ctx=view.ctx, fp_terms=terms)
+    h._parts.append(_ShapeNote(part, note) if note else part)
     h._finish = lambda outs: _apply_post(output, ipost)
     return h
 
@@ -475,7 +520,13 @@ def _grouped_submit(kind, tensors, outputs, name, op, pre, post, process_set):
         dsrcs = [s.detach() for s in srcs]
         douts = [d if outputs[i] is s else outputs[i].detach()
                  for d, s, i in zip(dsrcs, srcs, idx)]
-        h._parts.append(_grouped_c(kind, dsrcs, douts, idx, base, c_op, cpre, cpost, view.ctx))
+        # One fingerprint for the subgroup (hora_grouped_allreduce_async gives it to every
+        # member): its members' shapes, as Horovod checks each tensor's, and for integers the op
+        # and scale factors applied here.
+        terms = _int_terms(dtype, op, pre, post)
+        fp = _shape_fp(tuple(tuple(s.shape) for s in dsrcs) + terms)
+        part = _grouped_c(kind, dsrcs, douts, idx, base, c_op, cpre, cpost, view.ctx, fp)
+        h._parts.append(_ShapeNote(part, _group_note(dsrcs, idx, terms, op, pre, post)))
 
     def finish(_):
         return [_apply_post(o, p) for o, p in zip(outputs, posts)]
@@ -483,7 +534,17 @@ def _grouped_submit(kind, tensors, outputs, name, op, pre, post, process_set):
     return h
 
 
-def _grouped_c(kind, srcs, outs, idx, base, op, pre, post, ctx):
+def _group_note(srcs, idx, terms, op, pre, post):
+    def note():
+        shapes = ", ".join(f"[{i}] {tuple(s.shape)}" for s, i in zip(srcs[:4], idx[:4]))
+        text = f"members' shapes {shapes}{', ...' if len(srcs) > 4 else ''}"
+        if terms:
+            return _int_note(text, op, pre, post)
+        return f"a grouped call's shape field covers every member's shape; this rank: {text}"
+    return note
+
+
+def _grouped_c(kind, srcs, outs, idx, base, op, pre, post, ctx, fp=0):
     from ._hora_cffi import ffi
     bufs = [B.as_buf(s, f"{kind}(tensors[{i}])", sync=False) for s, i in zip(srcs, idx)]
     obufs = [b if s is o else B.as_buf(o, f"{kind} output", writable=True, sync=False)
@@ -496,6 +557,7 @@ def _grouped_c(kind, srcs, outs, idx, base, op, pre, post, ctx):
     hp = ffi.new("hora_handle_t **")
     from ._errors import check
     ev = B.set_ready(ctx, bufs + obufs)  # CUDA: the engine waits for it; last before the call
+    lib.hora_set_call_shape(ctx, fp)
     check(lib.hora_grouped_allreduce_async(ctx, c_names, c_send, c_recv, c_counts,
                                            len(bufs), bufs[0].dtype, op, pre, post,
                                            bufs[0].device, hp), f"hora.torch.{kind}")

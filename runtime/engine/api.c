@@ -123,7 +123,7 @@ HORA_EXPORT hora_result_t hora_grouped_allreduce_async(hora_ctx_t *ctx, const ch
                                                        hora_handle_t **handle) {
   const char *fn = "hora_grouped_allreduce_async";
   void *ready = hora__call_ready_take(ctx); /* one event for every member */
-  (void)hora__call_shape_take(ctx); /* one tag cannot describe several tensors: cleared, unused */
+  uint64_t shape = hora__call_shape_take(ctx); /* one fingerprint for the whole group: every member */
   hora_engine_t *eng;
   HORA_CHECK(prologue(ctx, fn, dtype, device, handle, &eng));
   if (!names || !sendbufs || !recvbufs || !counts)
@@ -170,7 +170,7 @@ HORA_EXPORT hora_result_t hora_grouped_allreduce_async(hora_ctx_t *ctx, const ch
   for (size_t i = 0; i < ntensors; i++) {
     eng_params_t p = {.kind = ENG_ALLREDUCE, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
                       .root = -1, .count = counts[i], .prescale = prescale, .postscale = postscale,
-                      .group = key, .gsize = (uint32_t)ntensors};
+                      .shape = shape, .group = key, .gsize = (uint32_t)ntensors};
     eng_req_t *r = req_new(fn, names[i], &p, sendbufs[i], recvbufs[i], ready);
     if (!r) {
       while (first) {

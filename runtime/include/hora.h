@@ -367,11 +367,13 @@ hora_result_t hora_process_set_included(hora_ctx_t *set, int *included);
 /* hora_set_call_shape: tag this thread's NEXT collective on ctx with a fingerprint of the
  * caller's tensor shape (any 64-bit digest of the dimensions; 0: unchecked). The next collective
  * called by this thread on ctx, blocking or async, takes the tag and clears it, whatever its
- * result (hora_grouped_allreduce_async clears it unused). Blocking calls: ranks whose non-zero
+ * result (hora_grouped_allreduce_async gives it to every member: one digest of the whole group's
+ * shapes, and of whatever else the caller wants the ranks to agree on). Blocking calls: ranks whose non-zero
  * fingerprints differ get HORA_ERR_MISMATCH (field "shape") even when the element counts agree; a
  * rank that gave none (0) matches any. Async calls: the fingerprint is one more field every rank
  * must agree on for the name (0 included), reported like the others. The Python bindings
- * (hora, hora.torch) pass a hash of each tensor's shape. Local; costs nothing but the call.
+ * (hora, hora.torch) pass a hash of each tensor's shape (hora.torch's integer tensors: with the
+ * op and scale factors it applies itself). Local; costs nothing but the call.
  * Errors: HORA_ERR_NOT_INITIALIZED (ctx NULL or finalized). */
 hora_result_t hora_set_call_shape(hora_ctx_t *ctx, uint64_t fingerprint);
 

@@ -719,6 +719,49 @@ def test_shape_mismatch_with_equal_counts_raises_on_every_rank():
     assert torch.equal(y, torch.full((4, 3), float(n * (n + 1) // 2)))
 
 
+def test_grouped_allreduce_members_whose_shapes_differ_raise_on_every_rank():
+    """Horovod checks every member of a grouped allreduce like a single tensor: a member shaped
+    (3, 4) on the last rank and (4, 3) elsewhere is a MismatchError on every rank (it was summed
+    as if the shapes agreed), naming this rank's member shapes; the next call is unaffected."""
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    xs = [torch.ones(5), torch.full((3, 4) if r == n - 1 else (4, 3), float(r + 1))]
+    with pytest.raises(hora.MismatchError, match="disagree on shape") as e:
+        hvd.grouped_allreduce(xs, name="gshape", op=hvd.Sum)
+    assert f"[1] {tuple(xs[1].shape)}" in str(e.value)
+    out = hvd.grouped_allreduce([torch.ones(5), torch.ones(4, 3)], name="gshape", op=hvd.Sum)
+    assert all(torch.equal(o, torch.full_like(o, float(n))) for o in out)
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["single", "grouped"])
+def test_integer_allreduce_op_and_scale_factors_that_differ_raise_on_every_rank(grouped):
+    """hora.torch scales integer tensors itself (Horovod's way, through double) around a plain
+    Sum, so the engine cannot see their op and factors: ranks passing Average and Sum, or other
+    factors, got silently different results (rank 0 prescale 1, rank 1 prescale 2: 10 + 20 on
+    both). Now a MismatchError on every rank naming this rank's values (Horovod: "Mismatched
+    prescale and/or postscale factors"); the next call is unaffected."""
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    t = torch.full((4,), 10, dtype=torch.int32)
+
+    def call(name, **kw):
+        if grouped:
+            return hvd.grouped_allreduce([t, t], name=name, **kw)[0]
+        return hvd.allreduce(t, name=name, **kw)
+    cases = [("op", dict(op=hvd.Average if r == 0 else hvd.Sum), "op Average" if r == 0 else "op Sum"),
+             ("pre", dict(op=hvd.Sum, prescale_factor=1.0 + r), f"prescale_factor {1 + r:g}"),
+             ("post", dict(op=hvd.Sum, postscale_factor=1.0 + r), f"postscale_factor {1 + r:g}")]
+    for tag, kw, mine in cases:
+        with pytest.raises(hora.MismatchError, match="disagree on shape") as e:
+            call(f"int.{tag}", **kw)
+        assert "also covers the op and the scale factors" in str(e.value) and mine in str(e.value)
+    # agreeing ranks: Horovod's integer scaling, through double, truncated
+    got = call("int.ok", op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0)
+    assert torch.equal(got, torch.full((4,), 3 * 5 * n, dtype=torch.int32))
+
+
 def test_errors_are_horovods_classes_on_every_rank():
     r, n = rank_size()
     assert issubclass(hvd.HorovodInternalError, RuntimeError)
