@@ -13,7 +13,8 @@ from ._core import size as _size
 from ._errors import MismatchError, check, invalid
 from ._hora_cffi import ffi, lib
 from ._torch_ops import (TorchHandle, _Chain, _ShapeNote, _apply_post, _check_op, _check_tensor,
-                         _compressor, _int_scaling, _INT_DTYPES, allreduce)
+                         _compressor, _int_note, _int_scaling, _int_terms, _INT_DTYPES,
+                         allreduce)
 from ._torch_psets import _check_set, _view_rank, _view_size, global_process_set
 
 
@@ -388,6 +389,10 @@ def _reducescatter_part(view, h, tensor, name, op, pre, post, kind, group=None):
         raise invalid(f"{kind}(tensor): a 0-d tensor cannot be split across ranks")
     op = _check_op(op, kind, adasum=False)
     pre, post = float(pre), float(post)
+    terms = _int_terms(tensor.dtype, op, pre, post)  # before _int_scaling turns Average into Sum
+    note = f"this rank's tensor has shape {tuple(tensor.shape)}"
+    if terms:
+        note = _int_note(f"shape {tuple(tensor.shape)}", op, pre, post)
     nm = h._claim(name, "reducescatter", view)
     n, me = _view_size(view), _view_rank(view)
     rows = tensor.shape[0]
@@ -417,14 +422,9 @@ def _reducescatter_part(view, h, tensor, name, op, pre, post, kind, group=None):
     hp = ffi.new("hora_handle_t **")
     # Ranks must agree on the whole shape, as in Horovod ("Mismatched REDUCESCATTER tensor
     # shapes"), not only on the count ([17, 1311] against [17, 23, 57]): the shape fingerprint.
-    # The engine compares the scale factors it applies; those of integer tensors, applied here,
-    # ride in the fingerprint ("Mismatched prescale and/or postscale factors").
-    fp = tuple(tensor.shape) + ((pre, post) if tensor.dtype in _INT_DTYPES else ())
-    note = f"this rank's tensor has shape {tuple(tensor.shape)}"
-    if tensor.dtype in _INT_DTYPES:
-        note = (f"for an integer tensor the shape field also covers the scale factors; {note}, "
-                f"prescale_factor {pre:g}, postscale_factor {post:g}")
-    lib.hora_set_call_shape(view.ctx, _shape_fp(fp))
+    # The engine compares the op and scale factors it applies; those of integer tensors, applied
+    # here, ride in the fingerprint ("Mismatched prescale and/or postscale factors").
+    lib.hora_set_call_shape(view.ctx, _shape_fp(tuple(tensor.shape) + terms))
     _set_group(view, group, kind)  # a grouped member (see _meta): last, right before the call
     check(lib.hora_reducescatter_async(view.ctx, nm.encode(), b.ptr, o.ptr, m * _row(tensor),
                                        b.dtype, op, cpre, cpost, b.device, hp), f"hora.torch.{kind}")

@@ -602,6 +602,9 @@ def test_reducescatter_shapes_that_differ_with_one_count_are_an_error_on_every_r
         hvd.reducescatter(y, name="rs.pre.i", prescale_factor=1.0 + r)
     with pytest.raises(hvd.MismatchError, match=f"postscale_factor {1 + r:g}"):
         hvd.reducescatter(y, name="rs.post.i", postscale_factor=1.0 + r)
+    # and on the op, which becomes a Sum around hora.torch's own scaling for integers
+    with pytest.raises(hvd.MismatchError, match="op Average" if r == 0 else "op Sum"):
+        hvd.reducescatter(y, name="rs.op.i", op=hvd.Average if r == 0 else hvd.Sum)
     y = torch.ones(2 * n, 3)  # the next call is unaffected
     assert torch.equal(hvd.reducescatter(y, op=hvd.Sum, name="rs.after"), torch.full((2, 3), float(n)))
 
