@@ -16,7 +16,7 @@ from ._errors import MismatchError, invalid
 from ._hora_cffi import lib
 from ._torch_gather import (_group_tag, _set_group, allgather, allgather_async, broadcast_,
                             broadcast_async_)
-from ._torch_ops import (Adasum, _check_op, allreduce_async_, grouped_allreduce_async_,
+from ._torch_ops import (Adasum, _OP_NAMES, _check_op, allreduce_async_, grouped_allreduce_async_,
                          synchronize)
 from ._torch_adasum import (_DistributedAdasumOptimizer, _claim_hook, _count_backward_pass,
                             _warn_taken_over)
@@ -355,19 +355,49 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if _count_backward_pass(self._hora_delay, p) == 0:
             self._hora_mark_ready(p)
 
+    def _hora_settings(self):
+        """What every rank's optimizer must be built with, besides its parameters: when and how
+        the gradients are averaged. Ranks that differ would wait for each other (another
+        backward_passes_per_step), or average differently without an error the engine could
+        give (the engine sees some of these only as other fields, some not at all)."""
+        comp = self._hora_compression
+        return {"op": _OP_NAMES.get(self._hora_op, self._hora_op),
+                "backward_passes_per_step": self._hora_passes,
+                "gradient_predivide_factor": self._hora_post,
+                "compression": getattr(comp, "__name__", type(comp).__name__),
+                "sparse_as_dense": self._hora_sparse_as_dense,
+                "groups": "buckets" if self._hora_bucketed else "the caller's groups"}
+
+    def _hora_mismatch(self, message):
+        """Raise MismatchError(message); nothing was submitted, so the next backward starts
+        afresh (and checks again)."""
+        self._hora_ready = {}
+        for q in self._hora_delay:
+            self._hora_delay[q] = self._hora_passes
+        raise MismatchError(message, lib.HORA_ERR_MISMATCH)
+
     def _hora_check_layout(self):
         """Before this optimizer's first request (and the first after add_param_group): every
-        rank's list of trainable parameters (name, shape, dtype, bucket) must be rank 0's, or
-        every rank raises MismatchError naming the first difference. Buckets are named by index,
-        so ranks whose models differ would otherwise reduce one rank's parameter with another's
-        of the same size (silently), or wait for a bucket member the other rank never submits.
-        One allgather_object per check (a few kB), inside the first backward. Collective over
-        the optimizer's process set."""
-        mine = [(self._parameter_names[p], tuple(p.shape), str(p.dtype),
-                 self._hora_group_of.get(p, -1)) for p in self._hora_names if p.requires_grad]
-        every = allgather_object(mine, name=f"{self._hora_prefix}.layout",
-                                 process_set=self._hora_set)
-        ranks = self._hora_set.ranks if self._hora_set.process_set_id else range(len(every))
+        rank's settings (_hora_settings) and list of trainable parameters (name, shape, dtype,
+        bucket) must be rank 0's, or every rank raises MismatchError naming the first difference.
+        Buckets are named by index, so ranks whose models differ would otherwise reduce one
+        rank's parameter with another's of the same size (silently), or wait for a bucket member
+        the other rank never submits. One allgather_object per check (a few kB), inside the first
+        backward. Collective over the optimizer's process set."""
+        params = [(self._parameter_names[p], tuple(p.shape), str(p.dtype),
+                   self._hora_group_of.get(p, -1)) for p in self._hora_names if p.requires_grad]
+        gathered = allgather_object((self._hora_settings(), params),
+                                    name=f"{self._hora_prefix}.layout", process_set=self._hora_set)
+        ranks = self._hora_set.ranks if self._hora_set.process_set_id else range(len(gathered))
+        first_settings = gathered[0][0]
+        for r, (theirs, _) in zip(ranks, gathered):
+            diff = [f"{k} {first_settings.get(k)!r} on rank {ranks[0]} and {v!r} on rank {r}"
+                    for k, v in theirs.items() if v != first_settings.get(k)]
+            if diff:
+                self._hora_mismatch(f"DistributedOptimizer: ranks disagree on its settings: "
+                                    f"{'; '.join(diff)} (every rank must wrap its optimizer "
+                                    f"with the same arguments)")
+        every = [g[1] for g in gathered]
 
         def at(layout, i):
             if i >= len(layout):
@@ -383,16 +413,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                          min(len(every[0]), len(theirs)))
             if first == len(every[0]) == len(theirs):
                 first = next(i for i, (a, b) in enumerate(zip(every[0], theirs)) if a != b)
-            # Nothing was submitted: the next backward starts afresh (and raises this again).
-            self._hora_ready = {}
-            for q in self._hora_delay:
-                self._hora_delay[q] = self._hora_passes
-            raise MismatchError(
+            self._hora_mismatch(
                 f"DistributedOptimizer: ranks disagree on the parameters to average: rank "
                 f"{ranks[0]} has {len(every[0])} trainable parameters, rank {r} has "
                 f"{len(theirs)}; the first difference is at position {first}: rank {ranks[0]} "
                 f"{at(every[0], first)}, rank {r} {at(theirs, first)} (every rank must build the "
-                f"same model and optimizer, and freeze the same parameters)", lib.HORA_ERR_MISMATCH)
+                f"same model and optimizer, and freeze the same parameters)")
         self._hora_checked = True  # (on a mismatch every later step raises again)
 
     def _hora_mark_ready(self, p):

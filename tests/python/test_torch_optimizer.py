@@ -649,6 +649,34 @@ def test_models_that_differ_across_ranks_raise_on_every_rank(case):
     assert after.tolist() == [float(n)] * 2
 
 
+@pytest.mark.parametrize("setting", ["backward_passes_per_step", "sparse_as_dense", "op"])
+def test_ranks_whose_optimizer_settings_differ_raise_on_every_rank(setting):
+    """Ranks that wrap their optimizers with other arguments: with another
+    backward_passes_per_step they waited for each other's averages (a stall), with
+    sparse_as_dense on one rank only they submitted different collectives; Sum on one rank and
+    Average on another the engine caught only later, as a reduce op. Now every rank raises
+    MismatchError at the first averaging, naming the setting and both values; hora stays
+    usable."""
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    model = torch.nn.Linear(4, 2)
+    kw = {"backward_passes_per_step": dict(backward_passes_per_step=1 if r == 0 else 2),
+          "sparse_as_dense": dict(sparse_as_dense=r == 0),
+          "op": dict(op=ht.Sum if r == 0 else ht.Average)}[setting]
+    opt = ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters(prefix=setting), **kw)
+    want = {"backward_passes_per_step": "backward_passes_per_step 1 on rank 0 and 2 on rank 1",
+            "sparse_as_dense": "sparse_as_dense True on rank 0 and False on rank 1",
+            "op": "op 'Sum' on rank 0 and 'Average' on rank 1"}[setting]
+    with pytest.raises(hora.MismatchError, match="ranks disagree on its settings") as e:
+        for _ in range(kw.get("backward_passes_per_step", 1)):  # its first averaging
+            model(torch.ones(3, 4)).sum().backward()
+    assert want in str(e.value), str(e.value)
+    after = ht.allreduce(torch.ones(2), op=ht.Sum, name=f"after.settings.{setting}")
+    assert after.tolist() == [float(n)] * 2
+
+
 def test_wrapping_keeps_the_optimizers_defaults_and_state():
     """An optimizer that already has state (here one step of its own on the whole batch; in a
     program, a checkpoint loaded before wrapping) keeps it when wrapped, and its defaults too:
