@@ -16,7 +16,7 @@ import weakref
 
 import torch
 
-from ._errors import check, invalid
+from ._errors import MismatchError, check, invalid
 from ._hora_cffi import ffi, lib
 from ._torch_ops import Adasum, grouped_allreduce_async_, synchronize
 from ._torch_psets import _view_size
@@ -110,6 +110,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self._hora_passes = backward_passes_per_step
         self._hora_set = process_set
         self._hora_delay = {p: backward_passes_per_step for p in all_params}
+        self._hora_checked = False  # _hora_check_deltas done (again after add_param_group)
         self._hora_hooks = []
         taken = []
         for p in all_params:
@@ -131,6 +132,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         if "_hora_names" not in self.__dict__:  # the groups torch's __init__ adds
             return
         gi = len(self.param_groups) - 1
+        self._hora_checked = False
         for i, p in enumerate(self.param_groups[gi]["params"]):
             self._hora_names[p] = f"adasum.delta.param_group.{gi}.{i}"
             self._parameter_names[p] = f"param_group.{gi}.{i}"
@@ -150,6 +152,37 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                              "optimizer.")
         yield  # pragma: no cover
 
+    def _hora_check_deltas(self, params):
+        """Before the first combination (and the first after add_param_group): every rank's
+        deltas (name, shape, dtype, in submission order) and settings must be rank 0's, else
+        every rank raises MismatchError naming the first difference, before any rank takes its
+        local step. The deltas are one grouped request whose members are numbered by position, so
+        ranks whose models list same-shaped parameters in another order would otherwise combine
+        one rank's parameter with another's. One allgather_object (a few kB)."""
+        from ._torch_optim import allgather_object  # (that module imports this one)
+        comp = self._hora_compression
+        mine = ({"backward_passes_per_step": self._hora_passes,
+                 "compression": getattr(comp, "__name__", type(comp).__name__)},
+                [(self._hora_names[p], tuple(p.shape), str(p.dtype)) for p in params])
+        every = allgather_object(mine, name="adasum.delta.layout", process_set=self._hora_set)
+        ranks = self._hora_set.ranks if self._hora_set.process_set_id else range(len(every))
+        for r, theirs in zip(ranks, every):
+            if theirs == every[0]:
+                continue
+            if theirs[0] != every[0][0]:
+                what = f"settings {every[0][0]} on rank {ranks[0]} and {theirs[0]} on rank {r}"
+            else:
+                a, b = every[0][1], theirs[1]
+                i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                what = (f"parameters: rank {ranks[0]} has {len(a)}, rank {r} {len(b)}; the first "
+                        f"difference is at position {i}: rank {ranks[0]} "
+                        f"{a[i] if i < len(a) else 'nothing'}, rank {r} "
+                        f"{b[i] if i < len(b) else 'nothing'}")
+            raise MismatchError(f"DistributedOptimizer(op=Adasum): ranks disagree on the "
+                                f"{what} (every rank must build the same model and optimizer)",
+                                lib.HORA_ERR_MISMATCH)
+        self._hora_checked = True
+
     def step(self, closure=None):
         """The wrapped optimizer's step on this rank's gradients, then every parameter becomes
         its value before the step plus the Adasum over the ranks of the step's deltas.
@@ -159,6 +192,8 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         # name: every rank submits the deltas in the same order.
         params = sorted((p for p in self._hora_names if p.requires_grad),
                         key=lambda p: self._hora_names[p])
+        if not self._hora_checked:
+            self._hora_check_deltas(params)
         with torch.no_grad():
             starts = [p.detach().clone() for p in params]
             super(self.__class__, self).step()

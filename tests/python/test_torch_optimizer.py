@@ -704,6 +704,29 @@ def test_wrapping_keeps_the_optimizers_defaults_and_state():
     assert (gathered == gathered[0]).all()
 
 
+def test_adasum_optimizer_whose_models_differ_raises_before_any_local_step():
+    """DistributedOptimizer(op=Adasum) with a layer more on rank 0: every rank raises
+    MismatchError naming the difference before it takes its local step (before, each rank
+    stepped on its own gradients and then the grouped Adasum of the deltas failed, leaving the
+    replicas apart); the parameters are unchanged and hora stays usable."""
+    r, n = rank_size()
+    if n == 1 or n & (n - 1):
+        pytest.skip("Adasum needs a power-of-two number of ranks, more than one")
+    torch.manual_seed(0)
+    model = _Extra(extra=r == 0)
+    opt = ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters(), op=ht.Adasum)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = global_batch(0, 1)
+    torch.nn.functional.cross_entropy(model(x.float()), y).backward()
+    with pytest.raises(hora.MismatchError, match="ranks disagree on the parameters") as e:
+        opt.step()
+    assert "rank 0 has 6, rank 1 4" in str(e.value), str(e.value)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    after = ht.allreduce(torch.ones(2), op=ht.Sum, name="after.adasum.layout")
+    assert after.tolist() == [float(n)] * 2
+
+
 def test_adasum_param_group_added_during_training_is_combined():
     """The same with op=Adasum (power-of-two worlds): the deltas of the added group are
     combined like the others', against the NumPy Adasum reference."""
