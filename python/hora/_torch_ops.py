@@ -556,7 +556,9 @@ def _grouped_c(kind, srcs, outs, idx, base, op, pre, post, ctx, fp=0):
     c_counts = ffi.new("size_t[]", [b.count for b in bufs])
     hp = ffi.new("hora_handle_t **")
     from ._errors import check
-    ev = B.set_ready(ctx, bufs + obufs)  # CUDA: the engine waits for it; last before the call
+    # The tags last, right before the call that takes them: the ready event (CUDA: the engine
+    # waits for it) and the group's fingerprint.
+    ev = B.set_ready(ctx, bufs + obufs)
     lib.hora_set_call_shape(ctx, fp)
     check(lib.hora_grouped_allreduce_async(ctx, c_names, c_send, c_recv, c_counts,
                                            len(bufs), bufs[0].dtype, op, pre, post,
