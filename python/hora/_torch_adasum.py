@@ -44,6 +44,31 @@ def _adasum_layout_problem(view, params):
     return None
 
 
+def _compression_name(comp):
+    """A compression's name for the cross-rank settings check (Compression.none is a class)."""
+    return getattr(comp, "__name__", type(comp).__name__)
+
+
+def _gather_layouts(settings, params, name, process_set):
+    """Every rank's (settings, params) of an optimizer, from one allgather_object: (the world
+    ranks in set order, [(settings, params) per rank]). Collective over process_set."""
+    from ._torch_optim import allgather_object  # (that module imports this one)
+    every = allgather_object((settings, params), name=name, process_set=process_set)
+    return (process_set.ranks if process_set.process_set_id else range(len(every))), every
+
+
+def _settings_disagreement(ranks, every):
+    """'k a on rank 0 and b on rank r; ...' for the first rank whose settings (a dict) differ
+    from the set's first rank's, or None."""
+    first = every[0][0]
+    for r, (theirs, _) in zip(ranks, every):
+        diff = [f"{k} {first.get(k)!r} on rank {ranks[0]} and {v!r} on rank {r}"
+                for k, v in theirs.items() if v != first.get(k)]
+        if diff:
+            return "; ".join(diff)
+    return None
+
+
 def _count_backward_pass(delay, p):
     """One more gradient of p accumulated (its post-accumulate hook, inside backward): counts down
     delay[p] from backward_passes_per_step and returns what is left; Horovod's AssertionError
@@ -159,18 +184,17 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         local step. The deltas are one grouped request whose members are numbered by position, so
         ranks whose models list same-shaped parameters in another order would otherwise combine
         one rank's parameter with another's. One allgather_object (a few kB)."""
-        from ._torch_optim import allgather_object  # (that module imports this one)
-        comp = self._hora_compression
-        mine = ({"backward_passes_per_step": self._hora_passes,
-                 "compression": getattr(comp, "__name__", type(comp).__name__)},
-                [(self._hora_names[p], tuple(p.shape), str(p.dtype)) for p in params])
-        every = allgather_object(mine, name="adasum.delta.layout", process_set=self._hora_set)
-        ranks = self._hora_set.ranks if self._hora_set.process_set_id else range(len(every))
+        settings = {"backward_passes_per_step": self._hora_passes,
+                    "compression": _compression_name(self._hora_compression)}
+        ranks, every = _gather_layouts(
+            settings, [(self._hora_names[p], tuple(p.shape), str(p.dtype)) for p in params],
+            "adasum.delta.layout", self._hora_set)
+        diff = _settings_disagreement(ranks, every)
         for r, theirs in zip(ranks, every):
             if theirs == every[0]:
                 continue
-            if theirs[0] != every[0][0]:
-                what = f"settings {every[0][0]} on rank {ranks[0]} and {theirs[0]} on rank {r}"
+            if diff:
+                what = f"settings: {diff}"
             else:
                 a, b = every[0][1], theirs[1]
                 i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

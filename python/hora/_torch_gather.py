@@ -390,9 +390,10 @@ def _reducescatter_part(view, h, tensor, name, op, pre, post, kind, group=None):
     op = _check_op(op, kind, adasum=False)
     pre, post = float(pre), float(post)
     terms = _int_terms(tensor.dtype, op, pre, post)  # before _int_scaling turns Average into Sum
-    note = f"this rank's tensor has shape {tuple(tensor.shape)}"
-    if terms:
-        note = _int_note(f"shape {tuple(tensor.shape)}", op, pre, post)
+    shape = tuple(tensor.shape)
+    # made only on a mismatch, of the values the caller passed (op changes below)
+    note = ((lambda o=op: _int_note(f"shape {shape}", o, pre, post)) if terms else
+            (lambda: f"this rank's tensor has shape {shape}"))
     nm = h._claim(name, "reducescatter", view)
     n, me = _view_size(view), _view_rank(view)
     rows = tensor.shape[0]

@@ -400,7 +400,10 @@ def _allreduce_submit(kind, tensor, output, name, op, pre, post, process_set):
     src = tensor
     c_op, ipost = op, None
     terms = _int_terms(tensor.dtype, op, pre, post)
-    note = _int_note(f"shape {tuple(tensor.shape)}", op, pre, post) if terms else None
+    # made only on a mismatch, of the values the caller passed (op, pre, post change below)
+    note = None
+    if terms:
+        note = lambda s=tuple(tensor.shape), o=op, a=pre, b=post: _int_note(f"shape {s}", o, a, b)  # noqa: E731
     if tensor.dtype in _INT_DTYPES:
         if op == Average or pre != 1.0 or post != 1.0:
             if output is not tensor:

@@ -18,7 +18,8 @@ from ._torch_gather import (_group_tag, _set_group, allgather, allgather_async, 
                             broadcast_async_)
 from ._torch_ops import (Adasum, _OP_NAMES, _check_op, allreduce_async_, grouped_allreduce_async_,
                          synchronize)
-from ._torch_adasum import (_DistributedAdasumOptimizer, _claim_hook, _count_backward_pass,
+from ._torch_adasum import (_DistributedAdasumOptimizer, _claim_hook, _compression_name,
+                            _count_backward_pass, _gather_layouts, _settings_disagreement,
                             _warn_taken_over)
 from ._torch_psets import ProcessSet, _check_set, _view_size, global_process_set
 
@@ -360,11 +361,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         the gradients are averaged. Ranks that differ would wait for each other (another
         backward_passes_per_step), or average differently without an error the engine could
         give (the engine sees some of these only as other fields, some not at all)."""
-        comp = self._hora_compression
         return {"op": _OP_NAMES.get(self._hora_op, self._hora_op),
                 "backward_passes_per_step": self._hora_passes,
                 "gradient_predivide_factor": self._hora_post,
-                "compression": getattr(comp, "__name__", type(comp).__name__),
+                "compression": _compression_name(self._hora_compression),
                 "sparse_as_dense": self._hora_sparse_as_dense,
                 "groups": "buckets" if self._hora_bucketed else "the caller's groups"}
 
@@ -386,17 +386,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         backward. Collective over the optimizer's process set."""
         params = [(self._parameter_names[p], tuple(p.shape), str(p.dtype),
                    self._hora_group_of.get(p, -1)) for p in self._hora_names if p.requires_grad]
-        gathered = allgather_object((self._hora_settings(), params),
-                                    name=f"{self._hora_prefix}.layout", process_set=self._hora_set)
-        ranks = self._hora_set.ranks if self._hora_set.process_set_id else range(len(gathered))
-        first_settings = gathered[0][0]
-        for r, (theirs, _) in zip(ranks, gathered):
-            diff = [f"{k} {first_settings.get(k)!r} on rank {ranks[0]} and {v!r} on rank {r}"
-                    for k, v in theirs.items() if v != first_settings.get(k)]
-            if diff:
-                self._hora_mismatch(f"DistributedOptimizer: ranks disagree on its settings: "
-                                    f"{'; '.join(diff)} (every rank must wrap its optimizer "
-                                    f"with the same arguments)")
+        ranks, gathered = _gather_layouts(self._hora_settings(), params,
+                                          f"{self._hora_prefix}.layout", self._hora_set)
+        diff = _settings_disagreement(ranks, gathered)
+        if diff:
+            self._hora_mismatch(f"DistributedOptimizer: ranks disagree on its settings: {diff} "
+                                f"(every rank must wrap its optimizer with the same arguments)")
         every = [g[1] for g in gathered]
 
         def at(layout, i):

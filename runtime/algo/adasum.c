@@ -161,19 +161,15 @@ hora_result_t hora__adasum_host(hora_ctx_t *ctx, const void *src, void *dst, siz
  * tree, each local rank on its slice; here: every local rank over ctx->cross on the whole vector,
  * the same inputs and steps on every local rank, so the same bits), and the result is multiplied
  * by postscale / local size: an average within the node, Adasum between nodes. One node: the
- * average. Needs the same number of ranks on every node and a power-of-two number of nodes, as
- * Horovod's checks in horovod/torch/mpi_ops.py do. */
+ * average. The same number of ranks on every node and a power-of-two number of nodes, as
+ * Horovod's checks in horovod/torch/mpi_ops.py require, are checked with the arguments
+ * (check_adasum_layout in check.c). */
 hora_result_t hora__adasum_nodes_host(hora_ctx_t *ctx, void *buf, size_t count, hora_dtype_t dtype,
                                       double prescale, double postscale) {
-  const int C = ctx->cross_size;
-  if (!ctx->uniform_local_size)
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
-                    "hora_allreduce: HORA_ADASUM on device buffers needs the same number of ranks on every "
-                    "node (this context's nodes differ), as Horovod's GPU Adasum does");
-  if (C & (C - 1))
-    return HORA_ERR(HORA_ERR_INVALID_ARGUMENT,
-                    "hora_allreduce: HORA_ADASUM on device buffers needs a power-of-two number of nodes (this "
-                    "context spans %d), as Horovod's GPU Adasum does", C);
+  const int C = ctx->cross_size; /* the argument checks refused other layouts (check.c) */
+  if (!ctx->uniform_local_size || (C & (C - 1)))
+    return HORA_ERR(HORA_ERR_INTERNAL, "hora_allreduce: device Adasum reached with a node layout the "
+                    "argument checks refuse");
   const int is64 = dtype == HORA_FLOAT64;
   scale_in_place(buf, count, is64, prescale);
   if (ctx->local_size > 1 && count)

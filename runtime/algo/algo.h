@@ -132,8 +132,8 @@ hora_result_t hora__adasum_host(hora_ctx_t *ctx, const void *src, void *dst, siz
                                 hora_dtype_t dtype, double prescale, double postscale);
 /* algo/adasum.c: HORA_ADASUM of device buffers staged in host memory (buf, count elements, in
  * place), as Horovod 0.28's GPU Adasum: postscale / local size * Adasum over nodes of the sum over
- * each node's ranks of prescale * buf. HORA_ERR_INVALID_ARGUMENT (on every rank) when the nodes
- * hold different numbers of ranks or their number is not a power of two. */
+ * each node's ranks of prescale * buf. The node layout was checked with the arguments
+ * (hora__check_allreduce); HORA_ERR_INTERNAL should another reach it. */
 hora_result_t hora__adasum_nodes_host(hora_ctx_t *ctx, void *buf, size_t count, hora_dtype_t dtype,
                                       double prescale, double postscale);
 /* algo/hier.c: needs ctx->uniform_local_size. */
