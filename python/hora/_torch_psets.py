@@ -26,16 +26,21 @@ class ProcessSet:
     mpi_comm = None
 
     def __init__(self, ranks_or_comm):
+        """ranks_or_comm: a list of global ranks, or an mpi4py communicator (registered only
+        through init(process_sets=[...]), as in Horovod). ValueError for anything else."""
+        self._hora = None  # hora_ctx_t * of the registered set (None: not registered / global)
         try:
             ranks = sorted(ranks_or_comm)
         except TypeError:
-            raise ValueError("ProcessSet should be initialized with a list of process ranks "
-                             "(hora.torch does not take an mpi4py Comm here)") from None
+            if _is_mpi4py_comm(ranks_or_comm):
+                self.mpi_comm = ranks_or_comm
+                return
+            raise ValueError("ProcessSet should be initialized with a list of process ranks or "
+                             "an mpi4py Comm object") from None
         if any(isinstance(r, bool) or not isinstance(r, int) for r in ranks):
             raise ValueError("ProcessSet should be initialized with a list of process ranks or "
                              "an mpi4py Comm object")
         self.ranks = ranks
-        self._hora = None  # hora_ctx_t * of the registered set (None: not registered / global)
 
     def _invalidate(self):
         self.process_set_id = None
@@ -72,6 +77,14 @@ class ProcessSet:
     __repr__ = __str__
 
 
+def _is_mpi4py_comm(obj):
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return False
+    return isinstance(obj, MPI.Comm)
+
+
 global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
 
@@ -100,7 +113,13 @@ def add_process_set(process_set):
         process_set = ProcessSet(process_set)
     with _lock:
         reason = None
-        if process_set.process_set_id is not None:
+        if process_set.mpi_comm is not None and process_set.ranks is None:
+            # Horovod 0.28 refuses this too (NotImplementedError, below): a set built from a
+            # communicator is registered by init(process_sets=[...]) only.
+            reason = ("adding a process set defined by an MPI communicator after init is not "
+                      "implemented (as in Horovod); pass it to init(process_sets=[...]) or build "
+                      "the process set from a list of ranks")
+        elif process_set.process_set_id is not None:
             reason = f"{process_set} is already registered"
         elif process_set.ranks is None:
             reason = "the ProcessSet was removed; make a new one"
@@ -115,6 +134,8 @@ def add_process_set(process_set):
             check(lib.hora_process_set_create(ctx, c_ranks, len(ranks) if reason is None else 0,
                                               out), "hora.torch.add_process_set")
         except HoraError as e:
+            if process_set.mpi_comm is not None and process_set.ranks is None:
+                raise NotImplementedError(f"add_process_set: {reason}") from None
             if e.code in (lib.HORA_ERR_INVALID_ARGUMENT, lib.HORA_ERR_MISMATCH):
                 raise ValueError(f"add_process_set({ranks}): {reason or e}") from None
             raise
@@ -123,6 +144,92 @@ def add_process_set(process_set):
         _by_id[process_set.process_set_id] = [process_set]
         _noname_by_id[process_set.process_set_id] = NameCounter()
     return process_set
+
+
+def _comm_members(comm, world):
+    """(sorted hora ranks of comm's processes, None), or (None, why not) where comm is
+    MPI.COMM_NULL or holds a process outside `world` (hora's communicator)."""
+    from mpi4py import MPI
+    if comm == MPI.COMM_NULL:
+        return None, "its communicator is MPI.COMM_NULL on this rank"
+    group, world_group = comm.Get_group(), world.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(group, list(range(comm.Get_size())), world_group)
+    finally:
+        group.Free()
+        world_group.Free()
+    if any(r == MPI.UNDEFINED for r in ranks):
+        return None, "its communicator holds processes that are not among hora's ranks"
+    return sorted(ranks), None
+
+
+def _describe_init_sets(process_sets, comm):
+    """This rank's view of init(process_sets=...), to be compared across ranks: one
+    (kind, ranks, why not) per set not registered yet; kind is "comm" or "ranks"."""
+    world = None
+    out = []
+    for ps in process_sets:
+        if isinstance(ps, ProcessSet) and ps.process_set_id is not None:
+            continue  # the global set, or registered by an earlier init() in this process
+        if isinstance(ps, ProcessSet) and ps.ranks is None and ps.mpi_comm is not None:
+            if world is None:
+                from mpi4py import MPI
+                world = MPI.COMM_WORLD if comm is None else comm
+            ranks, why = _comm_members(ps.mpi_comm, world)
+            out.append(("comm", ranks, why))
+            continue
+        try:
+            ranks = (ps if isinstance(ps, ProcessSet) else ProcessSet(ps)).ranks
+            out.append(("ranks", ranks, None if ranks is not None else
+                        "the ProcessSet was removed; make a new one"))
+        except ValueError as e:
+            out.append(("ranks", None, str(e)))
+    return out
+
+
+def register_init_sets(process_sets, comm, gather):
+    """init(process_sets=...), collective over every rank of the job. Sets given as lists of
+    ranks are registered as add_process_set does; a set given as an mpi4py communicator is
+    registered as Horovod 0.28's horovod_init_multi_comm does: each rank passes the communicator
+    it is in, every distinct group among the ranks' communicators becomes a set, and this rank's
+    ProcessSet object refers to the one of its own communicator (an MPI_Comm_split into evens
+    and odds gives two sets). Sets from communicators are registered first, in list order, as in
+    Horovod; a communicator whose group is already registered leaves its ProcessSet unregistered
+    (Horovod's rule for a clone). `gather` is allgather_object over the global set.
+
+    ValueError on every rank when the ranks' lists differ in length or in kind at a position, or
+    any rank's entry is invalid (a malformed list, MPI.COMM_NULL, processes outside hora's ranks);
+    the message names the position and the rank."""
+    process_sets = list(process_sets)
+    mine = _describe_init_sets(process_sets, comm)
+    views = gather(mine)
+    for r, view in enumerate(views):
+        if [k for k, _, _ in view] != [k for k, _, _ in mine]:
+            raise ValueError(f"init(process_sets=...): the ranks pass different lists (rank {r}: "
+                             f"{[k for k, _, _ in view]}, this rank: {[k for k, _, _ in mine]})")
+        for i, (_, _, why) in enumerate(view):
+            if why is not None:
+                raise ValueError(f"init(process_sets=...): entry {i} on rank {r}: {why}")
+    todo = [ps for ps in process_sets
+            if not (isinstance(ps, ProcessSet) and ps.process_set_id is not None)]
+    for i, ps in enumerate(todo):
+        if mine[i][0] != "comm":
+            continue
+        own = None
+        for ranks in sorted({tuple(view[i][1]) for view in views}):
+            with _lock:
+                known = [objs[0] for pid, objs in _by_id.items()
+                         if pid != 0 and objs[0].ranks == list(ranks)]
+            reg = known[0] if known else add_process_set(list(ranks))
+            if list(ranks) == mine[i][1]:
+                own = None if known else reg
+        if own is not None:
+            with _lock:
+                ps.process_set_id, ps.ranks, ps._hora = own.process_set_id, own.ranks, own._hora
+                _by_id[own.process_set_id].append(ps)
+    for i, ps in enumerate(todo):
+        if mine[i][0] == "ranks":
+            add_process_set(ps)
 
 
 def remove_process_set(process_set):

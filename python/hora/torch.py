@@ -66,6 +66,7 @@ from ._torch_optim import (  # noqa: E402,F401
     broadcast_parameters, sparse_allreduce_async,
 )
 from . import _torch_elastic as elastic  # noqa: E402  (hvd.elastic.run, TorchState, ...)
+from . import _torch_psets  # noqa: E402
 
 sys.modules[__name__ + ".elastic"] = elastic  # `from hora.torch.elastic import TorchState`
 
@@ -73,7 +74,8 @@ sys.modules[__name__ + ".elastic"] = elastic  # `from hora.torch.elastic import 
 def init(comm=None, process_sets=None):
     """Start hora (collective). `comm`: None, or an mpi4py communicator (or a list of world
     ranks, as Horovod takes, which must then be every rank). `process_sets`: ProcessSet objects
-    (or lists of ranks) to register at once, as add_process_set does on every rank."""
+    (lists of ranks, or mpi4py communicators as Horovod 0.28 takes them) to register at once, on
+    every rank; see _torch_psets.register_init_sets for the rules and errors."""
     if isinstance(comm, (list, tuple)):
         hora.init()
         if sorted(comm) != list(range(size())):
@@ -83,12 +85,9 @@ def init(comm=None, process_sets=None):
     else:
         hora.init(comm)
     global_process_set.ranks = list(range(size()))
-    for ps in process_sets or []:
-        if isinstance(ps, ProcessSet) and ps.process_set_id == 0:
-            continue
-        if isinstance(ps, ProcessSet) and ps.process_set_id is not None:
-            continue  # registered by an earlier init() in this process
-        add_process_set(ps)
+    if process_sets:
+        _torch_psets.register_init_sets(process_sets, comm if not isinstance(comm, (list, tuple))
+                                        else None, allgather_object)
 
 
 def _built(feature):
