@@ -2,6 +2,7 @@
 single-process torch reference, handles, autograd and errors, on every rank."""
 import gc
 import inspect
+import os
 import time
 import warnings
 
@@ -102,8 +103,13 @@ def test_names_and_signatures_are_horovods():
                  "start_timeline", "stop_timeline", "SyncBatchNorm", "is_homogeneous"]:
         assert hasattr(hvd, name), name
     assert len({hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product, hvd.Adasum}) == 6
-    # one node here (fake nodes of other sizes: tests/mpi/test_call_check.c)
-    assert hvd.is_homogeneous() is True and hvd.cross_size() == 1
+    # Every node the same size here, one node or the emulated ones of tests/multinode (fake
+    # nodes of other sizes: tests/mpi/test_call_check.c)
+    assert hvd.is_homogeneous() is True
+    assert hvd.cross_size() * hvd.local_size() == hvd.size()
+    hosts = os.environ.get("HORA_MN_HOSTS")  # under tests/multinode/nodes.sh: one node per host
+    if hosts:
+        assert hvd.cross_size() == len(hosts.split(",")) > 1
     # Horovod's submodules, as programs import them.
     from hora.torch.mpi_ops import synchronize
     from hora.torch.compression import Compression
