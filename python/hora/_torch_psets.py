@@ -7,6 +7,7 @@ set's. As in Horovod, roots (broadcast's root_rank) are global ranks, ProcessSet
 rank within the set, results of allgather/alltoall are in the set's rank order, and registration
 and removal are collective over every rank of the job, ranks outside the set included.
 """
+import sys
 import threading
 
 from ._async import NameCounter
@@ -78,11 +79,10 @@ class ProcessSet:
 
 
 def _is_mpi4py_comm(obj):
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        return False
-    return isinstance(obj, MPI.Comm)
+    # An mpi4py communicator exists only where mpi4py.MPI was imported; importing it here would
+    # start MPI as a side effect of a bad argument.
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and isinstance(obj, mpi.Comm)
 
 
 global_process_set = ProcessSet([])
