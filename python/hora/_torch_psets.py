@@ -164,13 +164,11 @@ def _comm_members(comm, world):
 
 
 def _describe_init_sets(process_sets, comm):
-    """This rank's view of init(process_sets=...), to be compared across ranks: one
-    (kind, ranks, why not) per set not registered yet; kind is "comm" or "ranks"."""
+    """This rank's view of the sets init(process_sets=...) registers, to be compared across
+    ranks: one (kind, ranks, why not) per set; kind is "comm" or "ranks"."""
     world = None
     out = []
     for ps in process_sets:
-        if isinstance(ps, ProcessSet) and ps.process_set_id is not None:
-            continue  # the global set, or registered by an earlier init() in this process
         if isinstance(ps, ProcessSet) and ps.ranks is None and ps.mpi_comm is not None:
             if world is None:
                 from mpi4py import MPI
@@ -200,8 +198,10 @@ def register_init_sets(process_sets, comm, gather):
     ValueError on every rank when the ranks' lists differ in length or in kind at a position, or
     any rank's entry is invalid (a malformed list, MPI.COMM_NULL, processes outside hora's ranks);
     the message names the position and the rank."""
-    process_sets = list(process_sets)
-    mine = _describe_init_sets(process_sets, comm)
+    # The global set, and sets registered by an earlier init() in this process, are skipped.
+    todo = [ps for ps in process_sets
+            if not (isinstance(ps, ProcessSet) and ps.process_set_id is not None)]
+    mine = _describe_init_sets(todo, comm)
     views = gather(mine)
     for r, view in enumerate(views):
         if [k for k, _, _ in view] != [k for k, _, _ in mine]:
@@ -210,8 +210,6 @@ def register_init_sets(process_sets, comm, gather):
         for i, (_, _, why) in enumerate(view):
             if why is not None:
                 raise ValueError(f"init(process_sets=...): entry {i} on rank {r}: {why}")
-    todo = [ps for ps in process_sets
-            if not (isinstance(ps, ProcessSet) and ps.process_set_id is not None)]
     for i, ps in enumerate(todo):
         if mine[i][0] != "comm":
             continue
