@@ -107,10 +107,27 @@ def broadcast_parameters(params, root_rank=0):
                             lib.HORA_ERR_MISMATCH)
 
 
+try:
+    # Horovod's serializer for broadcast_object/allgather_object: lambdas, closures and classes
+    # defined in functions pickle too. torch.save keeps tensors' storages compact around it.
+    import cloudpickle as _pickle_module
+except ImportError:  # the standard pickle: such objects are then a PicklingError
+    _pickle_module = pickle
+
+
 def _dumps(obj):
     f = io.BytesIO()
-    torch.save(obj, f, pickle_protocol=pickle.HIGHEST_PROTOCOL)
+    torch.save(obj, f, pickle_module=_pickle_module, pickle_protocol=pickle.HIGHEST_PROTOCOL)
     return torch.from_numpy(np.frombuffer(f.getbuffer(), dtype=np.uint8).copy())
+
+
+def _try_dumps(obj):
+    """(payload, None), or (None, the exception) where obj does not pickle: the caller first
+    tells the other ranks, which would otherwise wait for this rank's bytes forever."""
+    try:
+        return _dumps(obj), None
+    except Exception as e:  # PicklingError, TypeError, AttributeError: whatever pickle raises
+        return None, e
 
 
 def _loads(t):
@@ -118,17 +135,25 @@ def _loads(t):
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """root_rank's Python object on every rank (pickled; tensors inside by torch). Collective."""
+    """root_rank's Python object on every rank. Collective. Pickled with cloudpickle where it is
+    installed, as Horovod does (else pickle), tensors inside by torch. A root whose object does
+    not pickle raises pickle's error, and every other rank a ValueError naming the root."""
     _check_set(process_set, "broadcast_object")
     # Horovod's default name is type(obj).__name__, which differs between a root passing an
     # object and ranks passing None (the usual call) and then never matches: one fixed name.
     name = "broadcast_object" if name is None else name
+    failure = None
     if rank() == root_rank:
-        payload = _dumps(obj)
-        n = torch.tensor([payload.numel()], dtype=torch.int64)
+        payload, failure = _try_dumps(obj)
+        n = torch.tensor([-1 if failure else payload.numel()], dtype=torch.int64)
     else:
         payload, n = None, torch.zeros(1, dtype=torch.int64)
     broadcast_(n, root_rank, name=f"{name}.sz", process_set=process_set)
+    if int(n[0]) < 0:  # the root's object did not pickle: an error on every rank, no wait
+        if failure is not None:
+            raise failure
+        raise ValueError(f"broadcast_object: root rank {root_rank} could not pickle its object "
+                         f"(its error is raised there)")
     if payload is None:
         payload = torch.empty(int(n[0]), dtype=torch.uint8)
     broadcast_(payload, root_rank, name=f"{name}.t", process_set=process_set)
@@ -136,12 +161,20 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
-    """The list, in rank order, of every rank's Python object (pickled). Collective."""
-    _check_set(process_set, "allgather_object")
+    """The list, in rank order, of every rank's Python object (pickled). Collective. A rank whose
+    object does not pickle raises pickle's error, and every other rank a ValueError naming it."""
+    view = _check_set(process_set, "allgather_object")
     name = "allgather_object" if name is None else name
-    payload = _dumps(obj)
-    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=f"{name}.sz",
-                      process_set=process_set)
+    payload, failure = _try_dumps(obj)
+    sizes = allgather(torch.tensor([-1 if failure else payload.numel()], dtype=torch.int64),
+                      name=f"{name}.sz", process_set=process_set)
+    bad = [i if view.ranks is None else view.ranks[i]
+           for i, s in enumerate(sizes.tolist()) if s < 0]
+    if bad:
+        if failure is not None:
+            raise failure
+        raise ValueError(f"allgather_object: rank(s) {bad} could not pickle their objects (the "
+                         f"error is raised there)")
     data = allgather(payload, name=f"{name}.t", process_set=process_set)
     out, off = [], 0
     for s in sizes.tolist():

@@ -424,6 +424,45 @@ def test_allgather_and_broadcast_objects():
     assert obj == {"from": n - 1, "l": list(range(n + 2))}
 
 
+def test_objects_that_only_cloudpickle_pickles():
+    """Horovod pickles with cloudpickle: a lambda, a closure and a class defined in a function."""
+    pytest.importorskip("cloudpickle")
+    r, n = rank_size()
+
+    class Local:
+        def __init__(self, k):
+            self.f = lambda x: x * k
+            self.t = torch.full((2,), float(k))
+
+    got = hvd.broadcast_object(Local(10 + r), root_rank=n - 1)
+    assert got.f(2) == 2 * (10 + n - 1) and got.t.tolist() == [10.0 + n - 1] * 2
+    fs = hvd.allgather_object(lambda x: x + r)
+    assert [f(100) for f in fs] == [100 + q for q in range(n)]
+
+
+def test_objects_that_do_not_pickle_raise_on_every_rank():
+    """An object that does not pickle (a lock) raises pickle's error where it was passed and a
+    ValueError naming that rank everywhere else, instead of leaving them waiting for its bytes;
+    the names work again afterwards."""
+    import threading
+    r, n = rank_size()
+    root = n - 1
+    if r == root:
+        with pytest.raises(TypeError, match="pickle"):
+            hvd.broadcast_object(threading.Lock(), root_rank=root)
+    else:
+        with pytest.raises(ValueError, match=f"root rank {root} could not pickle"):
+            hvd.broadcast_object(None, root_rank=root)
+    if r == 1:
+        with pytest.raises(TypeError, match="pickle"):
+            hvd.allgather_object(threading.Lock())
+    else:
+        with pytest.raises(ValueError, match=r"rank\(s\) \[1\] could not pickle"):
+            hvd.allgather_object(r)
+    assert hvd.broadcast_object(r * 3, root_rank=root) == root * 3
+    assert hvd.allgather_object(r) == list(range(n))
+
+
 def test_broadcast_forms():
     r, n = rank_size()
     for root in range(n):
