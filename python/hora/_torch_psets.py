@@ -103,6 +103,13 @@ def _next_id():
     return i
 
 
+def _registered(ranks):
+    """The first ProcessSet registered with these ranks (not the global set), or None. Under
+    _lock."""
+    return next((objs[0] for pid, objs in _by_id.items() if pid != 0 and objs[0].ranks == ranks),
+                None)
+
+
 def add_process_set(process_set):
     """Register a process set (a ProcessSet or a list of ranks); returns the ProcessSet. Every
     rank of the job calls it with the same ranks. ValueError for an invalid list (duplicates,
@@ -123,7 +130,7 @@ def add_process_set(process_set):
             reason = f"{process_set} is already registered"
         elif process_set.ranks is None:
             reason = "the ProcessSet was removed; make a new one"
-        elif any(ps[0].ranks == process_set.ranks for i, ps in _by_id.items() if i != 0):
+        elif _registered(process_set.ranks) is not None:
             reason = f"a process set with ranks {process_set.ranks} is already registered"
         ranks = process_set.ranks or []
         # Every rank enters the collective create, also one that found a reason to refuse
@@ -216,11 +223,10 @@ def register_init_sets(process_sets, comm, gather):
         own = None
         for ranks in sorted({tuple(view[i][1]) for view in views}):
             with _lock:
-                known = [objs[0] for pid, objs in _by_id.items()
-                         if pid != 0 and objs[0].ranks == list(ranks)]
-            reg = known[0] if known else add_process_set(list(ranks))
+                known = _registered(list(ranks))
+            reg = known if known is not None else add_process_set(list(ranks))
             if list(ranks) == mine[i][1]:
-                own = None if known else reg
+                own = None if known is not None else reg
         if own is not None:
             with _lock:
                 ps.process_set_id, ps.ranks, ps._hora = own.process_set_id, own.ranks, own._hora
