@@ -98,6 +98,57 @@ static hora_result_t submit_one(hora_engine_t *eng, const char *fn, const char *
   return HORA_SUCCESS;
 }
 
+/* The key of a group of n names (the set of its names, in any order, and their number), which
+ * every member carries and the ranks must agree on like any other field: ranks that group other
+ * tensors under the same names get HORA_ERR_MISMATCH for every member, the ones only some ranks
+ * submitted included (coord.c), instead of waiting for members that never come. A sum of the
+ * names' mixed hashes, so that the order of the members does not matter. */
+static uint64_t group_key(const char *const *names, size_t n) {
+  uint64_t key = (uint64_t)n * 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t x = hora__eng_hash(names[i], strlen(names[i]));
+    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finalizer */
+    key += x ^ (x >> 29);
+  }
+  return key ? key : 1;
+}
+
+/* Queue n requests of parameters *p (counts[i], sendbufs[i], recvbufs[i]: NULL for none) under
+ * names[i], completed through one fresh handle; on error nothing stays allocated. */
+static hora_result_t submit_group(hora_engine_t *eng, const char *fn, const char *const *names,
+                                  const eng_params_t *p, const size_t *counts, const void *const *sendbufs,
+                                  void *const *recvbufs, size_t n, void *ready, hora_handle_t **handle) {
+  hora_handle_t *h;
+  HORA_CHECK(hora__handle_new(eng, (int)n, &h));
+  eng_req_t *first = NULL, *last = NULL;
+  hora_result_t rc = HORA_SUCCESS;
+  for (size_t i = 0; i < n && rc == HORA_SUCCESS; i++) {
+    eng_params_t pi = *p;
+    if (counts) pi.count = counts[i];
+    eng_req_t *r = req_new(fn, names[i], &pi, sendbufs ? sendbufs[i] : NULL, recvbufs ? recvbufs[i] : NULL, ready);
+    if (!r) {
+      rc = HORA_ERR_NO_MEMORY;
+      break;
+    }
+    r->h = h;
+    if (last) last->qnext = r;
+    else first = r;
+    last = r;
+  }
+  if (rc == HORA_SUCCESS) rc = hora__engine_submit(eng, first, last);
+  if (rc != HORA_SUCCESS) {
+    while (first) {
+      eng_req_t *nx = first->qnext;
+      hora__req_free(first);
+      first = nx;
+    }
+    for (size_t k = 0; k <= n; k++) hora__handle_release(h); /* each request's reference and the user's */
+    return rc;
+  }
+  *handle = h;
+  return HORA_SUCCESS;
+}
+
 HORA_EXPORT hora_result_t hora_allreduce_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
                                                void *recvbuf, size_t count, hora_dtype_t dtype, hora_op_t op,
                                                double prescale, double postscale, hora_device_t device,
@@ -151,53 +202,10 @@ HORA_EXPORT hora_result_t hora_grouped_allreduce_async(hora_ctx_t *ctx, const ch
     }
   free(sorted);
 
-  /* Every member carries the group's key (the set of its names, in any order, and their
-   * number), which the ranks must agree on like any other field: ranks that group other tensors
-   * under the same names get HORA_ERR_MISMATCH for every member, the ones only some ranks
-   * submitted included (coord.c), instead of waiting for members that never come. A sum of the
-   * names' mixed hashes, so that the order of the members does not matter. */
-  uint64_t key = (uint64_t)ntensors * 0x9e3779b97f4a7c15ull;
-  for (size_t i = 0; i < ntensors; i++) {
-    uint64_t x = hora__eng_hash(names[i], strlen(names[i]));
-    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finalizer */
-    key += x ^ (x >> 29);
-  }
-  if (key == 0) key = 1;
-
-  hora_handle_t *h;
-  HORA_CHECK(hora__handle_new(eng, (int)ntensors, &h));
-  eng_req_t *first = NULL, *last = NULL;
-  for (size_t i = 0; i < ntensors; i++) {
-    eng_params_t p = {.kind = ENG_ALLREDUCE, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
-                      .root = -1, .count = counts[i], .prescale = prescale, .postscale = postscale,
-                      .shape = shape, .group = key, .gsize = (uint32_t)ntensors};
-    eng_req_t *r = req_new(fn, names[i], &p, sendbufs[i], recvbufs[i], ready);
-    if (!r) {
-      while (first) {
-        eng_req_t *nx = first->qnext;
-        hora__req_free(first);
-        first = nx;
-      }
-      for (size_t k = 0; k <= ntensors; k++) hora__handle_release(h);
-      return HORA_ERR_NO_MEMORY;
-    }
-    r->h = h;
-    if (last) last->qnext = r;
-    else first = r;
-    last = r;
-  }
-  hora_result_t rc = hora__engine_submit(eng, first, last);
-  if (rc != HORA_SUCCESS) {
-    while (first) {
-      eng_req_t *nx = first->qnext;
-      hora__req_free(first);
-      first = nx;
-    }
-    for (size_t k = 0; k <= ntensors; k++) hora__handle_release(h);
-    return rc;
-  }
-  *handle = h;
-  return HORA_SUCCESS;
+  eng_params_t p = {.kind = ENG_ALLREDUCE, .dtype = (uint8_t)dtype, .op = (uint8_t)op, .device = (uint8_t)device,
+                    .root = -1, .prescale = prescale, .postscale = postscale, .shape = shape,
+                    .group = group_key(names, ntensors), .gsize = (uint32_t)ntensors};
+  return submit_group(eng, fn, names, &p, counts, sendbufs, recvbufs, ntensors, ready, handle);
 }
 
 HORA_EXPORT hora_result_t hora_allgather_async(hora_ctx_t *ctx, const char *name, const void *sendbuf,
@@ -281,6 +289,28 @@ HORA_EXPORT hora_result_t hora_alltoall_async(hora_ctx_t *ctx, const char *name,
                     .count = count, .prescale = 1, .postscale = 1, .shape = tag.shape,
                     .group = tag.group, .gsize = tag.gsize};
   return submit_one(eng, fn, name, &p, sendbuf, recvbuf, NULL, tag.ready, handle);
+}
+
+HORA_EXPORT hora_result_t hora_refuse_async(hora_ctx_t *ctx, const char *const *names, size_t n,
+                                            hora_handle_t **handle) {
+  const char *fn = "hora_refuse_async";
+  call_tags_t tag = take_tags(ctx);
+  hora_engine_t *eng;
+  HORA_CHECK(prologue(ctx, fn, HORA_UINT8, HORA_DEVICE_HOST, handle, &eng));
+  if (!names) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: names is NULL", fn);
+  if (n == 0) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: n is 0", fn);
+  if (n > (size_t)INT32_MAX) return HORA_ERR(HORA_ERR_INVALID_ARGUMENT, "%s: n %zu is too large", fn, n);
+  for (size_t i = 0; i < n; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "%s (name %zu)", fn, i);
+    HORA_CHECK(check_name(what, names[i]));
+  }
+  /* Tagged as the call it stands for was, so that the peers' members fail with it: the caller's
+   * hora_set_call_group, else the key hora_grouped_allreduce_async gives n names. */
+  eng_params_t p = {.kind = ENG_REFUSED, .root = -1, .prescale = 1, .postscale = 1};
+  if (tag.group) p.group = tag.group, p.gsize = tag.gsize;
+  else if (n > 1) p.group = group_key(names, n), p.gsize = (uint32_t)n;
+  return submit_group(eng, fn, names, &p, NULL, NULL, NULL, n, NULL, handle);
 }
 
 HORA_EXPORT hora_result_t hora_join(hora_ctx_t *ctx, int *last_rank) {

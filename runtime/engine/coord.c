@@ -149,13 +149,34 @@ static void field_str(const eng_params_t *p, int f, char *out, size_t n) {
   }
 }
 
+/* A ready name that some rank refused (hora_refuse_async: its call failed that rank's own checks)
+ * fails on every rank, even where all ranks refused it: write the message and return 1. */
+static int find_refusal(hora_engine_t *eng, const eng_coord_t *c, uint8_t *flags, char *msg, size_t msgsz) {
+  int n = eng->size, any = 0;
+  for (int r = 0; r < n; r++) {
+    flags[r] = c->have[r] && c->p[r].kind == ENG_REFUSED;
+    any |= flags[r];
+  }
+  if (!any) return 0;
+  char ranks[256];
+  hora__rank_list(flags, n, 1, ranks, sizeof ranks);
+  snprintf(msg, msgsz, "tensor '%.200s': the call failed its own argument checks on rank(s) %s, which raised the "
+           "error that says why; nothing ran on any rank", c->name, ranks);
+  return 1;
+}
+
 /* Compare the submitted parameters of a ready name; on disagreement write the message
- * "tensor 'x': ranks disagree on count: 10 on ranks 0,2; 20 on rank 1" and return 1. */
+ * "tensor 'x': ranks disagree on count: 10 on ranks 0,2; 20 on rank 1" and return 1. A refusal
+ * (find_refusal) comes before any field. */
 static int find_mismatch(hora_engine_t *eng, eng_coord_t *c, char *msg, size_t msgsz) {
   int n = eng->size;
   uint8_t *grp = malloc((size_t)n);
   if (!grp) {
     snprintf(msg, msgsz, "tensor '%s': out of memory checking the ranks' arguments", c->name);
+    return 1;
+  }
+  if (find_refusal(eng, c, grp, msg, msgsz)) {
+    free(grp);
     return 1;
   }
   for (int f = 0; f < FLD_COUNT_; f++) {

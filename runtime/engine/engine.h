@@ -34,6 +34,8 @@ typedef enum {
   ENG_ALLTOALL = 5,
   ENG_JOIN = 6, /* hora_join: a pseudo-request that only the coordinator sees */
   ENG_GROUP_FAIL = 7, /* a response only: every member of group p.group fails (coord.c) */
+  ENG_REFUSED = 8, /* hora_refuse_async: this rank's call of the name failed its own checks;
+                    * every rank's request of the name fails (coord.c), nothing runs */
   ENG_KIND_COUNT
 } eng_kind_t;
 

@@ -70,7 +70,8 @@ int hora__eng_params_equal(const eng_params_t *a, const eng_params_t *b) {
 
 const char *hora__eng_kind_name(int kind) {
   static const char *const n[ENG_KIND_COUNT] = {"ALLREDUCE", "ALLGATHER", "ALLGATHERV", "BROADCAST",
-                                                "REDUCESCATTER", "ALLTOALL", "JOIN", "GROUP_FAIL"};
+                                                "REDUCESCATTER", "ALLTOALL", "JOIN", "GROUP_FAIL",
+                                                "REFUSED"};
   return kind >= 0 && kind < ENG_KIND_COUNT ? n[kind] : "UNKNOWN";
 }
 

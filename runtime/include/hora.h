@@ -619,6 +619,29 @@ hora_result_t hora_alltoall_async(hora_ctx_t *ctx, const char *name, const void 
                                   void *recvbuf, size_t count, hora_dtype_t dtype,
                                   hora_device_t device, hora_handle_t **handle);
 
+/* hora_refuse_async: tell the other ranks that this rank's call of the collective named
+ * names[0..n) failed its own checks (a bad argument found before any request was submitted),
+ * so that theirs fail instead of waiting for a request that never comes. Each of the n names
+ * (n >= 1: the names the call would have submitted, e.g. every member of a grouped call) is
+ * submitted as a refusal: when every rank has submitted that name, every rank's request of it
+ * completes with HORA_ERR_MISMATCH and a message that names the refusing ranks ("the call failed
+ * its own argument checks on rank(s) 1"); nothing moves, even where every rank refused. The
+ * refusal carries the group tag of hora_set_call_group when one is set (as the refused call's
+ * members would), else, for n > 1, the group of hora_grouped_allreduce_async over the n names,
+ * so that the peers' grouped members fail with it (members only they submitted included).
+ * Non-blocking; the handle completes with HORA_ERR_MISMATCH once the ranks have met, and holds
+ * the names as pending until then (a request of the same name on this rank before that fails as a
+ * duplicate); release it with hora_handle_free (which waits) or keep it and poll. Collective by
+ * name like the calls above: a rank that never submits the name leaves the others' requests to
+ * the stall rules (HORA_STALL_WARNING_S, HORA_STALL_SHUTDOWN_S). The Python bindings call it for
+ * every argument error raised before a request reached the engine, so that one rank's error is
+ * an error on every rank and unnamed requests stay numbered alike. hora's own; Horovod has none
+ * (a rank's argument error there leaves its peers waiting).
+ * Errors: the common ones above (names or handle NULL, a name empty or too long), and
+ * HORA_ERR_INVALID_ARGUMENT for n == 0. */
+hora_result_t hora_refuse_async(hora_ctx_t *ctx, const char *const *names, size_t n,
+                                hora_handle_t **handle);
+
 /* hora_poll: *done = 1 if the request has completed (successfully or not), else 0. Local;
  * never blocks; thread-safe. Errors: HORA_ERR_INVALID_ARGUMENT (handle or done NULL).
  * HORA_ERR_NOT_SUPPORTED in a fork() child of the process that made the object (see fork()

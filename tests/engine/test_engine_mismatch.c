@@ -3,7 +3,8 @@
  * the field and the ranks. Each field once on the coordinator path (new name) and once after the
  * name is in the response cache (the cache slot is invalidated and rank 0 reports it). Then a
  * matching request must still work (the engine is not broken by a mismatch). The same for grouped
- * allreduces whose ranks group other tensors (members that only some ranks submit included). */
+ * allreduces whose ranks group other tensors (members that only some ranks submit included), and
+ * for refusals (hora_refuse_async: one rank's call failed its own checks). */
 #include <stdint.h>
 #include <unistd.h>
 
@@ -136,6 +137,80 @@ static void expect_group_ok(hora_ctx_t *ctx, const char *prefix, const char *mem
     EXPECT(rbuf[i] == size * (size + 1) / 2.0, "group %s (%s): element %zu is %g", prefix, members, i, rbuf[i]);
 }
 
+/* Refusals: `who` ranks (-1: every rank; else that rank) refuse the name(s) while the others
+ * submit the real call (an allreduce, or a grouped allreduce of `members`). Every rank's handle
+ * fails within seconds with HORA_ERR_MISMATCH naming the tensor and the refusing ranks. */
+static void expect_refused(hora_ctx_t *ctx, const char *prefix, const char *members, int who) {
+  const char *names[8];
+  char store[8][64];
+  size_t n = members ? strlen(members) : 1;
+  for (size_t i = 0; i < n; i++) {
+    if (members) snprintf(store[i], sizeof store[i], "%s/%c", prefix, members[i]);
+    else snprintf(store[i], sizeof store[i], "%s", prefix);
+    names[i] = store[i];
+  }
+  hora_handle_t *h;
+  double t0 = MPI_Wtime();
+  if (who < 0 || rank == who) EXPECT_OK(hora_refuse_async(ctx, names, n, &h));
+  else if (members) EXPECT_OK(submit_group(ctx, prefix, members, &h));
+  else EXPECT_OK(hora_allreduce_async(ctx, prefix, sbuf, rbuf, 10, HORA_FLOAT64, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &h));
+  hora_result_t rc = hora_wait(h);
+  double dt = MPI_Wtime() - t0;
+  EXPECT(rc == HORA_ERR_MISMATCH, "refused %s (by %d): got %s, want HORA_ERR_MISMATCH", prefix, who,
+         hora_result_name(rc));
+  const char *msg = hora_last_error();
+  char want[64];
+  if (who < 0) snprintf(want, sizeof want, "rank(s) 0-%d,", size - 1);
+  else snprintf(want, sizeof want, "rank(s) %d,", who); /* followed by the message's ", which" */
+  EXPECT(strstr(msg, prefix) && strstr(msg, "failed its own argument checks") && strstr(msg, want),
+         "refused %s: message does not name the tensor and '%s': %s", prefix, want, msg);
+  EXPECT(dt < 5.0, "refused %s: took %.1f s", prefix, dt);
+  hora_handle_free(h);
+}
+
+static void test_refusals(hora_ctx_t *ctx) {
+  hora_handle_t *h = (hora_handle_t *)0x1;
+  const char *one[1] = {"ref/x"};
+  EXPECT_RC(hora_refuse_async(ctx, one, 0, &h), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT_RC(hora_refuse_async(ctx, NULL, 1, &h), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT_RC(hora_refuse_async(ctx, one, 1, NULL), HORA_ERR_INVALID_ARGUMENT);
+  const char *empty[1] = {""};
+  EXPECT_RC(hora_refuse_async(ctx, empty, 1, &h), HORA_ERR_INVALID_ARGUMENT);
+  EXPECT(h == (hora_handle_t *)0x1, "handle changed on error");
+  /* The last rank, then rank 0, then every rank; new names and a cached one; then the name runs. */
+  expect_refused(ctx, "ref/last", NULL, size - 1);
+  expect_refused(ctx, "ref/first", NULL, 0);
+  expect_refused(ctx, "ref/all", NULL, -1);
+  EXPECT_OK(hora_allreduce_async(ctx, "ref/cached", sbuf, rbuf, 10, HORA_FLOAT64, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &h));
+  EXPECT_OK(hora_wait(h));
+  hora_handle_free(h);
+  expect_refused(ctx, "ref/cached", NULL, size - 1);
+  const char *names[4] = {"ref/last", "ref/first", "ref/all", "ref/cached"};
+  for (int i = 0; i < 4; i++) {
+    memset(rbuf, 0, 10 * sizeof *rbuf);
+    EXPECT_OK(hora_allreduce_async(ctx, names[i], sbuf, rbuf, 10, HORA_FLOAT64, HORA_SUM, 1, 1, HORA_DEVICE_HOST, &h));
+    EXPECT_OK(hora_wait(h));
+    hora_handle_free(h);
+    EXPECT(rbuf[0] == size * (size + 1) / 2.0 && rbuf[9] == rbuf[0], "%s after its refusal: %g %g", names[i], rbuf[0],
+           rbuf[9]);
+  }
+  /* A grouped allreduce refused by the last rank (its refusal names the same members), and one
+   * whose refusal names a member fewer: every member fails on every rank, none is left waiting. */
+  expect_refused(ctx, "ref/grp", "abc", size - 1);
+  expect_group_ok(ctx, "ref/grp", "abc");
+  {
+    const char *two[2] = {"ref/grp2/a", "ref/grp2/b"};
+    if (rank == size - 1) EXPECT_OK(hora_refuse_async(ctx, two, 2, &h));
+    else EXPECT_OK(submit_group(ctx, "ref/grp2", "abc", &h));
+    double t0 = MPI_Wtime();
+    hora_result_t rc = hora_wait(h);
+    EXPECT(rc == HORA_ERR_MISMATCH, "group refused with a member fewer: got %s", hora_result_name(rc));
+    EXPECT(MPI_Wtime() - t0 < 5.0, "group refused with a member fewer: took %.1f s", MPI_Wtime() - t0);
+    hora_handle_free(h);
+    expect_group_ok(ctx, "ref/grp2", "abc");
+  }
+}
+
 int main(int argc, char **argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -206,6 +281,7 @@ int main(int argc, char **argv) {
     EXPECT(MPI_Wtime() - t0 < 5.0, "tagged group %s: mismatch took %.1f s", prefix, MPI_Wtime() - t0);
     EXPECT_OK(tagged_group(ctx, prefix, "abc", "abc", pause));
   }
+  test_refusals(ctx);
   EXPECT(hora_set_call_group(ctx, 42, 0) == HORA_ERR_INVALID_ARGUMENT, "hora_set_call_group(size 0) accepted");
   EXPECT_OK(hora_set_call_group(ctx, 0, 0));
   double x = rank + 1, y = 0;
