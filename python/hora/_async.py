@@ -12,7 +12,10 @@ until the handle completes; the Handle keeps a reference to both, so dropping th
 early is safe.
 """
 import collections
+import functools
+import inspect
 import threading
+import time
 import weakref
 
 from . import _buffers as B
@@ -167,14 +170,110 @@ def _complete_all():
 _add_finalizer(_complete_all)
 
 
+def refuse(ctx, names, group=None):
+    """Tell the other ranks that this rank's call of `names` (the engine names, str, that the
+    call would have submitted first) failed its own checks: hora_refuse_async, so that their
+    requests of those names fail with a MismatchError instead of waiting. `group`: the (key, size)
+    tag the refused call's members carry (hora_set_call_group), or None. Returns the refusal's
+    Handle: done once the ranks have met (its error is the refusal's answer; no one need wait)."""
+    c_names = [ffi.new("char[]", n.encode()) for n in names]
+    arr = ffi.new("const char *[]", c_names)
+    hp = ffi.new("hora_handle_t **")
+    if group is not None:
+        check(lib.hora_set_call_group(ctx, group[0], group[1]), "hora.refuse")
+    check(lib.hora_refuse_async(ctx, arr, len(c_names), hp), "hora.refuse")
+    return Handle(hp[0], (c_names, arr), None)
+
+
+# ---- refusals (hora_refuse_async; hora.torch's _torch_ops.py says why) ------------------------
+# The public async calls below are wrapped (_refusable): an error raised on this rank before the
+# call's request reached the engine (a dtype hora does not take, a 0-d tensor to split, a bad root
+# or scale factor) still takes the call's name and submits a refusal under it, so that the other
+# ranks' requests of that name fail instead of waiting, and unnamed names stay numbered alike.
+_call = threading.local()  # .active: inside a wrapped public call (hora's or hora.torch's);
+#                            .names: the engine names this thread's hora call took (_name)
+_refusals = {}  # engine name (bytes) -> the Handle of this rank's refusal under it, until reused
+REFUSAL_WAIT_S = 10.0
+
+
+def await_refusal(done):
+    """Wait (at most REFUSAL_WAIT_S) until done() is true: a name whose last request here was a
+    refusal is taken again. Without this, ranks failing the same named call twice in a row could
+    differ on whether the first refusal had completed when the second came, and one rank's
+    second refusal would be left to meet the others' next call of the name."""
+    t_end = time.monotonic() + REFUSAL_WAIT_S
+    delay = 0.0002
+    while not done() and time.monotonic() < t_end:
+        time.sleep(delay)
+        delay = min(delay * 2, 0.01)
+
+
+def _refusable(kind, members=False):
+    """Wrap a public async call of hora. `kind`: the prefix of its unnamed names; `members`: a
+    grouped call, whose engine names are "<name>.<i>" for each of args["tensors"]."""
+    def wrap(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if getattr(_call, "active", False):  # inside another public call
+                return fn(*args, **kwargs)
+            _call.active, _call.names = True, []
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                _refuse(e, kind, members, sig, args, kwargs)
+                raise
+            finally:
+                _call.active, _call.names = False, None
+        return call
+    return wrap
+
+
+def _refuse(e, kind, members, sig, args, kwargs):
+    """The refusal of a failed call of hora (never raises: the call's own error is the one the
+    caller gets). Every error of these calls is raised before their one request is submitted."""
+    if getattr(e, "_hora_refused", False):
+        return
+    try:
+        a = sig.bind(*args, **kwargs)
+        a.apply_defaults()
+        args = a.arguments
+        nm = _call.names[0] if _call.names else _name(args.get("name"), kind)
+        base = nm.decode()
+        names = [base]
+        if members:
+            try:
+                names = [f"{base}.{i}" for i in range(max(1, len(args.get("tensors"))))]
+            except TypeError:
+                pass
+        _refusals[nm] = refuse(args.get("ctx") or _ctx(), names)
+        if len(_refusals) > 256:
+            for k in [k for k, h in _refusals.items() if h.done()]:
+                del _refusals[k]
+    except Exception:  # noqa: BLE001 (no engine, a bad name: nothing to tell)
+        pass
+    try:
+        e._hora_refused = True
+    except AttributeError:
+        pass
+
+
 def _name(name, kind):
     if name is None:
-        return f"{kind}.noname.{next(_noname)}".encode()
-    if not isinstance(name, str):
+        b = f"{kind}.noname.{next(_noname)}".encode()
+    elif not isinstance(name, str):
         raise invalid(f"{kind}: name must be a str, got {type(name).__name__}")
-    b = name.encode()
-    if not b or len(b) > 1023 or b"\0" in b:
-        raise invalid(f"{kind}: name must be 1 to 1023 bytes without NUL, got {name!r}")
+    else:
+        b = name.encode()
+        if not b or len(b) > 1023 or b"\0" in b:
+            raise invalid(f"{kind}: name must be 1 to 1023 bytes without NUL, got {name!r}")
+        h = _refusals.pop(b, None)
+        if h is not None:
+            await_refusal(h.done)
+    names = getattr(_call, "names", None)
+    if names is not None:
+        names.append(b)
     return b
 
 
@@ -195,6 +294,7 @@ def _submit_allreduce(kind, tensor, out, op, name, prescale_factor, postscale_fa
     return Handle(hp[0], (b, o, ev), result)
 
 
+@_refusable("allreduce")
 def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Start an in-place allreduce of tensor (see hora.allreduce_); returns a Handle whose wait()
     returns tensor. Every rank must submit the same name with the same count, dtype and op."""
@@ -202,6 +302,7 @@ def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postsca
                              postscale_factor, tensor)
 
 
+@_refusable("allreduce")
 def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Start an allreduce into a new array; returns a Handle whose wait() returns that array."""
     out = B.empty_like(tensor)
@@ -209,6 +310,7 @@ def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscal
                              postscale_factor, out)
 
 
+@_refusable("broadcast")
 def broadcast_async_(tensor, root_rank, name=None, ctx=None):
     """Start an in-place broadcast of root_rank's tensor into every rank's; returns a Handle
     whose wait() returns tensor. Matched across ranks by name, like allreduce_async. `ctx`: a
@@ -224,6 +326,7 @@ def broadcast_async_(tensor, root_rank, name=None, ctx=None):
     return Handle(hp[0], (b, ev), tensor)
 
 
+@_refusable("broadcast")
 def broadcast_async(tensor, root_rank, name=None):
     """Start a broadcast into a new array (a copy of tensor that root_rank's values overwrite);
     wait() returns it."""
@@ -245,6 +348,7 @@ def _rows(b, kind, n):
     return b.shape[0] // n, row
 
 
+@_refusable("reducescatter")
 def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Start a reduce-scatter of equal blocks of rows (the first dimension must divide by the
     world size): wait() returns this rank's block of postscale * OP over ranks of
@@ -264,6 +368,7 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, post
     return Handle(hp[0], (b, o), out)
 
 
+@_refusable("alltoall")
 def alltoall_async(tensor, name=None):
     """Start an alltoall of equal blocks of rows (the first dimension must divide by the world
     size): block p goes to rank p; wait() returns a new array whose block p came from rank p."""
@@ -333,6 +438,7 @@ def _grouped(kind, tensors, outs, op, name, prescale_factor, postscale_factor):
     return Handle(hp[0], (bufs, obufs, names, c_names, c_send, c_recv, c_counts, ev), result)
 
 
+@_refusable("grouped_allreduce", members=True)
 def grouped_allreduce_async_(tensors, op=Average, name=None, prescale_factor=1.0,
                              postscale_factor=1.0):
     """Start one in-place allreduce of several tensors of one dtype, fused by the engine into as
@@ -342,6 +448,7 @@ def grouped_allreduce_async_(tensors, op=Average, name=None, prescale_factor=1.0
                     postscale_factor)
 
 
+@_refusable("grouped_allreduce", members=True)
 def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0,
                             postscale_factor=1.0):
     """grouped_allreduce_async_ into new arrays; wait() returns the list of outputs."""
@@ -349,11 +456,13 @@ def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0,
                     postscale_factor)
 
 
+@_refusable("grouped_allreduce", members=True)
 def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Allreduce of a list of tensors of one dtype in one fused request; returns new arrays."""
     return grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor).wait()
 
 
+@_refusable("grouped_allreduce", members=True)
 def grouped_allreduce_(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """In-place grouped_allreduce; returns the list of tensors."""
     return grouped_allreduce_async_(tensors, op, name, prescale_factor, postscale_factor).wait()

@@ -14,7 +14,7 @@ from ._errors import MismatchError, check, invalid
 from ._hora_cffi import ffi, lib
 from ._torch_ops import (TorchHandle, _Chain, _ShapeNote, _apply_post, _check_op, _check_tensor,
                          _compressor, _int_note, _int_scaling, _int_terms, _INT_DTYPES,
-                         allreduce)
+                         _members, _one, _refusable, allreduce)
 from ._torch_psets import _check_set, _view_rank, _view_size, global_process_set
 
 
@@ -23,6 +23,25 @@ def _group_tag(names):
     of the set of names, the same on every rank that groups the same names."""
     digest = hashlib.blake2b("\0".join(sorted(names)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") or 1, len(names)
+
+
+def _meta_contact(name, args):
+    """_refusable's contact of allgather and alltoall: their shape exchange comes first."""
+    return [f"{name}.meta"], None
+
+
+def _grouped_meta_contact(name, args):
+    """grouped_allgather: each member's shape exchange ("allgather.<name>.<i>.meta", as
+    _allgather_part names it), tagged as grouped_allgather_async tags them."""
+    tag = [f"{n}.meta" for n in _members(name, args)[0]]
+    return [f"allgather.{n}" for n in tag], _group_tag(tag)
+
+
+def _grouped_rs_contact(name, args):
+    """grouped_reducescatter: each member ("reducescatter.<name>.<i>"), tagged as
+    grouped_reducescatter_async tags them."""
+    tag = _members(name, args)[0]
+    return [f"reducescatter.{n}" for n in tag], _group_tag(tag)
 
 
 def _check_members(tensors, kind, what):
@@ -114,6 +133,7 @@ def _allgather_part(view, h, tensor, name, kind, group=None):
     return _Chain(_meta(view, nm, _describe(tensor) + [tensor.shape[0]], group), then)
 
 
+@_refusable("allgather", _meta_contact)
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Start the concatenation along dim 0 of every rank's tensor (dim 0 may differ between
     ranks; the other dims and the dtype must match, else MismatchError on every rank)."""
@@ -138,6 +158,7 @@ class _AllgatherFn(torch.autograd.Function):
         return g.narrow(0, off, ctx.dim), None, None
 
 
+@_refusable("allgather", _meta_contact)
 def allgather(tensor, name=None, process_set=global_process_set):
     """Every rank's tensor concatenated along dim 0 in rank order (differentiable)."""
     _check_set(process_set, "allgather")
@@ -147,6 +168,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
     return allgather_async(tensor, name, process_set).wait()
 
 
+@_refusable("grouped_allgather", _grouped_meta_contact)
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Start the allgather of each tensor of a list (names `<name>.<index>`)."""
     view = _check_set(process_set, "grouped_allgather_async")
@@ -182,6 +204,7 @@ class _GroupedAllgatherFn(torch.autograd.Function):
         return (None, None, *[x.narrow(0, int(o), d) for x, o, d in zip(g, offs, ctx.dims)])
 
 
+@_refusable("grouped_allgather", _grouped_meta_contact)
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """The allgather of each tensor of a list (differentiable, as allgather)."""
     tensors = list(tensors)
@@ -195,6 +218,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 
 # ---- broadcast ------------------------------------------------------------------------------
+@_refusable("broadcast", _one)
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """Start an in-place broadcast of root_rank's tensor; synchronize returns `tensor`."""
     view = _check_set(process_set, "broadcast_async_")
@@ -206,6 +230,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
     return h
 
 
+@_refusable("broadcast", _one)
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Start a broadcast into a new tensor (root_rank's values)."""
     _check_tensor(tensor, "broadcast_async(tensor)")
@@ -213,6 +238,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     return broadcast_async_(out, root_rank, name, process_set)
 
 
+@_refusable("broadcast", _one)
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     return broadcast_async_(tensor, root_rank, name, process_set).wait()
 
@@ -232,6 +258,7 @@ class _BroadcastFn(torch.autograd.Function):
         return g, None, None, None
 
 
+@_refusable("broadcast", _one)
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """root_rank's tensor, as a new tensor on every rank (differentiable)."""
     _check_set(process_set, "broadcast")
@@ -281,6 +308,7 @@ def _alltoall_refused(meta, nm):
                       "number of workers, or invalid splits); the alltoall did not run")
 
 
+@_refusable("alltoall", _meta_contact)
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Start an alltoall: splits[p] rows of dim 0 go to rank p (splits None: an even split).
     synchronize(handle) returns (output, received_splits), received_splits an int32 tensor.
@@ -370,6 +398,7 @@ class _AlltoallFn(torch.autograd.Function):
         return g, None, None, None
 
 
+@_refusable("alltoall", _meta_contact)
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Scatter blocks of rows to every rank and gather theirs. Returns the output tensor, or with
     `splits` given, (output, received_splits) as Horovod does (differentiable)."""
@@ -438,6 +467,7 @@ def _reducescatter_part(view, h, tensor, name, op, pre, post, kind, group=None):
     return _ShapeNote(_async.Handle(hp[0], (b, o, send), out), note), finish
 
 
+@_refusable("reducescatter", _one)
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0):
     """Start a reduce-scatter: rank r gets its block of rows of the reduction (the first
@@ -474,6 +504,7 @@ class _ReducescatterFn(torch.autograd.Function):
         return allgather(g, process_set=ps), None, None, None, None, None
 
 
+@_refusable("reducescatter", _one)
 def reducescatter(tensor, name=None, compression=None, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """This rank's block of rows of the reduction over ranks (differentiable)."""
@@ -491,6 +522,7 @@ def reducescatter(tensor, name=None, compression=None, op=Average,
     return comp.decompress(out, cctx)
 
 
+@_refusable("grouped_reducescatter", _grouped_rs_contact)
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
     """Start the reduce-scatter of each tensor of a list (names `<name>.<index>`)."""
@@ -513,6 +545,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     return h
 
 
+@_refusable("grouped_reducescatter", _grouped_rs_contact)
 def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):

@@ -6,6 +6,8 @@ input's dtype and device. Operations whose output size depends on other ranks (a
 alltoall) first exchange their shapes through the engine under `<name>.meta`; a helper thread
 submits the data phase once the shapes are known, so ranks may submit and wait in any order.
 """
+import functools
+import inspect
 import os
 import queue
 import sys
@@ -76,10 +78,11 @@ def _check_tensor(t, what):
 # request's parts, strongly: a handle dropped without synchronize (Horovod's fire-and-forget)
 # keeps its name claimed until its request completes, as Horovod's tensor queue does.
 class _Claim:
-    __slots__ = ("parts",)
+    __slots__ = ("parts", "refusal")
 
     def __init__(self, parts):
         self.parts = parts  # the handle's list of engine handles / chains (appended after claim)
+        self.refusal = False  # parts is [the refusal's handle] (_refuse_call)
 
     def done(self):
         return all(p.done() for p in self.parts)
@@ -106,17 +109,25 @@ def _claim(name, kind, parts, view=None):
         raise invalid(f"{kind}: name must be a str, got {type(name).__name__}")
     else:
         name = f"{kind}.{name}"
+    prev = _inflight.get(name)
+    if prev is not None and prev.refusal:
+        _async.await_refusal(prev.done)
     with _inflight_lock:
         prev = _inflight.get(name)
         if prev is not None and not prev.done():
-            raise ValueError(f"{kind}: a request named {user!r} is already in flight on this "
-                             "rank; wait for it (synchronize) before submitting the name again")
+            e = ValueError(f"{kind}: a request named {user!r} is already in flight on this "
+                           "rank; wait for it (synchronize) before submitting the name again")
+            e._hora_refused = True  # the name is the other request's: no refusal under it
+            raise e
         if len(_inflight) >= _sweep["at"]:
             for n in [n for n, c in _inflight.items() if c.done()]:
                 del _inflight[n]
             _sweep["at"] = max(256, 2 * len(_inflight))
         claim = _inflight[name] = _Claim(parts)
         warn = user is None and _note_unnamed(claim)
+    rec = getattr(_call, "claims", None)
+    if rec is not None:
+        rec.append((name, claim))
     if warn:
         warnings.warn(f"{kind}: collectives without a name= are in flight from two threads at "
                       "once; unnamed requests are numbered in the order they arrive, which can "
@@ -159,6 +170,89 @@ def _release(name, claim):
         me = threading.get_ident()
         if _unnamed_last.get(me) is claim:
             del _unnamed_last[me]
+
+
+# ---- refusals ---------------------------------------------------------------------------------
+# A call that fails this rank's own checks (a non-contiguous tensor, a 0-d tensor to allgather,
+# bad splits, a dtype or scale factor the C layer refuses) raises here, as in Horovod. Two things
+# must not follow, and did in Horovod and before this: (1) the peers, whose own call of that name
+# was valid, wait for it forever; (2) an unnamed call, whose number this rank did not take, shifts
+# every later unnamed name by one here alone, so that this rank's next tensor meets the peers'
+# current one: another tensor's data, without an error. So every public collective below is
+# wrapped (_refusable): an error raised before any of its requests reached the engine still takes
+# the call's name, and submits a refusal under the names the peers' call submits first
+# (hora_refuse_async). The peers' call then raises MismatchError naming this rank, and the unnamed
+# numbers stay the same on every rank. Errors that are not this call's own make no refusal: a
+# rank outside the process set (not a member of the call), a name still in flight here (the name
+# is the other request's), and anything raised after a request was submitted (the engine then
+# tells every rank itself).
+_call = _async._call  # .claims: the names the outermost public call of this thread took
+
+
+def _refusable(kind, contact):
+    """Wrap a public collective of hora.torch (see "refusals" above). `kind`: the prefix of its
+    engine name ("allreduce", "grouped_allgather", ...); `contact(name, args)`: (names, group) of
+    the requests the peers' call submits first under engine name `name` (args: the call's bound
+    arguments), group being the hora_set_call_group tag they carry, or None."""
+    def wrap(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if getattr(_call, "active", False):  # inside another public call
+                return fn(*args, **kwargs)
+            _call.active, _call.claims = True, []
+            claims = _call.claims
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                _refuse_call(e, kind, contact, sig, args, kwargs, claims)
+                raise
+            finally:
+                _call.active, _call.claims = False, None
+        return call
+    return wrap
+
+
+def _refuse_call(e, kind, contact, sig, args, kwargs, claims):
+    """The refusal of a failed call (see "refusals" above), unless the error was not the call's own
+    or a request of it reached the engine. Never raises: the call's own error is what the caller
+    gets."""
+    if getattr(e, "_hora_refused", False) or any(c.parts for _, c in claims):
+        return
+    try:
+        a = sig.bind(*args, **kwargs)
+        a.apply_defaults()
+        args = a.arguments
+        view = _check_set(args.get("process_set", global_process_set), kind)
+        if claims:
+            name, claim = claims[0]
+        else:
+            name, claim = _claim(args.get("name"), kind, [], view)
+        names, group = contact(name, args)
+        claim.parts.append(_async.refuse(view.ctx, names, group))
+        claim.refusal = True
+    except Exception:  # noqa: BLE001 (no engine, a bad name or process set: nothing to tell)
+        pass
+    try:
+        e._hora_refused = True  # an outer call that catches and re-raises it refuses nothing
+    except AttributeError:
+        pass
+
+
+def _n_members(tensors):
+    try:
+        return max(1, len(tensors))
+    except TypeError:
+        return 1
+
+
+def _one(name, args):
+    return [name], None
+
+
+def _members(name, args):
+    return [f"{name}.{i}" for i in range(_n_members(args.get("tensors")))], None
 
 
 # ---- handles ----------------------------------------------------------------------------------
@@ -419,6 +513,7 @@ def _allreduce_submit(kind, tensor, output, name, op, pre, post, process_set):
     return h
 
 
+@_refusable("allreduce", _one)
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set):
     """Start an allreduce into a new tensor; synchronize(handle) returns it."""
@@ -429,6 +524,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                              postscale_factor, process_set)
 
 
+@_refusable("allreduce", _one)
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """Start an in-place allreduce; synchronize(handle) returns `tensor`."""
@@ -437,6 +533,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                              postscale_factor, process_set)
 
 
+@_refusable("allreduce", _one)
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce; returns `tensor`."""
@@ -464,6 +561,7 @@ def _compressor(compression):
     return Compression.none if compression is None else compression
 
 
+@_refusable("allreduce", _one)
 def allreduce(tensor, average=None, name=None, compression=None, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Allreduce into a new tensor (differentiable: the gradient is the same allreduce of the
@@ -570,6 +668,7 @@ def _grouped_c(kind, srcs, outs, idx, base, op, pre, post, ctx, fp=0):
                          outs)
 
 
+@_refusable("grouped_allreduce", _members)
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     """Start the allreduce of a list of tensors (one request, fused); the result is a list of
@@ -582,6 +681,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                            postscale_factor, process_set)
 
 
+@_refusable("grouped_allreduce", _members)
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """In-place grouped_allreduce_async: the result is the list of the tensors themselves."""
@@ -591,12 +691,14 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                            prescale_factor, postscale_factor, process_set)
 
 
+@_refusable("grouped_allreduce", _members)
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
     return grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                     postscale_factor, process_set).wait()
 
 
+@_refusable("grouped_allreduce", _members)
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Allreduce of a list of tensors; returns new tensors (differentiable per tensor)."""

@@ -147,6 +147,39 @@ def test_mismatch_reported_through_the_handle():
     assert ok.tolist() == [n, n]
 
 
+@pytest.mark.parametrize("kind", ["allreduce_async", "allreduce_async_", "grouped_allreduce",
+                                  "broadcast_async", "reducescatter_async", "alltoall_async"])
+def test_one_rank_s_bad_argument_is_an_error_on_every_rank(kind):
+    """A call that fails one rank's own checks is refused under its name (hora_refuse_async): the
+    other ranks' call of that name raises MismatchError naming the rank instead of waiting, and
+    the unnamed numbers stay in step (the sums after it are exact)."""
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    bad_rows = np.ones((4, 4), np.float32)[:, 1]  # not C-contiguous
+    calls = {
+        "allreduce_async": lambda x: hora.allreduce_async(x, op=hora.Sum).wait(),
+        "allreduce_async_": lambda x: hora.allreduce_async_(x, op=hora.Sum).wait(),
+        "grouped_allreduce": lambda x: hora.grouped_allreduce([np.ones(3, np.float32), x]),
+        "broadcast_async": lambda x: hora.broadcast_async(x, 0).wait(),
+        "reducescatter_async": lambda x: hora.reducescatter_async(np.resize(x, 4 * n)).wait()
+        if x.flags.c_contiguous else hora.reducescatter_async(np.float32(1)).wait(),
+        "alltoall_async": lambda x: hora.alltoall_async(np.resize(x, 4 * n)).wait()
+        if x.flags.c_contiguous else hora.alltoall_async(np.float32(1)).wait(),
+    }
+    for k in (n - 1, 0):
+        if r == k:
+            with pytest.raises(hora.InvalidArgumentError, match="C-contiguous|0-d"):
+                calls[kind](bad_rows)
+        else:
+            with pytest.raises(hora.MismatchError,
+                               match=rf"failed its own argument checks on rank\(s\) {k},"):
+                calls[kind](np.ones(4, np.float32))
+        x = np.arange(5, dtype=np.float64) + 1000.0 * r
+        want = sum(np.arange(5, dtype=np.float64) + 1000.0 * p for p in range(n))
+        assert hora.allreduce_async(x, op=hora.Sum).wait().tolist() == want.tolist()
+
+
 def test_join():
     r, n = rank_size()
     if r == 0:
