@@ -249,8 +249,9 @@ def _refuse(e, kind, members, sig, args, kwargs):
                 pass
         _refusals[nm] = refuse(args.get("ctx") or _ctx(), names)
         if len(_refusals) > 256:
-            for k in [k for k, h in _refusals.items() if h.done()]:
-                del _refusals[k]
+            for k, h in list(_refusals.items()):  # one C-level copy: other threads may add
+                if h.done():
+                    _refusals.pop(k, None)
     except Exception:  # noqa: BLE001 (no engine, a bad name: nothing to tell)
         pass
     try:
