@@ -78,11 +78,12 @@ def _check_tensor(t, what):
 # request's parts, strongly: a handle dropped without synchronize (Horovod's fire-and-forget)
 # keeps its name claimed until its request completes, as Horovod's tensor queue does.
 class _Claim:
-    __slots__ = ("parts", "refusal")
+    __slots__ = ("parts", "refusal", "key")
 
-    def __init__(self, parts):
+    def __init__(self, parts, key):
         self.parts = parts  # the handle's list of engine handles / chains (appended after claim)
         self.refusal = False  # parts is [the refusal's handle] (_refuse_call)
+        self.key = key  # its key in _inflight
 
     def done(self):
         return all(p.done() for p in self.parts)
@@ -109,11 +110,15 @@ def _claim(name, kind, parts, view=None):
         raise invalid(f"{kind}: name must be a str, got {type(name).__name__}")
     else:
         name = f"{kind}.{name}"
-    prev = _inflight.get(name)
+    # Names are claimed per process set, as Horovod keeps a tensor queue per set: the same name
+    # may be in flight in the global set and in a set at once (each set has its own engine).
+    pid = getattr(getattr(view, "ps", None), "process_set_id", 0) or 0
+    key = (pid, name)
+    prev = _inflight.get(key)
     if prev is not None and prev.refusal:
         _async.await_refusal(prev.done)
     with _inflight_lock:
-        prev = _inflight.get(name)
+        prev = _inflight.get(key)
         if prev is not None and not prev.done():
             e = ValueError(f"{kind}: a request named {user!r} is already in flight on this "
                            "rank; wait for it (synchronize) before submitting the name again")
@@ -123,7 +128,7 @@ def _claim(name, kind, parts, view=None):
             for n in [n for n, c in _inflight.items() if c.done()]:
                 del _inflight[n]
             _sweep["at"] = max(256, 2 * len(_inflight))
-        claim = _inflight[name] = _Claim(parts)
+        claim = _inflight[key] = _Claim(parts, key)
         warn = user is None and _note_unnamed(claim)
     rec = getattr(_call, "claims", None)
     if rec is not None:
@@ -163,10 +168,10 @@ def _note_unnamed(claim):
     return False
 
 
-def _release(name, claim):
+def _release(claim):
     with _inflight_lock:
-        if _inflight.get(name) is claim:
-            del _inflight[name]
+        if _inflight.get(claim.key) is claim:
+            del _inflight[claim.key]
         me = threading.get_ident()
         if _unnamed_last.get(me) is claim:
             del _unnamed_last[me]
@@ -292,8 +297,8 @@ class TorchHandle:
                 self._error = e
             self._waited = True
             self._parts = []
-            for n, claim in self._names:
-                _release(n, claim)
+            for _, claim in self._names:
+                _release(claim)
         if self._error is not None:
             raise self._error
         return self._result

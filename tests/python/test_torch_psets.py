@@ -74,6 +74,25 @@ def test_process_set_collectives_values():
     assert hvd.remove_process_set(hvd.global_process_set) is False
 
 
+def test_one_name_in_flight_in_the_global_set_and_in_a_set_at_once():
+    """Horovod keeps a tensor queue per process set, so a name may be in flight in the global set
+    and in a set at the same time; each gets its own values."""
+    r, n = rank_size()
+    a, b = _sets()
+    try:
+        mine = a if r in a.ranks else b
+        hg = hvd.allreduce_async(torch.full((3,), 1.0 + r), op=hvd.Sum, name="both")
+        hs = hvd.allreduce_async(torch.full((2,), 10.0 * (1 + r)), op=hvd.Sum, name="both",
+                                 process_set=mine)
+        assert torch.equal(hvd.synchronize(hs),
+                           torch.full((2,), 10.0 * sum(q + 1 for q in mine.ranks)))
+        assert torch.equal(hvd.synchronize(hg), torch.full((3,), n * (n + 1) / 2))
+    finally:
+        hvd.remove_process_set(a)
+        if b is not None:
+            hvd.remove_process_set(b)
+
+
 def test_process_set_misuse_errors_on_every_rank():
     r, n = rank_size()
     with pytest.raises(ValueError, match="listed twice|another rank"):
