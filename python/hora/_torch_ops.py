@@ -120,8 +120,13 @@ def _claim(name, kind, parts, view=None):
     with _inflight_lock:
         prev = _inflight.get(key)
         if prev is not None and not prev.done():
-            e = ValueError(f"{kind}: a request named {user!r} is already in flight on this "
-                           "rank; wait for it (synchronize) before submitting the name again")
+            if prev.refusal:
+                e = ValueError(f"{kind}: an earlier call named {user!r} failed its checks on this "
+                               "rank, and the other ranks have not made that call for "
+                               f"{_async.REFUSAL_WAIT_S:g} s (its refusal waits for them)")
+            else:
+                e = ValueError(f"{kind}: a request named {user!r} is already in flight on this "
+                               "rank; wait for it (synchronize) before submitting the name again")
             e._hora_refused = True  # the name is the other request's: no refusal under it
             raise e
         if len(_inflight) >= _sweep["at"]:

@@ -160,3 +160,30 @@ def test_refusals_inside_a_process_set():
         assert_in_step(17)
     finally:
         hvd.remove_process_set(ps)
+
+
+def test_a_name_refused_on_one_rank_alone_is_not_taken_again_until_the_others_meet_it(
+        monkeypatch):
+    """Rank 0 fails a named call before the others make it, then makes it again, valid: that call
+    waits for the refusal (here 0.2 s), then raises a ValueError that says why; a second bad call
+    raises its own error and refuses nothing more; the others' call of the name then meets the one
+    refusal, and the ranks are in step."""
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    import hora._async
+    monkeypatch.setattr(hora._async, "REFUSAL_WAIT_S", 0.2)
+    if r == 0:
+        with pytest.raises(ValueError, match="contiguous"):
+            hvd.allreduce(noncontig(), name="lone")
+        with pytest.raises(ValueError, match="failed its checks on this rank"):
+            hvd.allreduce(torch.ones(4), name="lone")
+        with pytest.raises(ValueError, match="contiguous"):
+            hvd.allreduce(noncontig(), name="lone")
+    hvd.barrier()
+    if r != 0:
+        with pytest.raises(hora.MismatchError, match=refused_by(0)):
+            hvd.allreduce(torch.ones(4), name="lone")
+    assert_in_step(19)
+    assert torch.equal(hvd.allreduce(torch.ones(2), name="lone", op=hvd.Sum),
+                       torch.full((2,), float(n)))
