@@ -6,6 +6,7 @@ the same order with matching shapes and dtypes, as in Horovod and MPI. The C cal
 """
 import atexit
 import faulthandler
+import functools
 import os
 import sys
 import threading
@@ -250,6 +251,29 @@ def _shape_fp(shape):
 
 
 
+def _refused_blocking(fn):
+    """Wrap a blocking collective: an argument error raised here before the call reached
+    libhora (a non-contiguous array, an unsupported dtype, a bad root or splits) still takes part
+    in the call check as "invalid arguments" (hora_refuse), as libhora's own argument errors do,
+    so that the other ranks' call raises MismatchError naming this rank instead of waiting for it,
+    or meeting this rank's next call with other data (a sum of another array, no error). An error
+    from libhora (marked by make_error) took part already."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            if not getattr(e, "_hora_c", False) and _state.ctx is not None:
+                lib.hora_refuse(_state.ctx)  # its own result: the caller gets the call's error
+                try:
+                    e._hora_c = True  # an outer call refuses nothing more
+                except AttributeError:
+                    pass
+            raise
+    return call
+
+
+@_refused_blocking
 def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """In-place allreduce: tensor[i] = postscale * OP over ranks of (prescale * tensor[i]).
 
@@ -282,6 +306,7 @@ def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_fac
     return tensor
 
 
+@_refused_blocking
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Allreduce into a new array of tensor's kind, shape and dtype (see allreduce_). `name` is
     accepted for Horovod compatibility (the blocking call does not need it). Collective."""
@@ -311,6 +336,7 @@ def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_fact
 
 # ---- broadcast -----------------------------------------------------------------------------
 
+@_refused_blocking
 def broadcast_(tensor, root_rank, name=None):
     """In place: every rank's tensor becomes root_rank's. Collective. Returns tensor."""
     ctx = _ctx()
@@ -322,6 +348,7 @@ def broadcast_(tensor, root_rank, name=None):
     return tensor
 
 
+@_refused_blocking
 def broadcast(tensor, root_rank, name=None):
     """A new array holding root_rank's tensor (same shape and dtype on every rank). Collective."""
     ctx = _ctx()
@@ -354,6 +381,7 @@ def _gather_meta(ctx, values):
     return recv
 
 
+@_refused_blocking
 def allgather(tensor, name=None):
     """Concatenation along the first dimension of every rank's tensor, in rank order.
 
@@ -376,8 +404,10 @@ def allgather(tensor, name=None):
         rows = "; ".join(f"rank {r}: dtype {B.DTYPE_NAMES.get(int(meta[r, 2]), meta[r, 2])}, "
                          f"ndim {meta[r, 3]}, {meta[r, 1]} elements per row"
                          for r in range(meta.shape[0]))
-        raise MismatchError(f"allgather: ranks disagree on dtype or trailing shape ({rows})",
-                            lib.HORA_ERR_MISMATCH)
+        e = MismatchError(f"allgather: ranks disagree on dtype or trailing shape ({rows})",
+                          lib.HORA_ERR_MISMATCH)
+        e._hora_c = True  # every rank raises it, after the shapes' exchange: no refusal
+        raise e
     firsts = [int(v) for v in meta[:, 0]]
     out = B.empty_like(tensor, (sum(firsts),) + tuple(b.shape[1:]))
     o = B.as_buf(out, "allgather output", writable=True)
@@ -399,6 +429,7 @@ def _split_sizes(n, parts):
     return [n // parts + (1 if r < n % parts else 0) for r in range(parts)]
 
 
+@_refused_blocking
 def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce over ranks, then scatter along the first dimension: rank r gets its block of
     rows (the first dim % size ranks get one row more, as in Horovod) of
@@ -430,6 +461,7 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_
 
 # ---- alltoall -------------------------------------------------------------------------------
 
+@_refused_blocking
 def alltoall(tensor, splits=None, name=None):
     """Scatter blocks of rows to every rank and gather what they send.
 

@@ -148,7 +148,9 @@ def make_error(code, what=None, tensor=None):
         msg = f"{what}: {label} of shape {tuple(shape)}: {msg}"
     elif what and what not in msg and not msg.startswith("hora_"):
         msg = f"{what}: {msg}"
-    return error_class(code)(msg, code)
+    e = error_class(code)(msg, code)
+    e._hora_c = True  # from libhora: a blocking call that fails there took part in its call check
+    return e
 
 
 def check(rc, what=None, tensor=None):

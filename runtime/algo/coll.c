@@ -368,5 +368,17 @@ HORA_EXPORT hora_result_t hora_barrier(hora_ctx_t *ctx) {
   return done(ctx, hora__algo_wait(ctx, 1, &req, "hora_barrier"));
 }
 
+HORA_EXPORT hora_result_t hora_refuse(hora_ctx_t *ctx) {
+  const char *fn = "hora_refuse";
+  HORA_CHECK(hora__ctx_check(ctx, fn));
+  (void)hora__call_shape_take(ctx); /* the refused call's tags go with it */
+  /* What refuse() does for a call whose arguments fail libhora's own checks. */
+  if (!hora__call_check_on() || ctx->excluded || hora__ctx_failed(ctx)) return HORA_SUCCESS;
+  hora_call_desc_t d = {.kind = HORA_CALL_INVALID};
+  hora_result_t rc = agree(ctx, fn, &d);
+  if (rc != HORA_ERR_TIMEOUT && !hora__ctx_failed(ctx)) hora__call_ended_everywhere(ctx);
+  return rc == HORA_ERR_MISMATCH ? HORA_SUCCESS : rc; /* the others got the mismatch: delivered */
+}
+
 /* hora__gpu_hooks is defined by runtime/comm/gpu.c (NULL entries in builds without CUDA), so that
  * linking the collectives links the device path and its device selection at init. */

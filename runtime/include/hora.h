@@ -484,6 +484,21 @@ hora_result_t hora_alltoallv(hora_ctx_t *ctx, const void *sendbuf, const size_t 
  * above). */
 hora_result_t hora_barrier(hora_ctx_t *ctx);
 
+/* hora_refuse: this rank's call of a blocking collective (any of the above) failed checks made
+ * before it reached libhora (a binding's own: a non-contiguous array, a dtype it cannot map):
+ * take part in that call's check as "invalid arguments", as a call whose arguments fail
+ * libhora's own checks does, so that the other ranks' call returns HORA_ERR_MISMATCH naming this
+ * rank ("hora_allreduce on rank 0; invalid arguments on rank 1") instead of waiting for it, or
+ * meeting this rank's next call with other data. Call it in place of the refused call, once.
+ * Blocking, like the call it stands for. Does nothing (HORA_SUCCESS) where the call check is off
+ * (HORA_CHECK=0), on a rank outside the process set ctx is, or after a failure verdict. The
+ * Python bindings (hora's blocking calls) call it for every argument error they raise before
+ * the C call. hora's own; MPI and Horovod have none.
+ * Errors: HORA_ERR_NOT_INITIALIZED; HORA_ERR_TIMEOUT (HORA_STALL_SHUTDOWN_S passed with some
+ * rank not calling); HORA_ERR_REMOTE, HORA_ERR_MPI as for the collectives. HORA_SUCCESS when the
+ * refusal reached the other ranks (their call failed) or every rank refused. */
+hora_result_t hora_refuse(hora_ctx_t *ctx);
+
 /* ---- async engine (runtime/engine) ----
  * Named non-blocking collectives in the style of Horovod. A call only queues the request and
  * returns a handle; one background thread per context (started by hora_init, stopped by

@@ -226,6 +226,32 @@ static int bad_args_case(hora_ctx_t *ctx, const char *algo, int kind) {
   return 1;
 }
 
+/* The last rank refuses the call (hora_refuse: a binding's own argument check failed): it gets
+ * HORA_SUCCESS (delivered), every other rank HORA_ERR_MISMATCH naming it as "invalid arguments".
+ * Then every rank refuses at once: HORA_SUCCESS everywhere. The ranks stay in step. */
+static int refuse_case(hora_ctx_t *ctx, const char *algo, int kind) {
+  call_t a = {kind, A_COUNT, HORA_FLOAT32, HORA_SUM, 0, on_device ? HORA_DEVICE_CUDA : HORA_DEVICE_HOST, 0, 1, 1};
+  char what[160], want[64];
+  snprintf(what, sizeof what, "[%s blocking %s, refused on rank %d np %d]", algo, knames[kind], last, size);
+  EXPECT(hora_refuse(NULL) == HORA_ERR_NOT_INITIALIZED, "%s: hora_refuse(NULL) accepted", what);
+  poison();
+  hora_result_t rc = rank == last ? hora_refuse(ctx) : run_blocking(ctx, &a);
+  const char *msg = hora_last_error();
+  if (rank == last) {
+    EXPECT(rc == HORA_SUCCESS, "%s: hora_refuse returned %s (%s)", what, hora_result_name(rc), msg);
+  } else {
+    snprintf(want, sizeof want, "invalid arguments on rank %d", last);
+    EXPECT(rc == HORA_ERR_MISMATCH && strstr(msg, want), "%s: returned %s (%s), want MISMATCH naming '%s'", what,
+           hora_result_name(rc), msg, want);
+  }
+  EXPECT(untouched(), "%s: a buffer was written", what);
+  in_step(ctx, what);
+  rc = hora_refuse(ctx);
+  EXPECT(rc == HORA_SUCCESS, "%s: every rank refusing: %s (%s)", what, hora_result_name(rc), hora_last_error());
+  in_step(ctx, what);
+  return 1;
+}
+
 static int matrix(hora_ctx_t *ctx, const char *algo, int with_async) {
   int n = 0;
   /* blocking allreduce: counts in different forms of the shm algorithm, and both in pieces */
@@ -237,6 +263,7 @@ static int matrix(hora_ctx_t *ctx, const char *algo, int with_async) {
   }
   a_count = A_COUNT, b_count = B_COUNT;
   for (int kind = K_ALLREDUCE; kind < K_N; kind++) n += bad_args_case(ctx, algo, kind);
+  for (int kind = K_ALLREDUCE; kind < K_N; kind++) n += refuse_case(ctx, algo, kind);
   for (int async = 0; async <= with_async; async++)
     for (int kind = K_ALLREDUCE; kind < K_N; kind++) {
       if (async && (kind == K_ALLGATHERV || kind == K_ALLTOALLV || kind == K_BARRIER)) continue;

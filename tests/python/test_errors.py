@@ -1,6 +1,7 @@
 """Bad input raises hora.HoraError subclasses that say what was wrong; nothing crashes, and the
-context keeps working afterwards. Every rank passes the same bad input (a collective cannot be
-half-called)."""
+context keeps working afterwards. Every rank passes the same bad input, except in the last test,
+where one rank alone does: its call is refused (hora_refuse) and the others raise instead of
+waiting."""
 import numpy as np
 import pytest
 
@@ -103,3 +104,40 @@ def test_context_still_works_after_errors():
     r, n = rank_size()
     out = hora.allreduce(np.full(5, r, dtype=np.int64), op=hora.Sum)
     assert (out == n * (n - 1) // 2).all()
+
+
+BLOCKING = {  # (this rank's bad call, the others' good call, the bad rank's own error)
+    "allreduce": (lambda: hora.allreduce(np.ones((4, 2), np.float32)[:, 0]),
+                  lambda: hora.allreduce(np.ones(4, np.float32)), "C-contiguous"),
+    "allreduce_": (lambda: hora.allreduce_(np.ones(4, np.complex64)),
+                   lambda: hora.allreduce_(np.ones(4, np.float32)), "not supported"),
+    "broadcast": (lambda: hora.broadcast(np.ones(4, np.float32), hora.size()),
+                  lambda: hora.broadcast(np.ones(4, np.float32), 0), "root"),
+    "allgather": (lambda: hora.allgather(np.float32(1)),
+                  lambda: hora.allgather(np.ones(1, np.float32)), "0-d"),
+    "reducescatter": (lambda: hora.reducescatter(np.float32(1)),
+                      lambda: hora.reducescatter(np.ones(2 * hora.size(), np.float32)), "0-d"),
+    "alltoall": (lambda: hora.alltoall(np.ones(hora.size() + 1, np.float32)),
+                 lambda: hora.alltoall(np.ones(hora.size(), np.float32)), "divide"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCKING))
+def test_one_rank_s_bad_argument_fails_the_blocking_call_on_every_rank(kind):
+    """Only the last rank's argument is bad, and the Python layer finds it before libhora: that
+    rank raises its own error and takes part in the call check as "invalid arguments"
+    (hora_refuse); the others raise MismatchError naming it instead of waiting, or meeting its
+    next call (a sum of another array, without an error). The sums after it are exact."""
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    bad, good, own = BLOCKING[kind]
+    if r == n - 1:
+        with pytest.raises(hora.InvalidArgumentError, match=own):
+            bad()
+    else:
+        with pytest.raises(hora.MismatchError, match=f"invalid arguments on rank {n - 1}"):
+            good()
+    x = np.arange(3, dtype=np.float64) + 100.0 * r
+    want = sum(np.arange(3, dtype=np.float64) + 100.0 * p for p in range(n))
+    assert hora.allreduce(x, op=hora.Sum).tolist() == want.tolist()
