@@ -208,9 +208,11 @@ def await_refusal(done):
         delay = min(delay * 2, 0.01)
 
 
-def _refusable(kind, members=False):
-    """Wrap a public async call of hora. `kind`: the prefix of its unnamed names; `members`: a
-    grouped call, whose engine names are "<name>.<i>" for each of args["tensors"]."""
+def refusable(record, on_error):
+    """The wrapper of a public call, for hora's async calls and hora.torch's collectives: the
+    outermost public call of a thread collects in `_call.<record>` what it takes (names, claims);
+    on an exception, on_error(e, sig, args, kwargs, taken) decides on a refusal (it must not
+    raise); the call's own error is re-raised. Calls inside another public call pass through."""
     def wrap(fn):
         sig = inspect.signature(fn)
 
@@ -218,19 +220,29 @@ def _refusable(kind, members=False):
         def call(*args, **kwargs):
             if getattr(_call, "active", False):  # inside another public call
                 return fn(*args, **kwargs)
-            _call.active, _call.names = True, []
+            taken = []
+            _call.active = True
+            setattr(_call, record, taken)
             try:
                 return fn(*args, **kwargs)
             except Exception as e:
-                _refuse(e, kind, members, sig, args, kwargs)
+                on_error(e, sig, args, kwargs, taken)
                 raise
             finally:
-                _call.active, _call.names = False, None
+                _call.active = False
+                setattr(_call, record, None)
         return call
     return wrap
 
 
-def _refuse(e, kind, members, sig, args, kwargs):
+def _refusable(kind, members=False):
+    """refusable() for a public async call of hora. `kind`: the prefix of its unnamed names;
+    `members`: a grouped call, whose engine names are "<name>.<i>" for each of args["tensors"]."""
+    return refusable("names", lambda e, sig, a, k, taken: _refuse(e, kind, members, sig, a, k,
+                                                                   taken))
+
+
+def _refuse(e, kind, members, sig, args, kwargs, taken):
     """The refusal of a failed call of hora (never raises: the call's own error is the one the
     caller gets). Every error of these calls is raised before their one request is submitted."""
     if getattr(e, "_hora_refused", False):
@@ -239,7 +251,7 @@ def _refuse(e, kind, members, sig, args, kwargs):
         a = sig.bind(*args, **kwargs)
         a.apply_defaults()
         args = a.arguments
-        nm = _call.names[0] if _call.names else _name(args.get("name"), kind)
+        nm = taken[0] if taken else _name(args.get("name"), kind)
         base = nm.decode()
         names = [base]
         if members:

@@ -6,8 +6,6 @@ input's dtype and device. Operations whose output size depends on other ranks (a
 alltoall) first exchange their shapes through the engine under `<name>.meta`; a helper thread
 submits the data phase once the shapes are known, so ranks may submit and wait in any order.
 """
-import functools
-import inspect
 import os
 import queue
 import sys
@@ -200,28 +198,12 @@ _call = _async._call  # .claims: the names the outermost public call of this thr
 
 
 def _refusable(kind, contact):
-    """Wrap a public collective of hora.torch (see "refusals" above). `kind`: the prefix of its
-    engine name ("allreduce", "grouped_allgather", ...); `contact(name, args)`: (names, group) of
-    the requests the peers' call submits first under engine name `name` (args: the call's bound
-    arguments), group being the hora_set_call_group tag they carry, or None."""
-    def wrap(fn):
-        sig = inspect.signature(fn)
-
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            if getattr(_call, "active", False):  # inside another public call
-                return fn(*args, **kwargs)
-            _call.active, _call.claims = True, []
-            claims = _call.claims
-            try:
-                return fn(*args, **kwargs)
-            except Exception as e:
-                _refuse_call(e, kind, contact, sig, args, kwargs, claims)
-                raise
-            finally:
-                _call.active, _call.claims = False, None
-        return call
-    return wrap
+    """Wrap a public collective of hora.torch (see "refusals" above; _async.refusable). `kind`:
+    the prefix of its engine name ("allreduce", "grouped_allgather", ...); `contact(name, args)`:
+    (names, group) of the requests the peers' call submits first under engine name `name` (args:
+    the call's bound arguments), group being the hora_set_call_group tag they carry, or None."""
+    return _async.refusable("claims", lambda e, sig, a, k, claims: _refuse_call(
+        e, kind, contact, sig, a, k, claims))
 
 
 def _refuse_call(e, kind, contact, sig, args, kwargs, claims):

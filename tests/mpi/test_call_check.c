@@ -200,6 +200,16 @@ static int one_case(hora_ctx_t *ctx, const char *algo, int kind, int field, int 
   return 1;
 }
 
+/* A rank whose peer (the last rank) refused the call: HORA_ERR_MISMATCH naming it as "invalid
+ * arguments", instead of waiting for it. */
+static void expect_named_invalid(const char *what, hora_result_t rc) {
+  char want[64];
+  const char *msg = hora_last_error();
+  snprintf(want, sizeof want, "invalid arguments on rank %d", last);
+  EXPECT(rc == HORA_ERR_MISMATCH && strstr(msg, want), "%s: returned %s (%s), want MISMATCH naming '%s'", what,
+         hora_result_name(rc), msg, want);
+}
+
 /* The last rank's own arguments are invalid (an unknown dtype: no buffer is touched): it returns
  * HORA_ERR_INVALID_ARGUMENT, and every other rank HORA_ERR_MISMATCH naming it as "invalid
  * arguments" instead of waiting for it in the collective it left. */
@@ -208,7 +218,7 @@ static int bad_args_case(hora_ctx_t *ctx, const char *algo, int kind) {
   call_t a = {kind, A_COUNT, HORA_FLOAT32, HORA_SUM, 0, on_device ? HORA_DEVICE_CUDA : HORA_DEVICE_HOST, 0, 1, 1};
   call_t b = a;
   b.dtype = (hora_dtype_t)77;
-  char what[160], want[64];
+  char what[160];
   snprintf(what, sizeof what, "[%s blocking %s, invalid arguments on rank %d np %d]", algo, knames[kind], last, size);
   poison();
   hora_result_t rc = run_blocking(ctx, rank == last ? &b : &a);
@@ -217,9 +227,7 @@ static int bad_args_case(hora_ctx_t *ctx, const char *algo, int kind) {
     EXPECT(rc == HORA_ERR_INVALID_ARGUMENT && strstr(msg, "dtype 77"), "%s: returned %s (%s)", what,
            hora_result_name(rc), msg);
   } else {
-    snprintf(want, sizeof want, "invalid arguments on rank %d", last);
-    EXPECT(rc == HORA_ERR_MISMATCH && strstr(msg, want), "%s: returned %s (%s), want MISMATCH naming '%s'", what,
-           hora_result_name(rc), msg, want);
+    expect_named_invalid(what, rc);
   }
   EXPECT(untouched(), "%s: a buffer was written", what);
   in_step(ctx, what);
@@ -231,7 +239,7 @@ static int bad_args_case(hora_ctx_t *ctx, const char *algo, int kind) {
  * Then every rank refuses at once: HORA_SUCCESS everywhere. The ranks stay in step. */
 static int refuse_case(hora_ctx_t *ctx, const char *algo, int kind) {
   call_t a = {kind, A_COUNT, HORA_FLOAT32, HORA_SUM, 0, on_device ? HORA_DEVICE_CUDA : HORA_DEVICE_HOST, 0, 1, 1};
-  char what[160], want[64];
+  char what[160];
   snprintf(what, sizeof what, "[%s blocking %s, refused on rank %d np %d]", algo, knames[kind], last, size);
   EXPECT(hora_refuse(NULL) == HORA_ERR_NOT_INITIALIZED, "%s: hora_refuse(NULL) accepted", what);
   poison();
@@ -240,9 +248,7 @@ static int refuse_case(hora_ctx_t *ctx, const char *algo, int kind) {
   if (rank == last) {
     EXPECT(rc == HORA_SUCCESS, "%s: hora_refuse returned %s (%s)", what, hora_result_name(rc), msg);
   } else {
-    snprintf(want, sizeof want, "invalid arguments on rank %d", last);
-    EXPECT(rc == HORA_ERR_MISMATCH && strstr(msg, want), "%s: returned %s (%s), want MISMATCH naming '%s'", what,
-           hora_result_name(rc), msg, want);
+    expect_named_invalid(what, rc);
   }
   EXPECT(untouched(), "%s: a buffer was written", what);
   in_step(ctx, what);
