@@ -299,23 +299,15 @@ def _splits_of(splits, n, rows, kind):
     return sp
 
 
-def _alltoall_refused(meta, nm):
-    """Raised on the ranks whose own arguments were valid when a peer's were not (-1 splits)."""
-    bad = [r for r in range(meta.shape[0]) if (meta[r, 4:] < 0).any()]
-    if bad:
-        raise invalid(f"alltoall {nm!r}: rank(s) {bad} refused their arguments (splits not "
-                      "provided with a first dimension that is not an even multiple of the "
-                      "number of workers, or invalid splits); the alltoall did not run")
-
-
 @_refusable("alltoall", _meta_contact)
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Start an alltoall: splits[p] rows of dim 0 go to rank p (splits None: an even split).
     synchronize(handle) returns (output, received_splits), received_splits an int32 tensor.
 
     Invalid splits (or, without splits, a first dimension not divisible by the number of ranks)
-    raise ValueError at this call, as in Horovod; the peers are told through the shape exchange,
-    so theirs raise ValueError at synchronize instead of waiting."""
+    raise ValueError at this call, as in Horovod; the call is refused under its name (see
+    _torch_ops.py, "refusals"), so the peers' raise MismatchError (a ValueError) at synchronize
+    instead of waiting."""
     view = _check_set(process_set, "alltoall_async")
     _check_tensor(tensor, "alltoall_async(tensor)")
     if tensor.dim() == 0:
@@ -323,23 +315,13 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     n, me = _view_size(view), _view_rank(view)
     h = TorchHandle(lambda outs: outs[0])
     nm = h._claim(name, "alltoall", view)
-    try:
-        sp = _splits_of(splits, n, tensor.shape[0], "alltoall")
-    except ValueError:
-        # Fire-and-forget the shape exchange with -1 splits: the peers raise instead of waiting.
-        try:
-            h._parts.append(_Chain(_meta(view, nm, _describe(tensor) + [-1] * n),
-                                   lambda meta: _alltoall_refused(meta, nm)))
-        except Exception:  # noqa: BLE001 (the engine refused it, e.g. shut down: no peer waits)
-            pass
-        raise
+    sp = _splits_of(splits, n, tensor.shape[0], "alltoall")
     src = tensor.detach()
     if sum(sp) < tensor.shape[0]:
         src = src[:sum(sp)]
     row, trail = _row(tensor), tuple(tensor.shape[1:])
 
     def then(meta):
-        _alltoall_refused(meta, nm)
         _check_agree(meta, 4, "alltoall", nm)
         S = meta[:, 4:]  # S[p][q]: rows rank p sends to rank q
         recv = [int(S[p, me]) for p in range(n)]
