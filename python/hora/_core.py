@@ -279,6 +279,14 @@ def _refuse_blocking(e):
             pass
 
 
+def _allreduce_buf(ctx, what, b, o, op, pre, post, name):
+    """The general path of allreduce_ and allreduce: hora_allreduce of buffer b into o (b itself
+    in place), any kind of tensor B.as_buf takes."""
+    args = (_op(op), _scale(pre, "prescale_factor"), _scale(post, "postscale_factor"), b.device)
+    lib.hora_set_call_shape(ctx, _shape_fp(b.shape))  # last, right before the call that takes it
+    check(lib.hora_allreduce(ctx, b.ptr, o.ptr, b.count, b.dtype, *args), what, (name, b.shape))
+
+
 def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """In-place allreduce: tensor[i] = postscale * OP over ranks of (prescale * tensor[i]).
 
@@ -304,11 +312,7 @@ def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_fac
                     check(rc, "hora.allreduce_", (name, tensor.shape))
                 return tensor
         b = B.as_buf(tensor, "allreduce_(tensor)", writable=True)
-        args = (_op(op), _scale(prescale_factor, "prescale_factor"),
-                _scale(postscale_factor, "postscale_factor"), b.device)
-        lib.hora_set_call_shape(ctx, _shape_fp(b.shape))
-        check(lib.hora_allreduce(ctx, b.ptr, b.ptr, b.count, b.dtype, *args),
-              "hora.allreduce_", (name, b.shape))
+        _allreduce_buf(ctx, "hora.allreduce_", b, b, op, prescale_factor, postscale_factor, name)
         return tensor
     except Exception as e:
         _refuse_blocking(e)
@@ -335,11 +339,7 @@ def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_fact
         b = B.as_buf(tensor, "allreduce(tensor)")
         out = B.empty_like(tensor)
         o = B.as_buf(out, "allreduce output", writable=True)
-        args = (_op(op), _scale(prescale_factor, "prescale_factor"),
-                _scale(postscale_factor, "postscale_factor"), b.device)
-        lib.hora_set_call_shape(ctx, _shape_fp(b.shape))
-        check(lib.hora_allreduce(ctx, b.ptr, o.ptr, b.count, b.dtype, *args),
-              "hora.allreduce", (name, b.shape))
+        _allreduce_buf(ctx, "hora.allreduce", b, o, op, prescale_factor, postscale_factor, name)
         return out
     except Exception as e:
         _refuse_blocking(e)
